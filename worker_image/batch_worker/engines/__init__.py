@@ -1,0 +1,1 @@
+"""Worker engines. See :mod:`batch_worker.engines.base` for the interface and the registry."""

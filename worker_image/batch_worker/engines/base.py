@@ -1,0 +1,237 @@
+"""The engine interface every worker engine implements, and the registry of engines by kind.
+
+The worker runtime (``batch_worker.runtime``) owns everything that is the same for all engines: reading
+the shard's rows, resume, validation, chunked commit, signals, progress and stats. An engine only turns
+one chunk of validated rows into output columns. Life cycle, driven by the runtime::
+
+    engine = engine_class(EngineKind(cfg["kind"]))(config, settings)   # cheap, no model yet
+    loaded = engine.load()               # once per process: LoadedModel(model_digest, info, part_schema)
+    for each chunk of rows (ChunkRows):
+        prepared = engine.prepare(rows)  # CPU work (tokenize); the runtime calls it on a background
+                                         # thread for chunk N+1 while process() runs chunk N
+        out = engine.process(prepared, should_stop)   # -> ChunkOutput, joined by id
+    engine.close()
+
+Contract of :meth:`Engine.process` (checked by :func:`check_chunk_output`):
+
+* every row of the chunk comes out at most once, keyed by its ``id`` (never by position): either as one
+  row of ``out.table`` or as one :class:`Reject` (a dead letter with a reason);
+* rows absent from both were *not processed* and are only allowed when ``out.interrupted`` is true
+  (``should_stop()`` returned true between batches: SIGTERM). The runtime commits what came out and
+  leaves the rest for the next attempt;
+* ``out.table`` has an ``id`` column plus every column of ``loaded.part_schema`` except
+  ``fingerprint`` and ``text_repaired``, which the runtime adds; row order is free.
+
+Writing a new engine (e.g. ``llm``): subclass :class:`Engine`, set ``kind``, implement ``load``,
+``process`` (and ``prepare`` if it has CPU work worth overlapping), and add a line to :data:`_ENGINES`.
+Engines never import Airflow; heavy imports (torch, vLLM) happen inside ``load`` or the engine module,
+which the registry imports lazily.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import pyarrow as pa
+from batch_contract.engine_config import WorkerSettings
+from batch_contract.enums import DeadLetterReason, EngineKind
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """What :meth:`Engine.load` returns.
+
+    Attributes:
+        model_digest: hex digest of the model's weight/config/tokenizer files (see
+            ``batch_worker.digest.model_digest``); with the manifest's config fingerprint it makes the
+            result fingerprint (``batch_contract.manifest.result_fingerprint``).
+        info: JSON-able engine facts for the marker (model path, dtype, device, library versions,
+            embedding dim, max length, ...).
+        part_schema: Arrow schema of the part files (``batch_contract.schemas.part_schema(...)``).
+        max_length: max input tokens per row (the engine truncates longer inputs), or ``None``.
+    """
+
+    model_digest: str
+    info: dict[str, Any]
+    part_schema: pa.Schema
+    max_length: int | None = None
+
+
+@dataclass
+class ChunkRows:
+    """One chunk of validated rows handed to an engine. All lists have ``len(self)`` entries.
+
+    Attributes:
+        ids: row ids as strings (integer ids in decimal), unique within the shard.
+        texts: the text column, a non-empty ``str`` (invalid UTF-8 already replaced with U+FFFD).
+        text_repaired: whether ``texts[i]`` was repaired.
+        source_uri / source_row: where the row came from (file URI, 0-based row number in that file).
+        fields: every input column of these rows, same order, ``id`` cast to string, for engines that
+            need named row fields (LLM prompt templates: ``fields.to_pylist()``).
+    """
+
+    ids: list[str]
+    texts: list[str]
+    text_repaired: list[bool]
+    source_uri: list[str]
+    source_row: list[int]
+    fields: pa.Table
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def take(self, indices: list[int]) -> ChunkRows:
+        """The rows at ``indices`` (in that order) as a new :class:`ChunkRows`."""
+        return ChunkRows(
+            ids=[self.ids[i] for i in indices],
+            texts=[self.texts[i] for i in indices],
+            text_repaired=[self.text_repaired[i] for i in indices],
+            source_uri=[self.source_uri[i] for i in indices],
+            source_row=[self.source_row[i] for i in indices],
+            fields=self.fields.take(pa.array(indices, pa.int64())),
+        )
+
+
+@dataclass(frozen=True)
+class Reject:
+    """A row the engine could not process: it goes to the dead letters with ``reason``."""
+
+    id: str
+    reason: DeadLetterReason
+    detail: str
+
+
+@dataclass
+class ChunkOutput:
+    """What :meth:`Engine.process` returns for one chunk.
+
+    Attributes:
+        table: one row per processed id: ``id`` + part-schema columns except ``fingerprint`` and
+            ``text_repaired`` (``n_tokens`` int32 real input tokens, ``truncated`` bool, outputs).
+        rejects: rows dead-lettered by the engine (template error, invalid output, engine error).
+        interrupted: ``should_stop()`` became true and some rows were left unprocessed.
+        tokens_real: non-pad input tokens processed (sum of ``n_tokens`` of processed rows).
+        tokens_padded: input tokens processed including padding (encoder; = tokens_real for LLMs).
+        tokens_prompt / tokens_cached / tokens_output: LLM token accounting (0 for encoders).
+        stage_seconds: seconds spent by stage name (``batch_contract.marker.STAGES``), e.g.
+            ``{"inference": 12.3}``; ``prepare`` time is measured by the runtime itself.
+        batches: number of engine batches run.
+    """
+
+    table: pa.Table
+    rejects: list[Reject] = field(default_factory=list)
+    interrupted: bool = False
+    tokens_real: int = 0
+    tokens_padded: int = 0
+    tokens_prompt: int = 0
+    tokens_cached: int = 0
+    tokens_output: int = 0
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    batches: int = 0
+
+
+class EngineOutputError(RuntimeError):
+    """An engine broke the id contract (dropped, duplicated or invented a row)."""
+
+
+class Engine(ABC):
+    """Base class of worker engines (see the module docstring for the life cycle and contract).
+
+    Args:
+        config: the engine config object built by ``batch_contract.engine_config.engine_config_from_dict``
+            (``EncoderConfig`` for ``encoder``; the LLM config for ``llm``).
+        settings: the manifest's worker settings (token budget, batch rows, ...).
+    """
+
+    kind: ClassVar[EngineKind]
+
+    def __init__(self, config: Any, settings: WorkerSettings) -> None:
+        self.config = config
+        self.settings = settings
+
+    @abstractmethod
+    def load(self) -> LoadedModel:
+        """Load the model once (local files only, never the network).
+
+        Raises:
+            batch_contract.engine_config.ConfigError: model path missing/invalid (exit code 2).
+        """
+
+    def prepare(self, rows: ChunkRows) -> Any:
+        """CPU preparation of a chunk (tokenization); may run on a background thread. Default: identity."""
+        return rows
+
+    @abstractmethod
+    def process(self, prepared: Any, should_stop: Callable[[], bool]) -> ChunkOutput:
+        """Run the engine over a prepared chunk.
+
+        Args:
+            prepared: what :meth:`prepare` returned for the chunk.
+            should_stop: poll between batches; once it returns true, stop taking new batches, return the
+                rows finished so far and set ``interrupted``.
+
+        Returns:
+            The chunk's outputs joined by id (see :class:`ChunkOutput`).
+        """
+
+    def close(self) -> None:  # noqa: B027 - optional hook, default no-op
+        """Release the model (optional)."""
+
+
+def check_chunk_output(rows: ChunkRows, out: ChunkOutput) -> set[str]:
+    """Check the id contract of one chunk's output and return the set of ids left unprocessed.
+
+    Args:
+        rows: the chunk given to the engine.
+        out: what the engine returned.
+
+    Returns:
+        Ids neither in ``out.table`` nor in ``out.rejects`` (empty unless ``out.interrupted``).
+
+    Raises:
+        EngineOutputError: an id came out twice, an id not in the chunk came out, or rows are missing
+            although the engine was not interrupted.
+    """
+    wanted = set(rows.ids)
+    seen: set[str] = set()
+    produced = out.table.column("id").to_pylist() + [r.id for r in out.rejects]
+    for rid in produced:
+        if rid not in wanted:
+            raise EngineOutputError(f"engine returned id {rid!r} that is not in the chunk")
+        if rid in seen:
+            raise EngineOutputError(f"engine returned id {rid!r} more than once")
+        seen.add(rid)
+    missing = wanted - seen
+    if missing and not out.interrupted:
+        sample = sorted(missing)[:5]
+        raise EngineOutputError(f"engine dropped {len(missing)} row(s) without interruption, e.g. {sample}")
+    return missing
+
+
+_ENGINES: dict[EngineKind, tuple[str, str]] = {
+    EngineKind.ENCODER: ("batch_worker.engines.encoder", "EncoderEngine"),
+    EngineKind.LLM: ("batch_worker.engines.llm", "LLMEngine"),
+}
+"""Engine kind -> (module, class name), imported only when that kind is asked for."""
+
+
+def engine_class(kind: EngineKind | str) -> type[Engine]:
+    """The engine class for ``kind``, importing its module lazily (torch/vLLM load only when needed).
+
+    Raises:
+        batch_contract.engine_config.ConfigError: unknown kind.
+        ImportError: the engine's module or its libraries are not installed in this image.
+    """
+    from batch_contract.engine_config import ConfigError
+
+    try:
+        key = EngineKind(kind)
+    except ValueError:
+        raise ConfigError(f"engine.kind: {kind!r} is not one of {[k.value for k in EngineKind]}") from None
+    module_name, class_name = _ENGINES[key]
+    module = importlib.import_module(module_name)
+    return getattr(module, class_name)
