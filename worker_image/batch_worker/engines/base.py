@@ -5,6 +5,7 @@ the shard's rows, resume, validation, chunked commit, signals, progress and stat
 one chunk of validated rows into output columns. Life cycle, driven by the runtime::
 
     engine = engine_class(EngineKind(cfg["kind"]))(config, settings)   # cheap, no model yet
+    digest = engine.model_digest()       # cheap: decides "already complete" before any load
     loaded = engine.load()               # once per process: LoadedModel(model_digest, info, part_schema)
     for each chunk of rows (ChunkRows):
         prepared = engine.prepare(rows)  # CPU work (tokenize); the runtime calls it on a background
@@ -160,6 +161,12 @@ class Engine(ABC):
         Raises:
             batch_contract.engine_config.ConfigError: model path missing/invalid (exit code 2).
         """
+
+    def model_digest(self) -> str:
+        """Digest of the model files without loading the model (the runtime's fast path: a shard whose
+        marker has the same fingerprint exits at once). Default: ``self.load().model_digest``; override
+        when the digest is cheaper than a load (``batch_worker.digest.model_digest(path)``)."""
+        return self.load().model_digest
 
     def prepare(self, rows: ChunkRows) -> Any:
         """CPU preparation of a chunk (tokenization); may run on a background thread. Default: identity."""
