@@ -46,6 +46,7 @@ class DeadLetterReason(str, Enum):
     TEMPLATE_ERROR = "template_error"
     INVALID_OUTPUT = "invalid_output"  # LLM output failed to parse / validate against its schema
     ENGINE_ERROR = "engine_error"
+    INVALID_RECORD = "invalid_record"  # the input record itself is unreadable (e.g. a JSONL line that is not JSON)
 
 
 class EngineKind(str, Enum):

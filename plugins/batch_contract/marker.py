@@ -46,6 +46,16 @@ class AttemptRecord:
     chunks_committed: int = 0
     stage_seconds: dict[str, float] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
+    tokens_real: int = 0
+    """Non-pad input tokens of the rows this attempt committed (added after v1; default 0)."""
+    tokens_padded: int = 0
+    """Input tokens incl. padding processed for the rows this attempt committed (default 0)."""
+    cpu_seconds: float = 0.0
+    """User + system CPU seconds of the worker process during this attempt (default 0)."""
+    steady_rows_per_s: float = 0.0
+    """Rows/s after the first chunk (warm-up excluded); 0 when the attempt ran one chunk or less."""
+    gpu: dict[str, Any] = field(default_factory=dict)
+    """NVML summary (``util_mean`` percent, ``mem_max_bytes``) or ``{}`` without a GPU."""
 
     def to_json_bytes(self) -> bytes:
         return pretty_json(asdict(self))
