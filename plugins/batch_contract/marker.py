@@ -56,6 +56,8 @@ class AttemptRecord:
     """Rows/s after the first chunk (warm-up excluded); 0 when the attempt ran one chunk or less."""
     gpu: dict[str, Any] = field(default_factory=dict)
     """NVML summary (``util_mean`` percent, ``mem_max_bytes``) or ``{}`` without a GPU."""
+    fingerprint: str = ""
+    """Result fingerprint this attempt wrote under (markers sum only attempts of their fingerprint)."""
 
     def to_json_bytes(self) -> bytes:
         return pretty_json(asdict(self))

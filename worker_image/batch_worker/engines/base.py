@@ -153,6 +153,9 @@ class Engine(ABC):
     def __init__(self, config: Any, settings: WorkerSettings) -> None:
         self.config = config
         self.settings = settings
+        self.on_rows_done: Callable[[int], None] | None = None
+        """Set by the runtime; an engine may call it with the row count of each finished batch (for
+        live progress between commits). Optional: engines that never call it get chunk-level progress."""
 
     @abstractmethod
     def load(self) -> LoadedModel:
