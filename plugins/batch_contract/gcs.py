@@ -134,9 +134,10 @@ def credentials_env_from_connection_extra(extra: Mapping[str, Any]) -> dict[str,
 
 
 def _storage_lib() -> Any:
+    """``google.cloud.storage``, or a :class:`StorageError` saying how to install it."""
     try:
         from google.cloud import storage
-    except ImportError as exc:  # pragma: no cover - depends on the environment
+    except ImportError as exc:
         raise StorageError(
             "gs:// URIs need google-cloud-storage: pip install 'google-cloud-storage>=2.18' "
             "(part of the 'airflow' and 'worker' extras)"
@@ -144,21 +145,40 @@ def _storage_lib() -> Any:
     return storage
 
 
+def _errors() -> Any:
+    """``google.api_core.exceptions`` (imported after :func:`_storage_lib` checked the install)."""
+    _storage_lib()
+    from google.api_core import exceptions
+
+    return exceptions
+
+
 def _json_key_credentials() -> tuple[Any, str | None] | None:
     """Credentials and project from ``BATCH_GCS_CREDENTIALS_JSON``, or ``None`` when unset."""
     text = os.environ.get(CREDENTIALS_JSON_ENV, "").strip()
     if not text:
         return None
-    import google.auth
+    from google.oauth2 import credentials as user_credentials
+    from google.oauth2 import service_account
 
     try:
         info = json.loads(text)
     except json.JSONDecodeError:
         raise StorageError(f"{CREDENTIALS_JSON_ENV} is set but is not valid JSON") from None
+    kind = info.get("type") if isinstance(info, dict) else None
     try:
-        return google.auth.load_credentials_from_dict(info, scopes=[_GCS_SCOPE])
-    except Exception as exc:  # google-auth raises DefaultCredentialsError/ValueError; keep the key out
-        raise StorageError(f"{CREDENTIALS_JSON_ENV} is not a usable credentials JSON ({type(exc).__name__})") from None
+        if kind == "service_account":
+            made = service_account.Credentials.from_service_account_info(info, scopes=[_GCS_SCOPE])
+        elif kind == "authorized_user":
+            made = user_credentials.Credentials.from_authorized_user_info(info, scopes=[_GCS_SCOPE])
+        else:
+            raise StorageError(
+                f"{CREDENTIALS_JSON_ENV}: unsupported key type {kind!r} "
+                "(use a 'service_account' or 'authorized_user' JSON key, or ADC)"
+            )
+    except (ValueError, KeyError) as exc:  # malformed key; the message could quote it, so drop it
+        raise StorageError(f"{CREDENTIALS_JSON_ENV} is not a usable {kind} key ({type(exc).__name__})") from None
+    return made, info.get("project_id")
 
 
 def _credentials_key() -> tuple[Any, ...]:
@@ -237,8 +257,7 @@ def write_create_only(uri: str, data: bytes) -> None:
             resolves a retried upload whose first reply was lost).
         StorageError: any other failure after retries (message: URI and HTTP status only).
     """
-    from google.api_core import exceptions as gexc
-
+    gexc = _errors()
     blob = _blob(uri)
     try:
         blob.upload_from_string(
@@ -280,8 +299,7 @@ def write_replace(uri: str, data: bytes) -> None:
     Raises:
         StorageError: the upload failed after retries.
     """
-    from google.api_core import exceptions as gexc
-
+    gexc = _errors()
     blob = _blob(uri)
     _wait_rewrite_slot(uri)
     try:
@@ -300,8 +318,7 @@ def read_bytes(uri: str) -> bytes:
         FileNotFoundError: no such object (or no such bucket).
         StorageError: any other failure after retries.
     """
-    from google.api_core import exceptions as gexc
-
+    gexc = _errors()
     try:
         return _blob(uri).download_as_bytes(retry=_retry(), timeout=REQUEST_TIMEOUT_S)
     except gexc.NotFound:
@@ -312,8 +329,7 @@ def read_bytes(uri: str) -> bytes:
 
 def exists(uri: str) -> bool:
     """Whether the object ``uri`` exists (``False`` also for a missing bucket)."""
-    from google.api_core import exceptions as gexc
-
+    gexc = _errors()
     try:
         return bool(_blob(uri).exists(retry=_retry(), timeout=REQUEST_TIMEOUT_S))
     except gexc.GoogleAPICallError as exc:
@@ -332,8 +348,7 @@ def list_names(dir_uri: str, page_size: int | None = None) -> list[str]:
     Raises:
         StorageError: the bucket does not exist, or the listing failed after retries.
     """
-    from google.api_core import exceptions as gexc
-
+    gexc = _errors()
     bucket, key = split_uri(dir_uri)
     prefix = f"{key.rstrip('/')}/" if key.strip("/") else ""
     names: list[str] = []
@@ -358,8 +373,7 @@ def list_names(dir_uri: str, page_size: int | None = None) -> list[str]:
 
 def delete(uri: str) -> None:
     """Delete the object ``uri`` if it exists (a missing object is not an error)."""
-    from google.api_core import exceptions as gexc
-
+    gexc = _errors()
     try:
         _blob(uri).delete(retry=_retry(), timeout=REQUEST_TIMEOUT_S)
     except gexc.NotFound:

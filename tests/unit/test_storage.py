@@ -1,0 +1,128 @@
+"""Storage API on local paths and the pure parts of the gs:// backend (no server needed)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from batch_contract import gcs, storage
+from batch_contract.layout import TEMP_MARK
+
+
+def test_local_create_only_never_overwrites(tmp_path: Path) -> None:
+    uri = str(tmp_path / "a" / "part-00000-x.parquet")
+    storage.write_create_only(uri, b"one")
+    storage.write_create_only(uri, b"one")
+    with pytest.raises(storage.AlreadyExistsError):
+        storage.write_create_only(uri, b"two")
+    assert storage.read_bytes(uri) == b"one"
+    assert not [p for p in (tmp_path / "a").iterdir() if TEMP_MARK in p.name]
+
+
+def test_local_listing_hides_temp_files_and_clean_temp_removes_them(tmp_path: Path) -> None:
+    (tmp_path / f"{TEMP_MARK}part-00000-x.parquet-1234").write_bytes(b"partial")
+    (tmp_path / "part-00000-x.parquet").write_bytes(b"done")
+    (tmp_path / "attempts").mkdir()
+    assert storage.list_names(f"file://{tmp_path}") == ["attempts", "part-00000-x.parquet"]
+    assert storage.clean_temp(str(tmp_path)) == 1
+    assert storage.clean_temp(str(tmp_path)) == 0
+    assert storage.list_names(str(tmp_path / "missing")) == []
+
+
+def test_local_path_rejects_other_schemes() -> None:
+    with pytest.raises(storage.StorageError, match="s3://b/k"):
+        storage.local_path("s3://b/k")
+
+
+@pytest.mark.parametrize(
+    ("uri", "expected"),
+    [
+        ("gs://bucket/a/b.json", ("bucket", "a/b.json")),
+        ("gs://bucket", ("bucket", "")),
+        ("gs://bucket/", ("bucket", "")),
+        ("gs://bucket/dir/", ("bucket", "dir/")),
+    ],
+)
+def test_split_uri(uri: str, expected: tuple[str, str]) -> None:
+    assert gcs.split_uri(uri) == expected
+
+
+@pytest.mark.parametrize("uri", ["gs://", "gs:///key", "/local/path", "s3://b/k"])
+def test_split_uri_rejects(uri: str) -> None:
+    with pytest.raises(storage.StorageError, match="gs://|no bucket"):
+        gcs.split_uri(uri)
+
+
+def test_object_uri_needs_a_name() -> None:
+    with pytest.raises(storage.StorageError, match="needs a name"):
+        storage.read_bytes("gs://bucket/dir/")
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("http://127.0.0.1:4443", ("http", "127.0.0.1:4443")),
+        ("https://gcs.local:9000/", ("https", "gcs.local:9000")),
+        ("localhost:4443", ("http", "localhost:4443")),
+        ("", None),
+    ],
+)
+def test_emulator_endpoint(monkeypatch: pytest.MonkeyPatch, value: str, expected) -> None:
+    monkeypatch.setenv(gcs.EMULATOR_ENV, value)
+    assert gcs.emulator_endpoint() == expected
+
+
+def test_credentials_env_from_connection_extra() -> None:
+    key = {"type": "service_account", "project_id": "p", "private_key": "-----BEGIN..."}
+    assert gcs.credentials_env_from_connection_extra({"key_path": "/secrets/key.json", "project": "p1"}) == {
+        "GOOGLE_APPLICATION_CREDENTIALS": "/secrets/key.json",
+        "GOOGLE_CLOUD_PROJECT": "p1",
+    }
+    env = gcs.credentials_env_from_connection_extra({"keyfile_dict": key})
+    assert json.loads(env[gcs.CREDENTIALS_JSON_ENV]) == key
+    legacy = {"extra__google_cloud_platform__keyfile_dict": json.dumps(key)}
+    assert json.loads(gcs.credentials_env_from_connection_extra(legacy)[gcs.CREDENTIALS_JSON_ENV]) == key
+    assert gcs.credentials_env_from_connection_extra({}) == {}
+
+
+def test_bad_credentials_json_error_never_echoes_the_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(gcs.EMULATOR_ENV, raising=False)
+    secret = '{"type": "service_account", "private_key": "SUPERSECRET"}'
+    monkeypatch.setenv(gcs.CREDENTIALS_JSON_ENV, secret)
+    with pytest.raises(storage.StorageError) as info:
+        gcs.client()
+    assert "SUPERSECRET" not in str(info.value) and gcs.CREDENTIALS_JSON_ENV in str(info.value)
+    monkeypatch.setenv(gcs.CREDENTIALS_JSON_ENV, "not json SUPERSECRET")
+    with pytest.raises(storage.StorageError, match="not valid JSON") as info:
+        gcs.client()
+    assert "SUPERSECRET" not in str(info.value)
+
+
+def test_contract_imports_without_google_cloud_storage(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        f"""
+        import sys
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name == "google" or name.startswith("google."):
+                    raise ImportError("blocked " + name)
+        sys.meta_path.insert(0, Block())
+        import batch_contract
+        from batch_contract import storage
+        storage.write_create_only({str(tmp_path / "x.json")!r}, b"{{}}")
+        assert storage.read_bytes({str(tmp_path / "x.json")!r}) == b"{{}}"
+        try:
+            storage.read_bytes("gs://bucket/x.json")
+        except storage.StorageError as exc:
+            print("ERR", exc)
+        """
+    )
+    plugins = Path(__file__).resolve().parents[2] / "plugins"
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=plugins
+    ).stdout
+    assert "ERR gs:// URIs need google-cloud-storage" in out
