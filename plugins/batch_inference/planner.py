@@ -1,0 +1,524 @@
+"""Shard planner: input metadata in, manifest out, small shard refs back to XCom.
+
+The planner never loads the rows. For Parquet it reads footers (row counts, row groups, the column
+chunks' uncompressed byte sizes); for JSONL it builds a line index (non-blank lines and their byte
+lengths) by streaming the file once. It validates the schema (id and text columns present, usable and of
+one type across files), splits the rows into at most ``max_map_length`` shards (shards grow instead of
+multiplying), writes ``manifest.json`` once through :mod:`batch_contract.storage` and returns one small
+dict per shard.
+
+All I/O goes through :func:`batch_contract.storage.arrow_filesystem` / the storage API, so ``gs://``
+inputs and outputs work wherever the gs backend is installed.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from batch_contract import storage
+from batch_contract.engine_config import ConfigError, WorkerSettings
+from batch_contract.enums import InputFormat
+from batch_contract.layout import RunLayout, shard_id_for
+from batch_contract.manifest import InputFile, InputSpec, Manifest, Segment, ShardSpec
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_MAP_LENGTH = 1024
+"""Airflow's default ``[core] max_map_length``: a mapped task may not expand wider than this."""
+BYTES_PER_TOKEN = 4.0
+"""Rough UTF-8 bytes per tokenizer token for English text (BPE/WordPiece); used only to balance shards."""
+JSONL_BLOCK_LINES = 4096
+"""Lines per weight block of the JSONL line index (bounds the index's memory)."""
+JSONL_SAMPLE_LINES = 200
+"""Lines parsed per JSONL file to check the id/text column types."""
+PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
+JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
+_GLOB_CHARS = set("*?[")
+
+
+class PlanError(ConfigError):
+    """The input cannot be planned; the message names the file and the column or field."""
+
+
+@dataclass
+class _Block:
+    """A run of consecutive rows of one file with one estimated weight per row."""
+
+    rows: int
+    tokens_per_row: float
+
+
+@dataclass
+class _FileMeta:
+    uri: str
+    rows: int
+    row_group_rows: list[int]
+    size_bytes: int | None
+    blocks: list[_Block] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What to plan.
+
+    Attributes:
+        input_uri: a file, a directory or a glob of Parquet or JSONL files (local path, ``file://`` or
+            ``gs://``).
+        id_column / text_column: column names; the id column must be string or integer, the text column
+            string (or binary: the worker repairs invalid UTF-8).
+        output_root: where ``runs/<run_id>/`` lives.
+        run_id: the Airflow run id.
+        engine: engine config dict (validated by the manifest).
+        worker: worker settings dict (validated by the manifest).
+        rows_per_shard: target rows per shard before the ``max_map_length`` cap (rows).
+        shard_by: ``rows`` (equal row counts) or ``tokens`` (equal estimated tokens, from metadata).
+        max_map_length: most shards ever planned (Airflow's ``max_map_length``).
+        row_limit: plan only the first N rows (file order); ``None`` or 0: all rows.
+        params: run parameters recorded in the manifest.
+    """
+
+    input_uri: str
+    id_column: str
+    text_column: str
+    output_root: str
+    run_id: str
+    engine: dict[str, Any]
+    worker: dict[str, Any] = field(default_factory=dict)
+    rows_per_shard: int = 10_000
+    shard_by: str = "rows"
+    max_map_length: int = DEFAULT_MAX_MAP_LENGTH
+    row_limit: int | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.rows_per_shard < 1:
+            raise ConfigError(f"rows_per_shard: must be >= 1, got {self.rows_per_shard}")
+        if self.shard_by not in ("rows", "tokens"):
+            raise ConfigError(f"shard_by: {self.shard_by!r} is not 'rows' or 'tokens'")
+        if not 1 <= self.max_map_length <= 100_000:
+            raise ConfigError(f"max_map_length: {self.max_map_length} is outside 1..100000")
+        if self.row_limit is not None and self.row_limit < 0:
+            raise ConfigError(f"row_limit: must be >= 0, got {self.row_limit}")
+        if not self.id_column or not self.text_column:
+            raise ConfigError("id_column/text_column: both must be non-empty column names")
+
+
+# ----------------------------------------------------------------------------------------- input files
+
+
+def _to_uri(original: str, path: str) -> str:
+    """URI a worker can open for ``path`` of ``fs``, in the style of the user's ``original`` URI."""
+    if storage.is_gcs(original):
+        return f"gs://{path}"
+    return path
+
+
+def _format_of(path: str) -> InputFormat:
+    lower = path.lower()
+    if lower.endswith(PARQUET_SUFFIXES):
+        return InputFormat.PARQUET
+    if lower.endswith(JSONL_SUFFIXES):
+        return InputFormat.JSONL
+    raise PlanError(f"input: {path} is neither Parquet ({', '.join(PARQUET_SUFFIXES)}) "
+                    f"nor JSONL ({', '.join(JSONL_SUFFIXES)})")
+
+
+def _is_data_file(info: pafs.FileInfo) -> bool:
+    name = info.base_name
+    return (info.type == pafs.FileType.File and not name.startswith((".", "_"))
+            and name.lower().endswith(PARQUET_SUFFIXES + JSONL_SUFFIXES))
+
+
+def resolve_input_files(input_uri: str) -> tuple[InputFormat, list[str]]:
+    """Expand a file, directory or glob URI into a sorted list of data file URIs of one format.
+
+    Args:
+        input_uri: local path, ``file://`` URI or ``gs://bucket/path``; a directory is searched
+            recursively; a glob (``*``, ``?``, ``[``) is matched against the names under its fixed prefix.
+
+    Returns:
+        ``(format, uris)``; ``uris`` is empty when a directory or glob matches no data file.
+
+    Raises:
+        PlanError: the path does not exist, or it mixes Parquet and JSONL files.
+    """
+    has_glob = any(c in input_uri for c in _GLOB_CHARS)
+    if has_glob:
+        fixed = input_uri
+        while any(c in fixed for c in _GLOB_CHARS):
+            fixed = fixed.rsplit("/", 1)[0]
+        fs, base = storage.arrow_filesystem(fixed + "/")
+        base = base.rstrip("/")
+        pattern_tail = input_uri[len(fixed):]
+        pattern = base + pattern_tail
+        infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+        paths = sorted(i.path for i in infos if _is_data_file(i) and fnmatch.fnmatchcase(i.path, pattern))
+    else:
+        fs, path = storage.arrow_filesystem(input_uri)
+        info = fs.get_file_info(path)
+        if info.type == pafs.FileType.NotFound:
+            raise PlanError(f"input_uri: {input_uri} does not exist")
+        if info.type == pafs.FileType.Directory:
+            infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
+            paths = sorted(i.path for i in infos if _is_data_file(i))
+        else:
+            paths = [path]
+    if not paths:
+        return InputFormat.PARQUET, []
+    formats = {_format_of(p) for p in paths}
+    if len(formats) > 1:
+        raise PlanError(f"input_uri: {input_uri} mixes Parquet and JSONL files; point it at one format")
+    return formats.pop(), [_to_uri(input_uri, p) for p in paths]
+
+
+# ----------------------------------------------------------------------------------- schema checks
+
+
+def _type_class(dtype: pa.DataType) -> str:
+    """Coarse type class used to compare a column across files: string, integer, binary, null, other."""
+    if pa.types.is_string(dtype) or pa.types.is_large_string(dtype) or pa.types.is_string_view(dtype):
+        return "string"
+    if pa.types.is_integer(dtype):
+        return "integer"
+    if pa.types.is_binary(dtype) or pa.types.is_large_binary(dtype):
+        return "binary"
+    if pa.types.is_null(dtype):
+        return "null"
+    if pa.types.is_dictionary(dtype):
+        return _type_class(dtype.value_type)
+    return f"other:{dtype}"
+
+
+_USABLE = {"id": {"string", "integer"}, "text": {"string", "binary"}}
+
+
+def _check_column(role: str, column: str, type_class: str, file_uri: str, shown: str) -> None:
+    if type_class == "missing":
+        raise PlanError(f"{role}_column: column {column!r} is missing from {file_uri}")
+    if type_class == "null":
+        raise PlanError(f"{role}_column: column {column!r} is all null in {file_uri}")
+    if type_class not in _USABLE[role]:
+        raise PlanError(f"{role}_column: column {column!r} has type {shown} in {file_uri}; "
+                        f"expected one of {sorted(_USABLE[role])}")
+
+
+def _check_consistent(per_file: list[tuple[str, dict[str, str]]], columns: dict[str, str]) -> None:
+    """Raise if a column's type class differs between files (naming both files)."""
+    for role, column in columns.items():
+        first_uri, first = per_file[0][0], per_file[0][1][role]
+        for uri, classes in per_file[1:]:
+            if classes[role] != first:
+                raise PlanError(f"{role}_column: column {column!r} is {first} in {first_uri} but "
+                                f"{classes[role]} in {uri}; make the type the same in every file")
+
+
+# ----------------------------------------------------------------------------------------- metadata
+
+
+def _parquet_meta(uri: str, columns: dict[str, str]) -> tuple[_FileMeta, dict[str, str]]:
+    fs, path = storage.arrow_filesystem(uri)
+    with fs.open_input_file(path) as fh:
+        pf = pq.ParquetFile(fh)
+        meta = pf.metadata
+        schema = pf.schema_arrow
+        size = fh.size()
+    classes: dict[str, str] = {}
+    for role, column in columns.items():
+        idx = schema.get_field_index(column)
+        if idx < 0:
+            _check_column(role, column, "missing", uri, "")
+        dtype = schema.field(idx).type
+        classes[role] = _type_class(dtype)
+        _check_column(role, column, classes[role], uri, str(dtype))
+    leaf_idx = _leaf_index(pf, columns["text"])
+    blocks = []
+    rg_rows = []
+    for i in range(meta.num_row_groups):
+        rg = meta.row_group(i)
+        rg_rows.append(rg.num_rows)
+        if rg.num_rows == 0:
+            continue
+        text_bytes = rg.column(leaf_idx).total_uncompressed_size if leaf_idx is not None else 0
+        blocks.append(_Block(rg.num_rows, max(1.0, text_bytes / rg.num_rows / BYTES_PER_TOKEN)))
+    return _FileMeta(uri, meta.num_rows, rg_rows, size, blocks), classes
+
+
+def _leaf_index(pf: pq.ParquetFile, column: str) -> int | None:
+    """Parquet leaf column index of a top-level primitive column, else ``None``."""
+    for j in range(pf.metadata.num_columns):
+        if pf.schema.column(j).path == column:
+            return j
+    return None
+
+
+def _jsonl_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "other:bool"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, str):
+        return "string"
+    return f"other:{type(value).__name__}"
+
+
+def _jsonl_meta(uri: str, columns: dict[str, str]) -> tuple[_FileMeta, dict[str, str]]:
+    """Line index of a JSONL file: counts non-blank lines in blocks, samples the first lines' types."""
+    fs, path = storage.arrow_filesystem(uri)
+    rows = 0
+    blocks: list[_Block] = []
+    block_rows = 0
+    block_bytes = 0
+    seen: dict[str, set[str]] = {role: set() for role in columns}
+    with fs.open_input_stream(path) as fh:
+        size = 0
+        pending = b""
+        while True:
+            buf = fh.read(1 << 22)
+            if not buf:
+                break
+            size += len(buf)
+            lines = (pending + buf).split(b"\n")
+            pending = lines.pop()
+            for line in lines:
+                if not line.strip():
+                    continue
+                if rows < JSONL_SAMPLE_LINES:
+                    _sample_line(line, rows, uri, columns, seen)
+                rows += 1
+                block_rows += 1
+                block_bytes += len(line)
+                if block_rows == JSONL_BLOCK_LINES:
+                    blocks.append(_Block(block_rows, max(1.0, block_bytes / block_rows / BYTES_PER_TOKEN)))
+                    block_rows, block_bytes = 0, 0
+        if pending.strip():
+            if rows < JSONL_SAMPLE_LINES:
+                _sample_line(pending, rows, uri, columns, seen)
+            rows += 1
+            block_rows += 1
+            block_bytes += len(pending)
+    if block_rows:
+        blocks.append(_Block(block_rows, max(1.0, block_bytes / block_rows / BYTES_PER_TOKEN)))
+    classes = {}
+    for role, column in columns.items():
+        non_null = seen[role] - {"null"}
+        if rows == 0:
+            classes[role] = "empty"
+            continue
+        if not seen[role]:
+            _check_column(role, column, "missing", uri, "")
+        if len(non_null) > 1:
+            raise PlanError(f"{role}_column: column {column!r} mixes types {sorted(non_null)} in {uri}")
+        classes[role] = non_null.pop() if non_null else "null"
+        _check_column(role, column, classes[role], uri, classes[role])
+    return _FileMeta(uri, rows, [], size, blocks), classes
+
+
+def _sample_line(line: bytes, row: int, uri: str, columns: dict[str, str], seen: dict[str, set[str]]) -> None:
+    try:
+        obj = json.loads(line)
+    except ValueError as exc:
+        raise PlanError(f"input: {uri} line {row + 1} (non-blank) is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise PlanError(f"input: {uri} line {row + 1} (non-blank) is not a JSON object")
+    for role, column in columns.items():
+        if column in obj:
+            seen[role].add(_jsonl_type(obj[column]))
+
+
+def read_metadata(fmt: InputFormat, uris: list[str], id_column: str, text_column: str) -> list[_FileMeta]:
+    """Row counts, row groups and weight blocks of every file, after validating the schema.
+
+    Raises:
+        PlanError: a column is missing, all null, of an unusable type, or of different types in two files.
+    """
+    columns = {"id": id_column, "text": text_column}
+    reader = _parquet_meta if fmt == InputFormat.PARQUET else _jsonl_meta
+    metas: list[_FileMeta] = []
+    per_file: list[tuple[str, dict[str, str]]] = []
+    for uri in uris:
+        meta, classes = reader(uri, columns)
+        metas.append(meta)
+        if meta.rows > 0:
+            per_file.append((uri, classes))
+    if per_file:
+        _check_consistent(per_file, columns)
+    return metas
+
+
+# ------------------------------------------------------------------------------------------ splitting
+
+
+def shard_count(total_rows: int, rows_per_shard: int, max_map_length: int) -> int:
+    """Number of shards: ``ceil(total_rows / rows_per_shard)`` capped at ``max_map_length`` and at the row
+    count (so no shard is empty); 0 for an empty input."""
+    if total_rows <= 0:
+        return 0
+    return max(1, min(math.ceil(total_rows / rows_per_shard), max_map_length, total_rows))
+
+
+def _limit_blocks(metas: list[_FileMeta], row_limit: int | None) -> list[list[_Block]]:
+    """Per-file blocks truncated to the first ``row_limit`` rows overall."""
+    remaining = row_limit if row_limit else None
+    out: list[list[_Block]] = []
+    for meta in metas:
+        kept: list[_Block] = []
+        for block in meta.blocks:
+            if remaining is not None:
+                if remaining <= 0:
+                    break
+                rows = min(block.rows, remaining)
+                remaining -= rows
+            else:
+                rows = block.rows
+            kept.append(_Block(rows, block.tokens_per_row))
+        out.append(kept)
+    return out
+
+
+def split_boundaries(blocks: list[_Block], n_shards: int, by_tokens: bool) -> list[int]:
+    """Global row boundaries ``b[0]=0 < b[1] < ... < b[n]=total`` giving ``n`` shards of (nearly) equal
+    rows, or equal estimated tokens when ``by_tokens``; every shard keeps at least one row."""
+    total = sum(b.rows for b in blocks)
+    if n_shards == 0:
+        return [0]
+    if not by_tokens:
+        return [round(k * total / n_shards) for k in range(n_shards + 1)]
+    weights = [(b.rows, b.tokens_per_row) for b in blocks]
+    total_w = sum(r * w for r, w in weights)
+    bounds = [0]
+    cum_rows, cum_w, i = 0, 0.0, 0
+    for k in range(1, n_shards):
+        target = k * total_w / n_shards
+        while i < len(weights) and cum_w + weights[i][0] * weights[i][1] < target:
+            cum_rows += weights[i][0]
+            cum_w += weights[i][0] * weights[i][1]
+            i += 1
+        inside = 0 if i >= len(weights) else int((target - cum_w) / weights[i][1])
+        bounds.append(cum_rows + inside)
+    bounds.append(total)
+    # Monotonic with >= 1 row per shard (n_shards <= total guarantees room).
+    for k in range(1, n_shards):
+        bounds[k] = min(max(bounds[k], bounds[k - 1] + 1), total - (n_shards - k))
+    return bounds
+
+
+def _segments(file_rows: list[int], start: int, stop: int) -> list[Segment]:
+    """Segments covering global rows ``[start, stop)`` over files with ``file_rows`` rows each."""
+    segs = []
+    offset = 0
+    for idx, rows in enumerate(file_rows):
+        lo, hi = max(start, offset), min(stop, offset + rows)
+        if lo < hi:
+            segs.append(Segment(file_index=idx, row_start=lo - offset, row_stop=hi - offset))
+        offset += rows
+    return segs
+
+
+def build_shards(metas: list[_FileMeta], request: PlanRequest) -> list[ShardSpec]:
+    """The shard list for ``metas`` under ``request`` (rows per shard, cap, row limit, shard_by)."""
+    per_file = _limit_blocks(metas, request.row_limit)
+    file_rows = [sum(b.rows for b in blocks) for blocks in per_file]
+    flat = [b for blocks in per_file for b in blocks]
+    n = shard_count(sum(file_rows), request.rows_per_shard, request.max_map_length)
+    bounds = split_boundaries(flat, n, request.shard_by == "tokens")
+    shards = []
+    for k in range(n):
+        start, stop = bounds[k], bounds[k + 1]
+        est = _est_tokens(flat, start, stop)
+        shards.append(ShardSpec(shard_id=shard_id_for(k), segments=_segments(file_rows, start, stop),
+                                est_tokens=est))
+    return shards
+
+
+def _est_tokens(blocks: list[_Block], start: int, stop: int) -> int:
+    total, offset = 0.0, 0
+    for b in blocks:
+        lo, hi = max(start, offset), min(stop, offset + b.rows)
+        if lo < hi:
+            total += (hi - lo) * b.tokens_per_row
+        offset += b.rows
+    return int(total)
+
+
+# ------------------------------------------------------------------------------------------- manifest
+
+
+def shard_refs(manifest: Manifest, run_dir: str) -> list[dict[str, Any]]:
+    """Small XCom payload: one ``{"run_dir", "shard_id", "rows", "est_tokens"}`` dict per shard."""
+    return [{"run_dir": run_dir, "shard_id": s.shard_id, "rows": s.rows, "est_tokens": s.est_tokens}
+            for s in manifest.shards]
+
+
+def _reuse(existing: Manifest, request: PlanRequest, manifest_uri: str) -> Manifest:
+    if existing.input.uri != request.input_uri or existing.engine != request.engine:
+        raise PlanError(
+            f"run_id: {manifest_uri} was planned for input {existing.input.uri!r} with engine "
+            f"{existing.engine}; this request differs. Use a new run id (a run's plan never changes)."
+        )
+    log.info("manifest %s already exists: reusing its %d shards", manifest_uri, len(existing.shards))
+    return existing
+
+
+def plan(request: PlanRequest) -> tuple[Manifest, list[dict[str, Any]]]:
+    """Plan a run: validate, split, write the manifest once, return it and the shard refs.
+
+    A rerun with the same ``run_id`` reads back and reuses the committed manifest (the plan of a run
+    never changes, so retried workers always see the same shards).
+
+    Returns:
+        ``(manifest, refs)``; ``refs`` is :func:`shard_refs` (``[]`` for an empty input).
+
+    Raises:
+        PlanError / ConfigError: bad input, columns or settings (the message names the field or column).
+        batch_contract.storage.StorageError: storage unreachable.
+    """
+    layout = RunLayout(request.output_root, request.run_id)
+    if storage.exists(layout.manifest_uri):
+        existing = Manifest.from_json_bytes(storage.read_bytes(layout.manifest_uri))
+        manifest = _reuse(existing, request, layout.manifest_uri)
+        return manifest, shard_refs(manifest, layout.run_dir)
+    fmt, uris = resolve_input_files(request.input_uri)
+    metas = read_metadata(fmt, uris, request.id_column, request.text_column)
+    shards = build_shards(metas, request)
+    files = [InputFile(uri=m.uri, rows=m.rows, row_group_rows=m.row_group_rows, size_bytes=m.size_bytes)
+             for m in metas]
+    manifest = Manifest(
+        run_id=request.run_id,
+        input=InputSpec(uri=request.input_uri, format=fmt.value, id_column=request.id_column,
+                        text_column=request.text_column, files=files),
+        shards=shards,
+        engine=dict(request.engine),
+        worker=WorkerSettings.from_dict(request.worker),
+        params=dict(request.params),
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+    )
+    storage.makedirs(layout.run_dir)
+    try:
+        storage.write_create_only(layout.manifest_uri, manifest.to_json_bytes())
+    except storage.AlreadyExistsError:  # a concurrent planner won: use its plan
+        manifest = _reuse(Manifest.from_json_bytes(storage.read_bytes(layout.manifest_uri)), request,
+                          layout.manifest_uri)
+    log.info("planned %d rows from %d %s file(s) into %d shard(s) at %s", manifest.rows, len(files),
+             fmt.value, len(manifest.shards), layout.manifest_uri)
+    return manifest, shard_refs(manifest, layout.run_dir)
+
+
+def manifest_for(run_dir: str) -> Manifest:
+    """Read the committed manifest of ``run_dir`` (``FileNotFoundError`` if the run was never planned)."""
+    return Manifest.from_json_bytes(storage.read_bytes(RunLayout.from_run_dir(run_dir).manifest_uri))
+
+
+__all__ = ["DEFAULT_MAX_MAP_LENGTH", "PlanError", "PlanRequest", "build_shards", "manifest_for", "plan",
+           "read_metadata", "resolve_input_files", "shard_count", "shard_refs",
+           "split_boundaries"]

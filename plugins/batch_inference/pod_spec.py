@@ -1,0 +1,255 @@
+"""One shard-task spec for the kubernetes runner: KubernetesPodOperator kwargs and offline rendering.
+
+:func:`kpo_partial_kwargs` gives the kwargs shared by every shard's pod (``.partial(...)``), and
+:func:`kpo_expand_kwargs` the per-shard ones (``.expand_kwargs(...)``): the worker command and the
+run-id / shard-id labels. :func:`render_pod_manifests` builds the exact pod the provider would submit
+(``build_pod_request_obj(dry_run=True)`` + ``PodGenerator.serialize_pod``) and writes it as YAML,
+with no cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from batch_contract.engine_config import ConfigError, WorkerSettings
+
+DIGEST_PATTERN = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
+LABEL_VALUE_MAX = 63
+DEFAULT_IMAGE = (
+    "us-docker.pkg.dev/example-project/batch-inference/batch-worker"
+    "@sha256:0000000000000000000000000000000000000000000000000000000000000000"
+)
+"""Placeholder-free default: a syntactically valid digest reference. Set ``BATCH_K8S_IMAGE`` to the
+digest your CI pushed (``docker buildx imagetools inspect <tag>`` prints it)."""
+
+
+def label_value(value: str) -> str:
+    """A Kubernetes label value for ``value``: ``[A-Za-z0-9._-]``, alphanumeric at both ends, <= 63
+    chars (Airflow run ids contain ``:`` and ``+``, which labels do not allow)."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]", "-", value)[:LABEL_VALUE_MAX]
+    return cleaned.strip("._-") or "x"
+
+
+@dataclass(frozen=True)
+class K8sSettings:
+    """Cluster-side settings of the worker pods (one per shard).
+
+    Attributes:
+        image: worker image pinned by digest (``repo@sha256:<64 hex>``); tags are rejected.
+        namespace / service_account: where pods run and the identity they use (Workload Identity
+            on GKE maps it to a cloud service account that can read inputs and write ``output_root``).
+        gpus: ``nvidia.com/gpu`` limit per pod.
+        cpu / memory: requests (CPU cores, Kubernetes quantity); memory is also the limit.
+        node_selector / tolerations / prefer_spot: GPU spot node-pool placement.
+        secret_env: env var -> ``"secret-name:key"`` injected from Kubernetes secrets.
+        termination_grace_seconds: must exceed the worker's flush grace so a preempted pod commits
+            its in-flight chunk before SIGKILL.
+        retries / retry_delay_seconds / max_retry_delay_seconds: exponential backoff for spot deaths.
+        max_active_pods: ``max_active_tis_per_dagrun`` of the mapped pod task.
+        startup_timeout_seconds: image pull + GPU node scale-up allowance.
+    """
+
+    image: str = DEFAULT_IMAGE
+    namespace: str = "batch-inference"
+    service_account: str = "batch-worker"
+    gpus: int = 1
+    cpu: str = "4"
+    memory: str = "16Gi"
+    node_selector: dict[str, str] = field(default_factory=lambda: {
+        "cloud.google.com/gke-spot": "true",
+        "cloud.google.com/gke-accelerator": "nvidia-l4",
+    })
+    tolerations: list[dict[str, str]] = field(default_factory=lambda: [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true", "effect": "NoSchedule"},
+    ])
+    prefer_spot: bool = True
+    secret_env: dict[str, str] = field(default_factory=dict)
+    termination_grace_seconds: int = 60
+    retries: int = 8
+    retry_delay_seconds: int = 30
+    max_retry_delay_seconds: int = 900
+    max_active_pods: int = 16
+    startup_timeout_seconds: int = 900
+
+    def __post_init__(self) -> None:
+        if not DIGEST_PATTERN.match(self.image):
+            raise ConfigError(f"k8s.image: {self.image!r} is not pinned by digest (repo@sha256:<64 hex>)")
+        if self.gpus < 0:
+            raise ConfigError("k8s.gpus: must be >= 0")
+        if self.retries < 2:
+            raise ConfigError("k8s.retries: must be >= 2 (spot preemptions are expected)")
+        if self.max_active_pods < 1:
+            raise ConfigError("k8s.max_active_pods: must be >= 1")
+        for name, ref in self.secret_env.items():
+            if ref.count(":") != 1:
+                raise ConfigError(f"k8s.secret_env.{name}: {ref!r} is not 'secret-name:key'")
+
+    def check_grace(self, worker: WorkerSettings) -> None:
+        """Raise unless the pod's grace period exceeds the worker's flush grace (seconds)."""
+        if self.termination_grace_seconds <= worker.grace_seconds:
+            raise ConfigError(
+                f"k8s.termination_grace_seconds: {self.termination_grace_seconds} s must exceed the "
+                f"worker's grace_seconds ({worker.grace_seconds} s) or preempted pods lose their chunk"
+            )
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> K8sSettings:
+        """Settings from ``BATCH_K8S_*`` environment variables (JSON for dicts/lists), defaults elsewhere.
+
+        Read at DAG-parse time, so they are deployment settings, not per-run Params.
+        """
+        env = os.environ if environ is None else environ
+        kwargs: dict[str, Any] = {}
+        simple = {"image": str, "namespace": str, "service_account": str, "gpus": int, "cpu": str,
+                  "memory": str, "termination_grace_seconds": int, "retries": int,
+                  "retry_delay_seconds": int, "max_retry_delay_seconds": int, "max_active_pods": int,
+                  "startup_timeout_seconds": int}
+        for name, conv in simple.items():
+            raw = env.get(f"BATCH_K8S_{name.upper()}")
+            if raw:
+                kwargs[name] = conv(raw)
+        for name in ("node_selector", "tolerations", "secret_env"):
+            raw = env.get(f"BATCH_K8S_{name.upper()}")
+            if raw:
+                kwargs[name] = json.loads(raw)
+        if env.get("BATCH_K8S_PREFER_SPOT"):
+            kwargs["prefer_spot"] = env["BATCH_K8S_PREFER_SPOT"].lower() in ("1", "true", "yes")
+        return cls(**kwargs)
+
+
+def _resources(settings: K8sSettings):
+    from kubernetes.client import models as k8s
+
+    limits = {"memory": settings.memory}
+    if settings.gpus:
+        limits["nvidia.com/gpu"] = str(settings.gpus)
+    return k8s.V1ResourceRequirements(requests={"cpu": settings.cpu, "memory": settings.memory},
+                                      limits=limits)
+
+
+def _affinity(settings: K8sSettings):
+    from kubernetes.client import models as k8s
+
+    if not settings.prefer_spot:
+        return None
+    term = k8s.V1NodeSelectorTerm(match_expressions=[k8s.V1NodeSelectorRequirement(
+        key="cloud.google.com/gke-spot", operator="In", values=["true"])])
+    return k8s.V1Affinity(node_affinity=k8s.V1NodeAffinity(
+        preferred_during_scheduling_ignored_during_execution=[
+            k8s.V1PreferredSchedulingTerm(weight=100, preference=term)]))
+
+
+def _tolerations(settings: K8sSettings):
+    from kubernetes.client import models as k8s
+
+    return [k8s.V1Toleration(**t) for t in settings.tolerations]
+
+
+def _secrets(settings: K8sSettings):
+    from airflow.providers.cncf.kubernetes.secret import Secret
+
+    out = []
+    for env_name, ref in sorted(settings.secret_env.items()):
+        secret, key = ref.split(":")
+        out.append(Secret("env", env_name, secret, key))
+    return out
+
+
+def kpo_partial_kwargs(settings: K8sSettings, worker: WorkerSettings | None = None) -> dict[str, Any]:
+    """Kwargs shared by every shard pod, for ``KubernetesPodOperator.partial(task_id=..., **kwargs)``.
+
+    Args:
+        settings: cluster settings.
+        worker: the worker settings the manifest will carry (default: :class:`WorkerSettings`); used to
+            check the termination grace.
+
+    Raises:
+        ConfigError: grace period too short.
+    """
+    settings.check_grace(worker or WorkerSettings())
+    return {
+        "name": "batch-worker",
+        "namespace": settings.namespace,
+        "image": settings.image,
+        "image_pull_policy": "IfNotPresent",
+        "cmds": ["batch-worker"],
+        "service_account_name": settings.service_account,
+        "container_resources": _resources(settings),
+        "node_selector": dict(settings.node_selector),
+        "tolerations": _tolerations(settings),
+        "affinity": _affinity(settings),
+        "secrets": _secrets(settings),
+        "env_vars": {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"},
+        "termination_grace_period": settings.termination_grace_seconds,
+        "startup_timeout_seconds": settings.startup_timeout_seconds,
+        "on_finish_action": "delete_succeeded_pod",
+        "deferrable": True,
+        "get_logs": True,
+        "do_xcom_push": False,
+        "retries": settings.retries,
+        "retry_delay": timedelta(seconds=settings.retry_delay_seconds),
+        "retry_exponential_backoff": 2.0,
+        "max_retry_delay": timedelta(seconds=settings.max_retry_delay_seconds),
+        "max_active_tis_per_dagrun": settings.max_active_pods,
+    }
+
+
+def worker_arguments(run_dir: str, shard_id: str) -> list[str]:
+    """Arguments of the worker command for one shard: ``run --run-dir <run_dir> --shard <id>``."""
+    return ["run", "--run-dir", run_dir, "--shard", shard_id]
+
+
+def kpo_expand_kwargs(ref: dict[str, Any], run_id: str) -> dict[str, Any]:
+    """Per-shard kwargs for ``.expand_kwargs``: worker arguments and identity labels.
+
+    Args:
+        ref: a planner shard ref (``run_dir``, ``shard_id``).
+        run_id: the Airflow run id (sanitised into a label value).
+    """
+    return {
+        "arguments": worker_arguments(ref["run_dir"], ref["shard_id"]),
+        "labels": {
+            "app.kubernetes.io/name": "batch-worker",
+            "app.kubernetes.io/part-of": "batch-inference",
+            "batch-inference/run-id": label_value(run_id),
+            "batch-inference/shard-id": ref["shard_id"],
+        },
+    }
+
+
+def build_pod(ref: dict[str, Any], run_id: str, settings: K8sSettings, worker: WorkerSettings | None = None):
+    """The ``V1Pod`` the provider would create for one shard, built offline (no cluster, no context)."""
+    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+
+    kwargs = {**kpo_partial_kwargs(settings, worker), **kpo_expand_kwargs(ref, run_id)}
+    kwargs["name"] = f"batch-worker-{ref['shard_id']}"
+    op = KubernetesPodOperator(task_id=f"infer_k8s_{ref['shard_id']}", **kwargs)
+    return op.build_pod_request_obj(None, dry_run=True)
+
+
+def render_pod_manifests(refs: list[dict[str, Any]], run_id: str, settings: K8sSettings, out_dir: str,
+                         worker: WorkerSettings | None = None) -> list[str]:
+    """Write one pod manifest per shard to ``out_dir/<run label>-<shard_id>.yaml``.
+
+    Returns:
+        The written file paths, in shard order.
+    """
+    import yaml
+    from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for ref in refs:
+        manifest = PodGenerator.serialize_pod(build_pod(ref, run_id, settings, worker))
+        path = out / f"{label_value(run_id)}-{ref['shard_id']}.yaml"
+        path.write_text(yaml.safe_dump(manifest, sort_keys=False))
+        paths.append(str(path))
+    return paths

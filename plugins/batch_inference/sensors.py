@@ -1,0 +1,104 @@
+"""The completion gate: a deferrable sensor over shard markers in storage."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from airflow.sdk import BaseSensorOperator
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+from batch_inference.completion import check_completion, name_shards, progress_line
+from batch_inference.triggers import ShardMarkerTrigger
+
+
+class ShardMarkerSensor(BaseSensorOperator):
+    """Succeed when the run's complete shards hold ``min_success_ratio`` of its rows; fail at the
+    deadline naming the missing shards.
+
+    Checks storage once in the worker; if not yet satisfied and ``deferrable``, hands the wait to
+    :class:`~batch_inference.triggers.ShardMarkerTrigger` (no worker slot held while waiting).
+
+    Args:
+        run_dir: ``<output_root>/runs/<run_id>`` (templated).
+        deadline_hours: hours after the DAG run's start at which the gate fails (templated).
+        min_success_ratio: 0..1 (templated).
+        dry_run: skip (nothing was run) when true (templated).
+        poll_seconds: trigger poll interval (seconds).
+        deferrable: wait in the triggerer (default) or poke in the worker.
+
+    Returns (XCom): the completion status dict (``shards_total``, ``shards_complete``, ``rows_total``,
+    ``rows_complete``, ``missing``, ``ratio``).
+    """
+
+    template_fields: Sequence[str] = ("run_dir", "deadline_hours", "min_success_ratio", "dry_run")
+
+    def __init__(self, *, run_dir: str, deadline_hours: Any = 24.0, min_success_ratio: Any = 1.0,
+                 dry_run: Any = False, poll_seconds: float = 10.0, deferrable: bool = True,
+                 **kwargs: Any) -> None:
+        kwargs.setdefault("poke_interval", poll_seconds)
+        super().__init__(**kwargs)
+        self.run_dir = run_dir
+        self.deadline_hours = deadline_hours
+        self.min_success_ratio = min_success_ratio
+        self.dry_run = dry_run
+        self.poll_seconds = poll_seconds
+        self.deferrable = deferrable
+
+    def _deadline_epoch(self, context: Any) -> float:
+        dag_run = context.get("dag_run")
+        start = getattr(dag_run, "start_date", None) if dag_run is not None else None
+        start_epoch = start.timestamp() if start is not None else time.time()
+        return start_epoch + float(self.deadline_hours) * 3600.0
+
+    def _is_dry_run(self) -> bool:
+        return self.dry_run is True or str(self.dry_run).lower() == "true"
+
+    def poke(self, context: Any) -> bool:
+        status = check_completion(self.run_dir, float(self.min_success_ratio))
+        self.log.info("%s", progress_line(self.run_dir, status))
+        if status.satisfied:
+            return True
+        if time.time() >= self._deadline_epoch(context):
+            self._fail(status.to_dict(), "deadline passed")
+        return False
+
+    def execute(self, context: Any) -> dict:
+        if self._is_dry_run():
+            raise AirflowSkipException("dry run: no shards were run, nothing to wait for")
+        status = check_completion(self.run_dir, float(self.min_success_ratio))
+        self.log.info("%s", progress_line(self.run_dir, status))
+        if status.satisfied:
+            return status.to_dict()
+        if not self.deferrable:
+            super().execute(context)
+            return check_completion(self.run_dir, float(self.min_success_ratio)).to_dict()
+        deadline = self._deadline_epoch(context)
+        if time.time() >= deadline:
+            self._fail(status.to_dict(), "deadline passed")
+        self.defer(
+            trigger=ShardMarkerTrigger(self.run_dir, deadline, float(self.min_success_ratio),
+                                       self.poll_seconds),
+            method_name="execute_complete",
+            timeout=timedelta(seconds=max(1.0, deadline - time.time() + 60.0)),
+        )
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> dict:
+        """Resume after the trigger's event: return the status, or fail naming the missing shards."""
+        if event.get("status") == "success":
+            return {k: v for k, v in event.items() if k != "status"}
+        if event.get("status") == "error":
+            raise AirflowFailException(f"completion gate for {self.run_dir}: {event.get('message')}")
+        self._fail(event, "deadline passed")
+        return {}
+
+    def _fail(self, status: dict[str, Any], why: str) -> None:
+        missing = list(status.get("missing", []))
+        raise AirflowFailException(
+            f"completion gate for {self.run_dir}: {why} with {len(missing)} shard(s) missing their "
+            f"_SUCCESS.json marker: {name_shards(missing)}; rows complete {status.get('rows_complete')}/"
+            f"{status.get('rows_total')} (ratio {status.get('ratio', 0):.4f} < min_success_ratio "
+            f"{status.get('min_success_ratio')}). Clear those shards' tasks to rerun them."
+        )

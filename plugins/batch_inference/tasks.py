@@ -1,0 +1,225 @@
+"""Task bodies of the batch-inference DAGs, as plain functions of ``(RunConfig, context)``.
+
+The DAG factory wraps them in ``@task``; keeping them here keeps the DAG files to wiring and makes each
+step testable without a scheduler. Airflow-side only: no torch, no vLLM.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from batch_contract.engine_config import ConfigError
+from batch_contract.layout import RunLayout
+
+from batch_inference.params import REPO_ROOT, RunConfig, resolve_run_config
+from batch_inference.planner import PlanRequest, manifest_for, plan
+
+log = logging.getLogger(__name__)
+
+REPORT_LINE_PREFIX = "BATCH_INFERENCE_REPORT_JSON="
+"""The summary task logs this prefix + the report URI; ``batch_inference.cli`` finds it in the output."""
+RENDER_DIR = os.environ.get("BATCH_RENDER_DIR", str(REPO_ROOT / "build" / "k8s"))
+
+
+def render_param(value: Any, context: Mapping[str, Any]) -> Any:
+    """Render Jinja in a string param (e.g. ``data/dt={{ ds }}``) with the task's context."""
+    if isinstance(value, str) and "{{" in value:
+        return context["task"].render_template(value, context)
+    return value
+
+
+def run_config(context: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> RunConfig:
+    """The run's validated config: params (rendered) updated with ``overrides``.
+
+    Raises:
+        ConfigError: naming ``params.<field>``.
+    """
+    params = dict(context["params"])
+    params.update(overrides or {})
+    for name in ("input_uri", "output_root", "duckdb_path", "output_table"):
+        if name in params:
+            params[name] = render_param(params[name], context)
+    return resolve_run_config(params)
+
+
+def run_dir_of(cfg: RunConfig, run_id: str) -> str:
+    return RunLayout(cfg.output_root, run_id).run_dir
+
+
+def _extra_of(event: Any) -> dict[str, Any]:
+    extra = event.get("extra") if isinstance(event, Mapping) else getattr(event, "extra", None)
+    return dict(extra or {})
+
+
+def model_from_events(triggering_events: Mapping[Any, Iterable[Any]] | None,
+                      fallback: str | None) -> tuple[str, str]:
+    """Model location for an Asset-triggered run: the newest triggering event's ``extra['model_path']``,
+    else the ``model`` param.
+
+    Args:
+        triggering_events: ``context['triggering_asset_events']`` (asset -> events, oldest first).
+        fallback: ``params.model``.
+
+    Returns:
+        ``(model_path, source)`` where ``source`` says where it came from (for the log and manifest).
+
+    Raises:
+        ConfigError: neither the events nor the params give a model.
+    """
+    for events in (triggering_events or {}).values():
+        for event in reversed(list(events)):
+            extra = _extra_of(event)
+            path = extra.get("model_path") or extra.get("model")
+            if path:
+                version = extra.get("model_version", "")
+                return str(path), f"asset event extra (model_version={version!r})"
+    if fallback:
+        return fallback, "params.model"
+    raise ConfigError(
+        "model: this run was not given a model. The triggering Asset event's extra has no 'model_path' "
+        "(emit it as outlet_events[asset].extra = {'model_path': ..., 'model_version': ...}) and "
+        "params.model is empty; set one of them."
+    )
+
+
+def plan_task(context: Mapping[str, Any], *, model_from_asset: bool = False) -> list[dict[str, Any]]:
+    """Plan the run and write its manifest; also pushes the run dir as XCom key ``run_dir``.
+
+    Returns:
+        The shard refs (:func:`batch_inference.planner.shard_refs`; one small dict per shard, at most
+        ``max_shards``; ``[]`` for an empty input, which maps to zero worker tasks).
+    """
+    overrides: dict[str, Any] = {}
+    if model_from_asset:
+        model, source = model_from_events(context.get("triggering_asset_events"), context["params"].get("model"))
+        log.info("model %s (from %s)", model, source)
+        overrides["model"] = model
+    cfg = run_config(context, overrides)
+    run_id = context["run_id"]
+    request = PlanRequest(
+        input_uri=cfg.input_uri, id_column=cfg.id_column, text_column=cfg.text_column,
+        output_root=cfg.output_root, run_id=run_id, engine=cfg.engine_dict(),
+        worker={"token_budget": cfg.token_budget}, rows_per_shard=cfg.rows_per_shard,
+        shard_by=cfg.shard_by, max_map_length=cfg.max_shards, row_limit=cfg.row_limit or None,
+        params={**cfg.to_dict(), "dag_id": context["dag"].dag_id},
+    )
+    manifest, refs = plan(request)
+    log.info("run %s: %d rows in %d shards -> %s", run_id, manifest.rows, len(refs),
+             RunLayout(cfg.output_root, run_id).manifest_uri)
+    context["ti"].xcom_push(key="run_dir", value=run_dir_of(cfg, run_id))
+    return refs
+
+
+def choose_runner_task(context: Mapping[str, Any]) -> str:
+    """Branch: ``render_k8s`` for a dry run, else ``infer_local`` or ``kpo_args`` (kubernetes)."""
+    cfg = run_config(context)
+    if cfg.dry_run:
+        return "render_k8s"
+    return "infer_local" if cfg.runner == "local" else "kpo_args"
+
+
+def infer_local_task(ref: dict[str, Any], context: Mapping[str, Any]) -> dict[str, Any]:
+    """Run one shard with the local runner; map its exit code to Airflow's retry semantics.
+
+    Raises:
+        AirflowFailException: worker exit 2 (bad input): no retry.
+        AirflowException: worker exit 75 / 1 / other: retried with backoff.
+    """
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+    from batch_inference.local_runner import ShardBadInputError, ShardRetryableError, run_shard
+
+    parallelism = int(context["params"].get("parallelism", 1))
+    try:
+        return run_shard(ref["run_dir"], ref["shard_id"], parallelism=parallelism).to_dict()
+    except ShardBadInputError as exc:
+        raise AirflowFailException(str(exc)) from None
+    except ShardRetryableError as exc:
+        raise AirflowException(str(exc)) from None
+
+
+def kpo_args_task(refs: list[dict[str, Any]], context: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per-shard ``expand_kwargs`` for the mapped pod task (see :func:`pod_spec.kpo_expand_kwargs`)."""
+    from batch_inference.pod_spec import kpo_expand_kwargs
+
+    return [kpo_expand_kwargs(ref, context["run_id"]) for ref in refs]
+
+
+def render_k8s_task(refs: list[dict[str, Any]], context: Mapping[str, Any], out_dir: str = RENDER_DIR) -> list[str]:
+    """Dry run: write the pod manifests the kubernetes runner would create to ``out_dir``."""
+    from batch_inference.pod_spec import K8sSettings, render_pod_manifests
+
+    if not refs:
+        log.info("dry run: the plan has no shards, so no pod manifests")
+        return []
+    manifest = manifest_for(refs[0]["run_dir"])
+    paths = render_pod_manifests(refs, context["run_id"], K8sSettings.from_env(), out_dir,
+                                 worker=manifest.worker)
+    log.info("dry run: wrote %d pod manifest(s) to %s", len(paths), out_dir)
+    return paths
+
+
+def publish_target(cfg: RunConfig):
+    """The :class:`PublishTarget` for the run; resolves ``postgres_conn_id`` to a DSN via Airflow.
+
+    Raises:
+        ConfigError: the connection id does not exist.
+    """
+    from batch_inference.publish import PublishTarget
+
+    if cfg.publish_backend == "duckdb":
+        Path(cfg.duckdb_path).parent.mkdir(parents=True, exist_ok=True)
+        return PublishTarget(backend="duckdb", table=cfg.output_table, duckdb_path=cfg.duckdb_path)
+    from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        conn = BaseHook.get_connection(cfg.postgres_conn_id)
+    except AirflowNotFoundException:
+        raise ConfigError(f"params.postgres_conn_id: Airflow connection {cfg.postgres_conn_id!r} does not "
+                          "exist; create it (AIRFLOW_CONN_<ID>=postgresql://...) or pick another") from None
+    dsn = conn.get_uri().replace("postgres://", "postgresql://", 1)
+    return PublishTarget(backend="postgres", table=cfg.output_table, dsn=dsn)
+
+
+def publish_and_report_task(context: Mapping[str, Any], gate: dict[str, Any] | None, asset: Any) -> dict:
+    """Publish the run atomically, write its report, and attach key figures to the outlet Asset event.
+
+    Returns:
+        ``{"publish": <publish summary>, "report_json": <uri>, "asset_extra": {...}}``.
+    """
+    from batch_inference.publish import publish_run
+    from batch_inference.report import asset_extra, build_report
+
+    cfg = run_config(context)
+    run_dir = run_dir_of(cfg, context["run_id"])
+    target = publish_target(cfg)
+    summary = publish_run(run_dir, target, min_success_ratio=cfg.min_success_ratio)
+    log.info("published: %s", summary)
+    report = build_report(run_dir, dag_id=context["dag"].dag_id, publish_summary=summary,
+                          cost_params=cfg.cost_params())
+    extra = {**asset_extra(report), "run_id": context["run_id"], "table": summary.get("table"),
+             "fingerprint": summary.get("fingerprint"), "rows_published": summary.get("rows_published"),
+             "rows_dead_letter": summary.get("rows_dead_letter")}
+    context["outlet_events"][asset].extra = extra
+    return {"publish": summary, "report_json": RunLayout.from_run_dir(run_dir).report_json_uri,
+            "asset_extra": extra}
+
+
+def summary_task(result: dict[str, Any], context: Mapping[str, Any]) -> str:
+    """Log the report's human summary and the report path (the line ``batch_inference.cli`` parses)."""
+    import json
+
+    from batch_contract import storage
+
+    from batch_inference.report import markdown_summary
+
+    report = json.loads(storage.read_bytes(result["report_json"]))
+    for line in markdown_summary(report).splitlines():
+        log.info("%s", line)
+    log.info("%s%s", REPORT_LINE_PREFIX, result["report_json"])
+    return result["report_json"]
