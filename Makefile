@@ -22,5 +22,9 @@ test: venv lint
 bench-encoder: venv
 	$(PY) bench/encoder.py
 
+.PHONY: bench-storage
+bench-storage: venv
+	$(PY) bench/storage.py
+
 clean:
 	rm -rf build output airflow_home .pytest_cache
