@@ -1,0 +1,158 @@
+"""Live progress of a run while the gate waits: shard markers + ``_PROGRESS.json`` -> one summary.
+
+Counts follow a batch API's request counts (``total`` / ``completed`` / ``failed``) plus ``running``
+and ``pending``. Storage is the truth: a shard is completed only when its ``_SUCCESS.json`` exists.
+Never imports Airflow; the completion trigger calls :func:`collect_progress` and logs
+:func:`format_progress`.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from batch_contract import storage
+from batch_contract.enums import ShardStatus
+from batch_contract.layout import RunLayout
+from batch_contract.marker import ShardMarker, ShardProgress
+
+STALE_AFTER_SECONDS = 300.0
+"""A running shard whose progress object is older than this is reported as ``stale`` (its worker may
+be gone) and its rate is left out of the run's rows/s."""
+
+_MAX_LISTED = 10
+
+
+def _read(uri: str) -> bytes | None:
+    try:
+        return storage.read_bytes(uri)
+    except FileNotFoundError:
+        return None
+
+
+def _manifest_rows(layout: RunLayout) -> dict[str, int]:
+    """Rows per shard id from the manifest (``{}`` if it cannot be read: progress must not fail)."""
+    import json
+
+    raw = _read(layout.manifest_uri)
+    if raw is None:
+        return {}
+    try:
+        shards = json.loads(raw)["shards"]
+        return {s["shard_id"]: sum(int(g["row_stop"]) - int(g["row_start"]) for g in s["segments"]) for s in shards}
+    except (ValueError, KeyError, TypeError):
+        return {}
+
+
+def _age_seconds(updated_at: str, now: datetime) -> float | None:
+    try:
+        ts = datetime.fromisoformat(updated_at)
+    except (TypeError, ValueError):
+        return None
+    ts = ts if ts.tzinfo else ts.replace(tzinfo=UTC)
+    return (now - ts).total_seconds()
+
+
+def collect_progress(run_dir: str, shard_ids: list[str], *, now: datetime | None = None) -> dict[str, Any]:
+    """Summarise the progress of ``shard_ids`` of the run at ``run_dir``.
+
+    Args:
+        run_dir: ``<output_root>/runs/<run_id>`` (local path, ``file://`` or ``gs://``).
+        shard_ids: the shards to watch (five-digit ids).
+        now: the current time (UTC) for staleness; default: the clock.
+
+    Returns:
+        ``{"total", "completed", "failed", "running", "pending", "stale"}`` (shard counts),
+        ``rows_total`` (rows of all watched shards: marker, progress object or manifest; ``None`` when
+        some shard's size is unknown), ``rows_done`` (rows committed incl. dead letters),
+        ``rows_dead_letter``, ``rows_per_s`` (sum of fresh running shards' rates, rows/s),
+        ``eta_s`` (remaining rows / rows_per_s, seconds; ``None`` without a rate), ``fraction_done``,
+        ``missing`` (ids without marker), ``failed_ids``, ``stale_ids``.
+    """
+    layout = RunLayout.from_run_dir(run_dir)
+    now = now or datetime.now(UTC)
+    manifest_rows: dict[str, int] | None = None
+    counts = dict.fromkeys(("completed", "failed", "running", "pending", "stale"), 0)
+    rows_total: int | None = 0
+    rows_done = rows_dead = 0
+    rate = 0.0
+    missing, failed_ids, stale_ids = [], [], []
+    for sid in shard_ids:
+        raw = _read(layout.marker_uri(sid))
+        if raw is not None:
+            marker = ShardMarker.from_json_bytes(raw)
+            counts["completed"] += 1
+            rows_total = None if rows_total is None else rows_total + marker.rows_input
+            rows_done += marker.rows_ok + marker.rows_dead_letter
+            rows_dead += marker.rows_dead_letter
+            continue
+        missing.append(sid)
+        raw = _read(layout.progress_uri(sid))
+        if raw is None:
+            counts["pending"] += 1
+            if manifest_rows is None:
+                manifest_rows = _manifest_rows(layout)
+            size = manifest_rows.get(sid)
+            rows_total = None if rows_total is None or size is None else rows_total + size
+            continue
+        prog = ShardProgress.from_json_bytes(raw)
+        rows_total = None if rows_total is None else rows_total + prog.rows_total
+        rows_done += prog.rows_done
+        rows_dead += prog.rows_dead_letter
+        if prog.status == ShardStatus.FAILED.value:
+            counts["failed"] += 1
+            failed_ids.append(sid)
+            continue
+        age = _age_seconds(prog.updated_at, now)
+        if prog.status == ShardStatus.RUNNING.value and age is not None and age > STALE_AFTER_SECONDS:
+            counts["stale"] += 1
+            stale_ids.append(sid)
+            continue
+        counts["running"] += 1
+        if prog.status == ShardStatus.RUNNING.value:
+            rate += max(0.0, prog.rows_per_s)
+    remaining = None if rows_total is None else max(0, rows_total - rows_done)
+    return {
+        "total": len(shard_ids),
+        **counts,
+        "rows_total": rows_total,
+        "rows_done": rows_done,
+        "rows_dead_letter": rows_dead,
+        "rows_per_s": rate,
+        "eta_s": (remaining / rate) if remaining is not None and rate > 0 else None,
+        "fraction_done": (rows_done / rows_total) if rows_total else None,
+        "missing": missing,
+        "failed_ids": failed_ids,
+        "stale_ids": stale_ids,
+    }
+
+
+def _eta(seconds: float | None) -> str:
+    if seconds is None:
+        return "n/a"
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, sec = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else (f"{minutes}m{sec:02d}s" if minutes else f"{sec}s")
+
+
+def format_progress(summary: dict[str, Any]) -> str:
+    """One log line from :func:`collect_progress`'s summary.
+
+    Example: ``shards 3/8 completed, 0 failed, 2 running, 3 pending | rows 1,200/3,200 (37.5%), 4 dead
+    letters | 85.0 rows/s | ETA 23s | waiting on 00003, 00004, ...``
+    """
+    s = summary
+    total_rows = "?" if s["rows_total"] is None else f"{s['rows_total']:,}"
+    frac = "" if s["fraction_done"] is None else f" ({100 * s['fraction_done']:.1f}%)"
+    parts = [
+        f"shards {s['completed']}/{s['total']} completed, {s['failed']} failed, {s['running']} running, "
+        f"{s['pending']} pending" + (f", {s['stale']} stale" if s["stale"] else ""),
+        f"rows {s['rows_done']:,}/{total_rows}{frac}, {s['rows_dead_letter']:,} dead letters",
+        f"{s['rows_per_s']:,.1f} rows/s",
+        f"ETA {_eta(s['eta_s'])}",
+    ]
+    if s["missing"]:
+        shown = ", ".join(s["missing"][:_MAX_LISTED]) + (", ..." if len(s["missing"]) > _MAX_LISTED else "")
+        parts.append(f"waiting on {shown}")
+    return " | ".join(parts)

@@ -1,0 +1,148 @@
+"""Pure aggregation of shard markers and attempts into the report's sections (no I/O).
+
+Units: rows, tokenizer tokens, wall-clock seconds, USD. Every figure is a sum, ratio or weighted mean
+of numbers the workers measured and wrote into their markers / attempt records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from batch_contract.marker import STAGES, ShardMarker
+
+
+def stage_names(markers: Iterable[ShardMarker]) -> list[str]:
+    """:data:`STAGES` first, then any other stage name a marker reports, in first-seen order."""
+    names = list(STAGES)
+    for m in markers:
+        names += [s for s in m.stage_seconds if s not in names]
+    return names
+
+
+def shard_seconds(marker: ShardMarker) -> float:
+    """Worker wall-clock seconds of a shard: the sum of its ``stage_seconds`` (all attempts)."""
+    return float(sum(marker.stage_seconds.values()))
+
+
+def input_tokens(marker: ShardMarker) -> int:
+    """Input tokens of a shard: LLM prompt tokens when reported, else the encoder's real tokens."""
+    return marker.tokens_prompt or marker.tokens_real
+
+
+def sum_stages(markers: list[ShardMarker]) -> dict[str, float]:
+    """Seconds by stage summed over shards (every stage of :func:`stage_names`, 0.0 when absent)."""
+    return {s: float(sum(m.stage_seconds.get(s, 0.0) for m in markers)) for s in stage_names(markers)}
+
+
+def fractions(seconds: dict[str, float]) -> dict[str, float | None]:
+    """Each value divided by the total (``None`` for all when the total is 0)."""
+    total = sum(seconds.values())
+    return {k: (v / total if total else None) for k, v in seconds.items()}
+
+
+def ratio(num: float, den: float) -> float | None:
+    """``num / den`` or ``None`` when ``den`` is 0."""
+    return num / den if den else None
+
+
+def dead_letter_reasons(markers: list[ShardMarker]) -> dict[str, int]:
+    """Dead-lettered rows by reason code (``DeadLetterReason`` values), summed over shards."""
+    out: dict[str, int] = {}
+    for m in markers:
+        for reason, n in m.dead_letter_reasons.items():
+            out[reason] = out.get(reason, 0) + int(n)
+    return dict(sorted(out.items()))
+
+
+def token_totals(markers: list[ShardMarker]) -> dict[str, Any]:
+    """Token sums: ``input`` (prompt tokens, or real tokens for encoders), ``real``, ``padded``,
+    ``prompt``, ``cached``, ``output``, ``total`` (= input + output) and ``cached_fraction``
+    (cached / prompt, ``None`` without prompts)."""
+    tot = {
+        "input": sum(input_tokens(m) for m in markers),
+        "real": sum(m.tokens_real for m in markers),
+        "padded": sum(m.tokens_padded for m in markers),
+        "prompt": sum(m.tokens_prompt for m in markers),
+        "cached": sum(m.tokens_cached for m in markers),
+        "output": sum(m.tokens_output for m in markers),
+    }
+    tot["total"] = tot["input"] + tot["output"]
+    tot["cached_fraction"] = ratio(tot["cached"], tot["prompt"])
+    return tot
+
+
+def padding_efficiency(markers: list[ShardMarker]) -> float | None:
+    """``sum(tokens_real) / sum(tokens_padded)`` over shards that report padded tokens, else ``None``."""
+    padded = [m for m in markers if m.tokens_padded]
+    return ratio(sum(m.tokens_real for m in padded), sum(m.tokens_padded for m in padded))
+
+
+def utilisation(markers: list[ShardMarker]) -> dict[str, Any]:
+    """GPU utilisation (NVML mean, weighted by each shard's inference seconds) or CPU time.
+
+    Returns:
+        ``{"device": "gpu"|"cpu", "gpu_util_mean": float|None (0..100 percent as NVML reports),
+        "gpu_mem_max_bytes": int|None, "cpu_seconds": float, "cpu_cores_busy_mean": float|None}``;
+        ``cpu_cores_busy_mean`` = process CPU seconds / worker wall seconds (1.0 = one core busy).
+    """
+    gpu = [m for m in markers if m.gpu.get("util_mean") is not None]
+    weights = [max(m.stage_seconds.get("inference", 0.0), 1e-9) for m in gpu]
+    util = ratio(sum(float(m.gpu["util_mean"]) * w for m, w in zip(gpu, weights, strict=True)), sum(weights))
+    mems = [int(m.gpu["mem_max_bytes"]) for m in markers if m.gpu.get("mem_max_bytes") is not None]
+    cpu = float(sum(m.cpu_seconds for m in markers))
+    return {
+        "device": "gpu" if gpu else "cpu",
+        "gpu_util_mean": util,
+        "gpu_mem_max_bytes": max(mems) if mems else None,
+        "cpu_seconds": cpu,
+        "cpu_cores_busy_mean": ratio(cpu, sum(shard_seconds(m) for m in markers)),
+    }
+
+
+def throughput(markers: list[ShardMarker], gpu_count: int) -> dict[str, Any]:
+    """Rows per second per accelerator.
+
+    Returns:
+        ``steady_rows_per_s_per_gpu``: mean over shards of the worker's steady-state rows/s (after
+        warm-up, last attempt) divided by ``gpu_count``; ``inference_rows_per_s_per_gpu``: rows
+        through inference / inference seconds / ``gpu_count``; ``end_to_end_rows_per_s_per_gpu``:
+        input rows / worker seconds / ``gpu_count`` (includes load, I/O, idle and re-done work).
+    """
+    steady = [m.steady_rows_per_s for m in markers if m.steady_rows_per_s > 0]
+    inference_s = sum(m.stage_seconds.get("inference", 0.0) for m in markers)
+    rows_ok = sum(m.rows_ok for m in markers)
+    return {
+        "steady_rows_per_s_per_gpu": ratio(sum(steady), len(steady) * gpu_count),
+        "inference_rows_per_s_per_gpu": ratio(rows_ok, inference_s * gpu_count),
+        "end_to_end_rows_per_s_per_gpu": ratio(
+            sum(m.rows_input for m in markers), sum(shard_seconds(m) for m in markers) * gpu_count
+        ),
+    }
+
+
+def parse_time(text: str | None) -> datetime | None:
+    """ISO-8601 timestamp (naive ones taken as UTC) or ``None`` for empty/invalid text."""
+    if not text:
+        return None
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def timeline(markers: list[ShardMarker], plan_created_at: str, publish_seconds: float) -> dict[str, Any]:
+    """First shard start, last shard finish, their distance (seconds), plan time and publish seconds."""
+    starts = [t for m in markers if (t := parse_time(m.started_at)) is not None]
+    ends = [t for m in markers if (t := parse_time(m.finished_at)) is not None]
+    first, last = (min(starts) if starts else None), (max(ends) if ends else None)
+    wall = (last - first).total_seconds() if first and last else None
+    return {
+        "plan_created_at": plan_created_at or None,
+        "first_shard_started_at": first.isoformat() if first else None,
+        "last_shard_finished_at": last.isoformat() if last else None,
+        "shards_wall_seconds": wall,
+        "publish_seconds": publish_seconds,
+    }

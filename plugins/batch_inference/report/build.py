@@ -1,0 +1,265 @@
+"""``build_report``: aggregate a run's measured stats into ``report.json`` and ``report.html``."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+from batch_contract import storage
+from batch_contract.engine_config import WorkerSettings
+from batch_contract.jsonutil import pretty_json
+from batch_contract.marker import ShardMarker
+from batch_contract.version import SCHEMA_VERSION
+
+from batch_inference.report import aggregate as agg
+from batch_inference.report import tokens as tok
+from batch_inference.report.attempts import OUTCOMES, summarize_attempts
+from batch_inference.report.collect import RunData, load_run
+from batch_inference.report.cost import cost_by_stage, per_million, pricing_counterfactuals, worker_cost
+from batch_inference.report.history import recent_runs
+from batch_inference.report.prices import CostParams, cost_params_from_dict
+
+REPORT_SCHEMA_VERSION = 1
+"""Version of the ``report.json`` layout (``report.schema.json``); bump on any incompatible change."""
+
+PADDING_METHOD = (
+    "Random-order estimate: each shard's rows (n_tokens read from its part files) are assumed batched "
+    "in random order, B rows a batch, where B = min(max_batch_rows, token_budget // longest row rounded "
+    "up to pad_to_multiple_of) is the largest batch a random-order batcher can use under the same token "
+    "budget. A batch pads to its longest row, so padded tokens = rows x E[max of B lengths drawn from the "
+    "shard's length distribution]. Inference seconds are assumed proportional to padded tokens, so the "
+    "cost avoided is inference cost x (estimated padded / measured padded - 1)."
+)
+
+
+def _shard_row(spec_rows: int, shard_id: str, marker: ShardMarker | None, status: str,
+               att: dict[str, Any], params: CostParams) -> dict[str, Any]:
+    """One row of the per-shard table (``None`` for figures a shard without marker cannot have)."""
+    if marker is None:
+        return {
+            "shard_id": shard_id, "status": status, "rows_input": spec_rows, "rows_ok": None,
+            "rows_dead_letter": None, "rows_truncated": None, "tokens_real": None, "tokens_padded": None,
+            "padding_efficiency": None, "seconds": None, "stage_seconds": {}, "steady_rows_per_s": None,
+            "rows_per_s": None, "gpu_util_mean": None, "cpu_seconds": None, "attempts": att["attempts"],
+            "preemptions": att["preemptions"], "killed": att["killed"], "rows_redone": att["rows_redone"],
+            "cost_usd": None, "started_at": None, "finished_at": None,
+        }
+    seconds = agg.shard_seconds(marker)
+    return {
+        "shard_id": shard_id,
+        "status": status,
+        "rows_input": marker.rows_input,
+        "rows_ok": marker.rows_ok,
+        "rows_dead_letter": marker.rows_dead_letter,
+        "rows_truncated": marker.rows_truncated,
+        "tokens_real": marker.tokens_real,
+        "tokens_padded": marker.tokens_padded,
+        "padding_efficiency": marker.padding_efficiency,
+        "seconds": seconds,
+        "stage_seconds": {k: float(v) for k, v in marker.stage_seconds.items()},
+        "steady_rows_per_s": marker.steady_rows_per_s,
+        "rows_per_s": agg.ratio(marker.rows_input, seconds),
+        "gpu_util_mean": marker.gpu.get("util_mean"),
+        "cpu_seconds": marker.cpu_seconds,
+        "attempts": att["attempts"],
+        "preemptions": att["preemptions"],
+        "killed": att["killed"],
+        "rows_redone": att["rows_redone"],
+        "cost_usd": worker_cost(seconds, params),
+        "started_at": marker.started_at or None,
+        "finished_at": marker.finished_at or None,
+    }
+
+
+def _padding_section(data: RunData, counts: dict[str, np.ndarray], params: CostParams) -> dict[str, Any]:
+    """Measured padding and the random-order counterfactual (see :data:`PADDING_METHOD`)."""
+    markers = list(data.markers.values())
+    real = sum(m.tokens_real for m in markers if m.tokens_padded)
+    padded = sum(m.tokens_padded for m in markers)
+    section: dict[str, Any] = {
+        "efficiency": agg.padding_efficiency(markers),
+        "tokens_real": real,
+        "tokens_padded": padded,
+        "tokens_padding": padded - real,
+        "random_order_estimate": None,
+    }
+    worker: WorkerSettings = data.manifest.worker
+    pad_multiple = int(data.manifest.engine.get("pad_to_multiple_of") or 1)
+    est_padded, meas_padded, est_real, avoided_usd, inference_s, batch_rows = 0.0, 0, 0, 0.0, 0.0, []
+    for shard_id, marker in data.markers.items():
+        c = counts.get(shard_id)
+        if not marker.tokens_padded or c is None or not c.size or not int(c.sum()):
+            continue
+        rows_per_batch = tok.random_order_batch_rows(c, worker.token_budget, worker.max_batch_rows, pad_multiple)
+        estimate = tok.expected_random_padded_tokens(c, rows_per_batch, pad_multiple)
+        inference = marker.stage_seconds.get("inference", 0.0)
+        est_padded += estimate
+        meas_padded += marker.tokens_padded
+        est_real += marker.tokens_real
+        inference_s += inference
+        avoided_usd += worker_cost(inference, params) * (estimate / marker.tokens_padded - 1.0)
+        batch_rows.append(rows_per_batch)
+    if meas_padded:
+        section["random_order_estimate"] = {
+            "method": PADDING_METHOD,
+            "shards": len(batch_rows),
+            "batch_rows_min": min(batch_rows),
+            "batch_rows_max": max(batch_rows),
+            "tokens_padded": est_padded,
+            "efficiency": agg.ratio(est_real, est_padded),
+            "inference_seconds": inference_s * est_padded / meas_padded,
+            "tokens_avoided": est_padded - meas_padded,
+            "cost_avoided_usd": avoided_usd,
+        }
+    return section
+
+
+def _status(data: RunData, shard_id: str) -> str:
+    if shard_id in data.markers:
+        return "complete"
+    progress = data.progress.get(shard_id)
+    return progress.status if progress is not None else "pending"
+
+
+def compute_report(data: RunData, *, dag_id: str, publish_summary: dict[str, Any] | None,
+                   params: CostParams, counts: dict[str, np.ndarray],
+                   history: list[dict[str, Any]], generated_at: str) -> dict[str, Any]:
+    """The report dict from already-read inputs (pure; :func:`build_report` does the I/O).
+
+    Args:
+        data: manifest, markers, attempts and progress of the run.
+        dag_id: the DAG the run belongs to (recorded; used to find sibling runs).
+        publish_summary: the publish task's summary dict, or ``None`` if publish did not run.
+        params: validated cost parameters.
+        counts: shard id -> rows per token length (``tokens.shard_length_counts``).
+        history: other runs' key figures (``history.recent_runs``), oldest first.
+        generated_at: ISO-8601 UTC timestamp of this report.
+    """
+    layout, manifest = data.layout, data.manifest
+    markers = [data.markers[s.shard_id] for s in manifest.shards if s.shard_id in data.markers]
+    publish = dict(publish_summary) if publish_summary else None
+    publish_seconds = float(publish.get("publish_seconds", 0.0)) if publish else 0.0
+
+    worker_stages = agg.sum_stages(markers)
+    stage_seconds = {**worker_stages, "publish": publish_seconds}
+    worker_seconds = sum(worker_stages.values())
+    by_stage_usd = cost_by_stage(worker_stages, publish_seconds, params)
+    cost_usd = sum(by_stage_usd.values())
+
+    rows_ok = sum(m.rows_ok for m in markers)
+    rows_published = int(publish["rows_published"]) if publish and "rows_published" in publish else rows_ok
+    rows_dead = (int(publish["rows_dead_letter"]) if publish and "rows_dead_letter" in publish
+                 else sum(m.rows_dead_letter for m in markers))
+    tokens = agg.token_totals(markers)
+
+    shard_att = {s.shard_id: summarize_attempts(data.attempts.get(s.shard_id, []), s.shard_id in data.markers)
+                 for s in manifest.shards}
+    attempt_list = [{"shard_id": sid, **a} for sid, att in shard_att.items() for a in att["list"]]
+    by_outcome = {o: sum(att["by_outcome"][o] for att in shard_att.values()) for o in OUTCOMES}
+    all_counts = np.zeros(0, dtype=np.int64)
+    for c in counts.values():
+        all_counts = tok.add_counts(all_counts, c)
+    engine = dict(markers[0].engine) if markers else {}
+    padding = _padding_section(data, counts, params)
+
+    return {
+        "schema_version": REPORT_SCHEMA_VERSION,
+        "contract_schema_version": SCHEMA_VERSION,
+        "generated_at": generated_at,
+        "run_id": manifest.run_id,
+        "dag_id": dag_id,
+        "uris": {"run_dir": layout.run_dir, "report_json": layout.report_json_uri,
+                 "report_html": layout.report_html_uri},
+        "engine_kind": str(manifest.engine.get("kind", "encoder")),
+        "engine": engine,
+        "complete": len(markers) == len(manifest.shards),
+        "shards_total": len(manifest.shards),
+        "shards_complete": len(markers),
+        "shards_missing": [s.shard_id for s in manifest.shards if s.shard_id not in data.markers],
+        "rows_input": manifest.rows,
+        "rows_published": rows_published,
+        "rows_dead_letter": rows_dead,
+        "rows_truncated": sum(m.rows_truncated for m in markers),
+        "rows_text_repaired": sum(m.rows_text_repaired for m in markers),
+        "rows_missing": (int(publish["rows_missing"]) if publish and "rows_missing" in publish
+                         else manifest.rows - rows_ok - sum(m.rows_dead_letter for m in markers)),
+        "dead_letter_reasons": agg.dead_letter_reasons(markers),
+        "tokens": tokens,
+        "padding_efficiency": padding["efficiency"],
+        "padding": padding,
+        "stage_seconds": stage_seconds,
+        "stage_fractions": agg.fractions(stage_seconds),
+        "worker_seconds": worker_seconds,
+        "gpu_seconds": worker_seconds * params.gpu_count,
+        "timeline": agg.timeline(markers, manifest.created_at, publish_seconds),
+        "throughput": agg.throughput(markers, params.gpu_count),
+        "utilisation": agg.utilisation(markers),
+        "attempts": {
+            "total": len(attempt_list),
+            "by_outcome": by_outcome,
+            "preemptions": by_outcome["preempted"],
+            "killed": by_outcome["killed"],
+            "rows_redone": sum(a["rows_redone"] for a in attempt_list),
+            "shards_retried": sum(1 for att in shard_att.values() if att["attempts"] > 1),
+            "list": attempt_list,
+        },
+        "cost_usd": cost_usd,
+        "cost_per_million_rows_usd": per_million(cost_usd, rows_published),
+        "cost_per_million_tokens_usd": per_million(cost_usd, tokens["total"]),
+        "cost": {
+            "params": params.to_dict(),
+            "usd_per_gpu_hour": params.usd_per_gpu_hour,
+            "worker_usd": cost_usd - by_stage_usd["publish"],
+            "publish_usd": by_stage_usd["publish"],
+            "by_stage_usd": by_stage_usd,
+            "per_million_input_tokens_usd": per_million(cost_usd, tokens["input"]),
+            "per_million_output_tokens_usd": per_million(cost_usd, tokens["output"]),
+        },
+        "counterfactuals": {
+            **pricing_counterfactuals(worker_seconds, by_stage_usd["publish"], rows_published, params),
+            "padding": padding["random_order_estimate"],
+        },
+        "token_lengths": {"stats": tok.length_stats(all_counts), "histogram": tok.histogram(all_counts)},
+        "shards": [_shard_row(s.rows, s.shard_id, data.markers.get(s.shard_id), _status(data, s.shard_id),
+                              shard_att[s.shard_id], params) for s in manifest.shards],
+        "publish": publish,
+        "history": history,
+    }
+
+
+def build_report(run_dir: str, *, dag_id: str, publish_summary: dict[str, Any] | None,
+                 cost_params: dict[str, Any] | None, write_html: bool = True) -> dict[str, Any]:
+    """Aggregate a run's markers, attempts and part-file token counts; write ``report.json`` (+ HTML).
+
+    Args:
+        run_dir: ``<output_root>/runs/<run_id>`` (local path, ``file://`` or ``gs://``).
+        dag_id: the run's DAG id; runs of the same DAG under ``<output_root>/runs/`` feed the history chart.
+        publish_summary: the publish task's summary (``rows_published``, ``rows_dead_letter``,
+            ``rows_missing``, ``duplicates_removed``, ``publish_seconds``, ...) or ``None``.
+        cost_params: see :func:`~batch_inference.report.prices.cost_params_from_dict`.
+        write_html: also render and write ``report.html`` (default ``True``).
+
+    Returns:
+        The report dict, as written to ``report.json`` (schema: ``report.schema.json``).
+
+    Raises:
+        ConfigError: invalid ``cost_params`` (names the key).
+        FileNotFoundError: the run has no manifest.
+        ValueError: an unreadable marker/record version, or a part file without ``n_tokens``.
+    """
+    params = cost_params_from_dict(cost_params)
+    data = load_run(run_dir)
+    counts = {sid: tok.shard_length_counts(data.layout, sid, m) for sid, m in data.markers.items()}
+    history = recent_runs(data.layout.output_root, dag_id, data.layout.run_id)
+    generated_at = datetime.now(UTC).isoformat(timespec="seconds")
+    report = compute_report(data, dag_id=dag_id, publish_summary=publish_summary, params=params,
+                            counts=counts, history=history, generated_at=generated_at)
+    report = json.loads(json.dumps(report, default=str))  # plain JSON types only (what readers will see)
+    storage.write_replace(data.layout.report_json_uri, pretty_json(report))
+    if write_html:
+        from batch_inference.report.page import render_html  # matplotlib only when HTML is wanted
+
+        storage.write_replace(data.layout.report_html_uri, render_html(report).encode("utf-8"))
+    return report

@@ -1,0 +1,122 @@
+"""Read one run's measured stats from storage: manifest, shard markers and attempt records.
+
+Only :mod:`batch_contract.storage` is used, so local paths, ``file://`` and ``gs://`` all work.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from batch_contract import storage
+from batch_contract.layout import RunLayout, join_uri
+from batch_contract.manifest import Manifest
+from batch_contract.marker import AttemptRecord, ShardMarker, ShardProgress
+
+_OPTIONAL_ENGINE_MODULES = ("batch_contract.llm_config",)
+"""Contract modules that register more engine kinds (the LLM config) when present."""
+
+
+@dataclass
+class RunData:
+    """Everything the report reads from storage for one run.
+
+    Attributes:
+        layout: the run's URIs.
+        manifest: the plan (shard ids, rows per shard, engine and worker settings).
+        markers: shard id -> completion marker, for shards that completed.
+        attempts: shard id -> attempt records (dicts, :class:`AttemptRecord` fields), sorted by
+            ``started_at``; records under ``attempts/`` win over the copies inside the marker.
+        progress: shard id -> live progress object, for shards without a marker.
+    """
+
+    layout: RunLayout
+    manifest: Manifest
+    markers: dict[str, ShardMarker] = field(default_factory=dict)
+    attempts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    progress: dict[str, ShardProgress] = field(default_factory=dict)
+
+
+def _register_engine_kinds() -> None:
+    for name in _OPTIONAL_ENGINE_MODULES:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError:
+            pass
+
+
+def read_manifest(layout: RunLayout) -> Manifest:
+    """The run's manifest.
+
+    Raises:
+        FileNotFoundError: no ``manifest.json`` under the run directory (the message names the URI).
+    """
+    _register_engine_kinds()
+    try:
+        raw = storage.read_bytes(layout.manifest_uri)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{layout.manifest_uri}: no manifest; was the run planned?") from None
+    return Manifest.from_json_bytes(raw)
+
+
+def read_marker(layout: RunLayout, shard_id: str) -> ShardMarker | None:
+    """The shard's ``_SUCCESS.json`` or ``None`` if the shard has not completed."""
+    try:
+        raw = storage.read_bytes(layout.marker_uri(shard_id))
+    except FileNotFoundError:
+        return None
+    return ShardMarker.from_json_bytes(raw)
+
+
+def read_progress(layout: RunLayout, shard_id: str) -> ShardProgress | None:
+    """The shard's ``_PROGRESS.json`` or ``None`` if no worker has written one yet."""
+    try:
+        raw = storage.read_bytes(layout.progress_uri(shard_id))
+    except FileNotFoundError:
+        return None
+    return ShardProgress.from_json_bytes(raw)
+
+
+def read_attempts(layout: RunLayout, shard_id: str, marker: ShardMarker | None) -> list[dict[str, Any]]:
+    """Attempt records of one shard, merged by ``attempt_id`` and sorted by start time.
+
+    The marker carries the attempts known when it was written; the ``attempts/`` directory holds each
+    record as last rewritten by its worker (a killed worker leaves its ``running`` record behind).
+    """
+    merged: dict[str, dict[str, Any]] = {}
+    for rec in marker.attempts if marker is not None else []:
+        merged[str(rec.get("attempt_id", f"marker-{len(merged)}"))] = dict(rec)
+    adir = layout.attempts_dir(shard_id)
+    for name in storage.list_names(adir):
+        if not name.endswith(".json"):
+            continue
+        rec = AttemptRecord.from_json_bytes(storage.read_bytes(join_uri(adir, name)))
+        merged[rec.attempt_id] = {**merged.get(rec.attempt_id, {}), **json.loads(rec.to_json_bytes())}
+    return sorted(merged.values(), key=lambda r: (str(r.get("started_at", "")), str(r.get("attempt_id"))))
+
+
+def load_run(run_dir: str) -> RunData:
+    """Read the manifest, every shard's marker and attempts, and progress of unfinished shards.
+
+    Args:
+        run_dir: ``<output_root>/runs/<run_id>`` (local path, ``file://`` or ``gs://``).
+
+    Raises:
+        FileNotFoundError: the manifest is missing.
+        ValueError: a marker/record has an unreadable ``schema_version`` or the run dir is malformed.
+    """
+    layout = RunLayout.from_run_dir(run_dir)
+    manifest = read_manifest(layout)
+    data = RunData(layout=layout, manifest=manifest)
+    for spec in manifest.shards:
+        marker = read_marker(layout, spec.shard_id)
+        if marker is not None:
+            data.markers[spec.shard_id] = marker
+        else:
+            progress = read_progress(layout, spec.shard_id)
+            if progress is not None:
+                data.progress[spec.shard_id] = progress
+        data.attempts[spec.shard_id] = read_attempts(layout, spec.shard_id, marker)
+    return data

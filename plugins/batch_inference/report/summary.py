@@ -1,0 +1,83 @@
+"""Short forms of the report: the Asset event extra and the Markdown summary for the task log."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from batch_inference.report import fmt
+
+EXTRA_KEYS = (
+    "schema_version",
+    "run_id",
+    "rows_input",
+    "rows_published",
+    "rows_dead_letter",
+    "cost_usd",
+    "cost_per_million_rows_usd",
+    "cost_per_million_tokens_usd",
+    "padding_efficiency",
+)
+
+
+def _round(value: Any) -> Any:
+    return round(value, 6) if isinstance(value, float) else value
+
+
+def asset_extra(report: dict[str, Any]) -> dict[str, Any]:
+    """Key figures for the published Asset event's ``extra`` (small, JSON-safe, flat).
+
+    Returns:
+        The :data:`EXTRA_KEYS` of the report plus ``report_uri`` (``report.json``), ``report_html_uri``,
+        ``pricing``, ``accelerator``, ``worker_seconds``, ``preemptions``, ``rows_redone`` and
+        ``steady_rows_per_s_per_gpu``; floats rounded to 6 decimals.
+    """
+    extra = {k: _round(report.get(k)) for k in EXTRA_KEYS}
+    extra.update(
+        report_uri=report["uris"]["report_json"],
+        report_html_uri=report["uris"]["report_html"],
+        pricing=report["cost"]["params"]["pricing"],
+        accelerator=report["cost"]["params"]["accelerator"],
+        worker_seconds=_round(report["worker_seconds"]),
+        preemptions=report["attempts"]["preemptions"],
+        rows_redone=report["attempts"]["rows_redone"],
+        steady_rows_per_s_per_gpu=_round(report["throughput"]["steady_rows_per_s_per_gpu"]),
+    )
+    return extra
+
+
+def markdown_summary(report: dict[str, Any]) -> str:
+    """A Markdown block for the task log: headline figures, time and cost by stage, attempts.
+
+    Returns:
+        Multi-line Markdown text (tables), ending with the report URIs.
+    """
+    params = report["cost"]["params"]
+    lines = [
+        f"## Batch inference report: `{report['run_id']}` ({report['dag_id']})",
+        "",
+        "| figure | value |",
+        "|---|---|",
+        f"| rows in / published / dead-lettered | {fmt.num(report['rows_input'])} / "
+        f"{fmt.num(report['rows_published'])} / {fmt.num(report['rows_dead_letter'])} |",
+        f"| cost ({params['pricing']}, {params['gpu_count']} x {params['accelerator']}) | {fmt.usd(report['cost_usd'])} |",
+        f"| $ per million rows | {fmt.usd(report['cost_per_million_rows_usd'])} |",
+        f"| $ per million tokens | {fmt.usd(report['cost_per_million_tokens_usd'])} |",
+        f"| padding efficiency | {fmt.pct(report['padding_efficiency'])} |",
+        f"| steady rows/s per GPU | {fmt.num(report['throughput']['steady_rows_per_s_per_gpu'])} |",
+        f"| attempts / preemptions / rows re-done | {report['attempts']['total']} / "
+        f"{report['attempts']['preemptions']} / {fmt.num(report['attempts']['rows_redone'])} |",
+    ]
+    on_demand = report["counterfactuals"]["on_demand"]
+    lines.append(f"| same job on on-demand | {fmt.usd(on_demand['cost_usd'])} |")
+    padding = report["counterfactuals"]["padding"]
+    if padding:
+        lines.append(f"| padding cost avoided by length sorting (estimate) | {fmt.usd(padding['cost_avoided_usd'])} |")
+    lines += ["", "| stage | seconds | share | cost |", "|---|---|---|---|"]
+    for stage, sec in report["stage_seconds"].items():
+        lines.append(f"| {stage} | {fmt.num(sec)} | {fmt.pct(report['stage_fractions'][stage])} | "
+                     f"{fmt.usd(report['cost']['by_stage_usd'].get(stage))} |")
+    if report["shards_missing"]:
+        lines += ["", f"**Incomplete:** {len(report['shards_missing'])} shard(s) without marker: "
+                  + ", ".join(report["shards_missing"][:20])]
+    lines += ["", f"Report: {report['uris']['report_json']} and {report['uris']['report_html']}"]
+    return "\n".join(lines)
