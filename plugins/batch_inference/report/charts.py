@@ -39,6 +39,7 @@ def time_by_stage(report: dict[str, Any]) -> str | None:
         ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" ${usd.get(name, 0.0):.4g}",
                 va="center", fontsize=8)
     ax.invert_yaxis()
+    ax.margins(x=0.18)  # room for the cost labels
     ax.set_xlabel("seconds (summed over shards)")
     ax.set_title("Time and cost by stage")
     return _to_data_uri(fig)
@@ -95,7 +96,7 @@ def token_histogram(report: dict[str, Any]) -> str | None:
         ax2.bar(labels, padding, bottom=real, color="#dd8452", label="padding")
         ax2.set_ylabel("tokens processed")
         ax2.set_title("Padding")
-        ax2.legend(fontsize=8)
+        ax2.legend(fontsize=7, loc="lower right")
     else:
         ax2.axis("off")
         ax2.text(0.5, 0.5, "no padded batches\n(continuous batching)", ha="center", va="center", fontsize=8)
