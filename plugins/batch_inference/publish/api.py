@@ -1,0 +1,132 @@
+"""Publish entry points the DAG and the CLI call: :func:`publish_run` and :func:`rollback`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from batch_inference.publish import duckdb_backend
+from batch_inference.publish.coverage import Coverage
+from batch_inference.publish.inventory import RunInventory, load_inventory
+from batch_inference.publish.record import PublishRecord, utc_now
+from batch_inference.publish.target import SUFFIX_DEAD_LETTERS, SUFFIX_PREVIOUS, PublishTarget
+
+
+def _backend(target: PublishTarget):
+    if target.backend == "postgres":
+        from batch_inference.publish import postgres_backend  # psycopg only when used
+
+        return postgres_backend
+    return duckdb_backend
+
+
+def _record_maker(inv: RunInventory, min_success_ratio: float) -> Callable[[Coverage], PublishRecord]:
+    def make(cov: Coverage) -> PublishRecord:
+        return PublishRecord(
+            run_id=inv.run_id,
+            fingerprint=inv.fingerprint,
+            rows_input=cov.rows_input,
+            rows_published=cov.rows_published,
+            rows_dead_letter=cov.rows_dead_letter,
+            rows_missing=cov.rows_missing,
+            duplicates_removed=cov.duplicates_removed,
+            success_ratio=cov.success_ratio,
+            min_success_ratio=min_success_ratio,
+            published_at=utc_now(),
+        )
+
+    return make
+
+
+def publish_run(
+    run_dir: str,
+    target: PublishTarget,
+    *,
+    min_success_ratio: float = 1.0,
+    after_staging: Callable[[], None] | None = None,
+) -> dict[str, Any]:
+    """Publish every committed result of a run into ``target`` atomically.
+
+    Steps: read manifest + markers (every shard must have one, all with the same fingerprint); if the
+    live table already holds this run id + fingerprint, return at once (``noop``); else check coverage
+    (every manifest id exactly once across results and dead letters, duplicates from retried chunks
+    dropped deterministically), load ``<table>__staging`` and ``<table>__dead_letters__staging`` with the
+    primary key built, then in ONE transaction move the live tables to ``__previous`` (dropping the
+    older previous) and staging to live.
+
+    Args:
+        run_dir: ``<output_root>/runs/<run_id>``.
+        target: where to publish.
+        min_success_ratio: fraction in (0, 1] of input rows that must have a result or a dead letter;
+            1.0 (default) fails on any missing row. The summary states the ratio published under.
+        after_staging: test/instrumentation hook called after staging is committed, before the swap.
+
+    Returns:
+        Summary dict: ``table``, ``backend``, ``run_id``, ``fingerprint``, ``rows_input``,
+        ``rows_published``, ``rows_dead_letter``, ``rows_missing``, ``duplicates_removed``,
+        ``publish_seconds`` (wall seconds of this call), ``noop``, ``success_ratio``,
+        ``min_success_ratio``, ``dead_letters_table``, ``previous_table``, ``published_at``.
+
+    Raises:
+        PublishError: missing markers, mixed or stale fingerprints, bad part files.
+        CoverageError: ids outside the manifest, or missing rows below ``min_success_ratio``.
+        ValueError: ``min_success_ratio`` outside (0, 1].
+    """
+    if not 0.0 < min_success_ratio <= 1.0:
+        raise ValueError(f"min_success_ratio: {min_success_ratio} is not in (0, 1]")
+    start = time.perf_counter()
+    inv = load_inventory(run_dir)
+    record, noop = _backend(target).publish(
+        inv, target, min_success_ratio=min_success_ratio,
+        make_record=_record_maker(inv, min_success_ratio), after_staging=after_staging,
+    )
+    return _summary(target, record, noop, time.perf_counter() - start)
+
+
+def _summary(target: PublishTarget, record: PublishRecord, noop: bool, seconds: float) -> dict[str, Any]:
+    return {
+        "table": target.name(),
+        "schema": target.schema,
+        "backend": target.backend,
+        "run_id": record.run_id,
+        "fingerprint": record.fingerprint,
+        "rows_input": record.rows_input,
+        "rows_published": record.rows_published,
+        "rows_dead_letter": record.rows_dead_letter,
+        "rows_missing": record.rows_missing,
+        "duplicates_removed": record.duplicates_removed,
+        "publish_seconds": round(seconds, 3),
+        "noop": noop,
+        "success_ratio": record.success_ratio,
+        "min_success_ratio": record.min_success_ratio,
+        "published_at": record.published_at,
+        "dead_letters_table": target.name(SUFFIX_DEAD_LETTERS),
+        "previous_table": target.name(SUFFIX_PREVIOUS),
+    }
+
+
+def rollback(target: PublishTarget) -> dict[str, Any]:
+    """Restore ``<table>__previous`` as ``<table>`` (the replaced live table becomes the previous one,
+    so a second rollback undoes the first). Dead-letter tables follow; one transaction.
+
+    Returns:
+        ``{"table", "backend", "restored_run_id", "restored_fingerprint", "replaced_run_id",
+        "replaced_fingerprint", "rollback_seconds"}`` (run fields ``None`` for tables publish did not
+        write).
+
+    Raises:
+        PublishError: there is no previous table.
+    """
+    start = time.perf_counter()
+    restored, replaced = _backend(target).rollback(target)
+    return {
+        "table": target.name(),
+        "schema": target.schema,
+        "backend": target.backend,
+        "restored_run_id": restored.run_id if restored else None,
+        "restored_fingerprint": restored.fingerprint if restored else None,
+        "replaced_run_id": replaced.run_id if replaced else None,
+        "replaced_fingerprint": replaced.fingerprint if replaced else None,
+        "rollback_seconds": round(time.perf_counter() - start, 3),
+    }

@@ -1,0 +1,305 @@
+"""Coverage check and de-duplication, computed in DuckDB over the committed files of a run.
+
+Set logic runs in DuckDB (which spills to disk), not in Python sets, so it scales to tens of millions of
+ids. Only key columns are read for the checks (``id``, ``fingerprint``, file name, row number); the wide
+columns (embeddings) are read once, when the staging table is loaded, through :meth:`Coverage.results_sql`.
+
+De-duplication rule (deterministic): for an id present in several part files (a chunk re-done after a
+lost commit reply), the row kept is the one from the part file whose URI sorts first, then the lowest row
+number within that file. Dead letters are de-duplicated by ``(source_uri, source_row)`` the same way; a
+dead letter whose id also has a result is superseded by the result unless its reason is
+``duplicate_id`` (a second input row carrying an id already seen).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+from batch_contract.enums import DeadLetterReason
+from batch_contract.schemas import DEAD_LETTER_SCHEMA
+
+from batch_inference.publish.errors import CoverageError, PublishError
+from batch_inference.publish.expected import ID_BATCH_SCHEMA, NULL_ROW_SCHEMA, iter_expected
+from batch_inference.publish.inventory import RunInventory
+
+SAMPLE_SIZE = 10
+HIDDEN_COLUMNS = ("filename", "file_row_number")
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """Outcome of the coverage check of one run (all counts are rows).
+
+    Attributes:
+        rows_input: rows the manifest assigns to the run's shards.
+        rows_published: result rows after de-duplication (one per id).
+        rows_dead_letter: dead-letter rows after de-duplication.
+        rows_missing: input rows with neither a result nor a dead letter.
+        duplicates_removed: result rows dropped as duplicates of an id (retried chunks), plus dead letters
+            dropped as duplicates or superseded by a result.
+        missing_sample: up to 10 missing ids (``<source_uri>#<row>`` for null ids).
+        part_files / dead_letter_files: local paths of the files read.
+        columns: ``(name, duckdb_type)`` of the published result columns, in file order.
+    """
+
+    rows_input: int
+    rows_published: int
+    rows_dead_letter: int
+    rows_missing: int
+    duplicates_removed: int
+    missing_sample: list[str]
+    part_files: list[str]
+    dead_letter_files: list[str]
+    columns: list[tuple[str, str]]
+
+    @property
+    def success_ratio(self) -> float:
+        """Fraction of input rows covered by a result or a dead letter (1.0 for an empty run)."""
+        if self.rows_input == 0:
+            return 1.0
+        return (self.rows_input - self.rows_missing) / self.rows_input
+
+    def results_sql(self) -> str:
+        """SELECT over the part files giving one row per id (needs ``$parts`` bound to
+        :attr:`part_files`). Empty result set when the run has no part files."""
+        cols = ", ".join(f"CAST(p.{_q(n)} AS {t}) AS {_q(n)}" for n, t in self.columns)
+        if not self.part_files:
+            return f"SELECT {cols} FROM _pub_empty_results p"
+        scan = "read_parquet($parts, filename=true, file_row_number=true, union_by_name=true)"
+        if self.duplicates_removed == 0:
+            return f"SELECT {cols} FROM {scan} p"
+        return (
+            f"SELECT {cols} FROM {scan} p ANTI JOIN _pub_drop d "
+            "ON d.filename = p.filename AND d.file_row_number = p.file_row_number"
+        )
+
+    def dead_letters_sql(self) -> str:
+        """SELECT over the de-duplicated dead letters (columns of ``DEAD_LETTER_SCHEMA``)."""
+        return f"SELECT {', '.join(_q(f.name) for f in DEAD_LETTER_SCHEMA)} FROM _pub_dead WHERE keep"
+
+
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _load_expected(con: duckdb.DuckDBPyConnection, inv: RunInventory) -> None:
+    con.execute("CREATE OR REPLACE TEMP TABLE _pub_expected (id VARCHAR)")
+    con.execute("CREATE OR REPLACE TEMP TABLE _pub_expected_null (source_uri VARCHAR, source_row BIGINT)")
+    null_batches: list[pa.RecordBatch] = []
+
+    def ids():
+        for batch in iter_expected(inv.manifest):
+            if batch.null_rows.num_rows:
+                null_batches.append(batch.null_rows)
+            yield batch.ids
+
+    reader = pa.RecordBatchReader.from_batches(ID_BATCH_SCHEMA, ids())
+    con.register("_pub_expected_src", reader)
+    try:
+        con.execute("INSERT INTO _pub_expected SELECT id FROM _pub_expected_src")
+    finally:
+        con.unregister("_pub_expected_src")
+    if null_batches:
+        con.register("_pub_null_src", pa.Table.from_batches(null_batches, schema=NULL_ROW_SCHEMA))
+        try:
+            con.execute("INSERT INTO _pub_expected_null SELECT * FROM _pub_null_src")
+        finally:
+            con.unregister("_pub_null_src")
+
+
+def _result_columns(con: duckdb.DuckDBPyConnection, parts: list[str]) -> list[tuple[str, str]]:
+    rows = con.execute(
+        "DESCRIBE SELECT * FROM read_parquet($parts, union_by_name=true)", {"parts": parts}
+    ).fetchall()
+    arrow_schema = pq.read_schema(parts[0])
+    cols = [(r[0], _fixed_array_type(arrow_schema, r[0]) or r[1]) for r in rows if r[0] not in HIDDEN_COLUMNS]
+    names = [c[0] for c in cols]
+    for required in ("id", "fingerprint"):
+        if required not in names:
+            raise PublishError(f"part files lack required column {required!r} (columns: {names})")
+    return cols
+
+
+def _fixed_array_type(schema: pa.Schema, name: str) -> str | None:
+    """``FLOAT[n]`` for a ``fixed_size_list<float32>[n]`` column (DuckDB reads it as ``FLOAT[]``)."""
+    if name not in schema.names:
+        return None
+    t = schema.field(name).type
+    if pa.types.is_fixed_size_list(t) and pa.types.is_float32(t.value_type):
+        return f"FLOAT[{t.list_size}]"
+    return None
+
+
+def _load_part_keys(con: duckdb.DuckDBPyConnection, inv: RunInventory, parts: list[str]) -> int:
+    """Key columns of every result row into ``_pub_keys``; duplicates to drop into ``_pub_drop``.
+
+    Returns:
+        Number of duplicate result rows.
+    """
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE _pub_keys AS SELECT id, fingerprint, filename, file_row_number "
+        "FROM read_parquet($parts, filename=true, file_row_number=true, union_by_name=true)",
+        {"parts": parts},
+    )
+    nulls = con.execute("SELECT filename, count(*) FROM _pub_keys WHERE id IS NULL GROUP BY 1 LIMIT 1").fetchall()
+    if nulls:
+        raise PublishError(f"{nulls[0][0]}: {nulls[0][1]} result row(s) with a null id")
+    _check_fingerprint(con, "_pub_keys", inv.fingerprint, "part file")
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE _pub_drop AS SELECT filename, file_row_number FROM ("
+        " SELECT filename, file_row_number, row_number() OVER (PARTITION BY id ORDER BY filename,"
+        " file_row_number) AS rn FROM _pub_keys) WHERE rn > 1"
+    )
+    return con.execute("SELECT count(*) FROM _pub_drop").fetchall()[0][0]
+
+
+def _check_fingerprint(con: duckdb.DuckDBPyConnection, table: str, expected: str, what: str) -> None:
+    bad = con.execute(
+        f"SELECT fingerprint, count(*), min(filename) FROM {table} WHERE fingerprint IS DISTINCT FROM $fp "
+        "GROUP BY 1 ORDER BY 2 DESC LIMIT 1",
+        {"fp": expected},
+    ).fetchall()
+    if bad:
+        fp, count, filename = bad[0]
+        raise PublishError(
+            f"{count} {what} row(s) carry fingerprint {fp!r}, not the markers' {expected!r} "
+            f"(first file: {filename}); stale results must not be published"
+        )
+
+
+def _load_dead_letters(con: duckdb.DuckDBPyConnection, inv: RunInventory, dead: list[str]) -> int:
+    """De-duplicated dead letters into ``_pub_dead`` (column ``keep``); returns rows dropped."""
+    cols = ", ".join(f"{_q(f.name)}::{_duck_type(f.type)} AS {_q(f.name)}" for f in DEAD_LETTER_SCHEMA)
+    if dead:
+        source = "read_parquet($dead, filename=true, file_row_number=true, union_by_name=true)"
+        params: dict[str, object] = {"dead": dead}
+    else:
+        source = "(SELECT * FROM (VALUES (NULL, NULL, NULL, NULL, NULL, NULL, '', 0)) t(id, reason, " \
+            "detail, source_uri, source_row, fingerprint, filename, file_row_number) WHERE false)"
+        params = {}
+    con.execute(
+        f"CREATE OR REPLACE TEMP TABLE _pub_dead_raw AS SELECT {cols}, filename, file_row_number FROM {source}",
+        params,
+    )
+    _check_fingerprint(con, "_pub_dead_raw", inv.fingerprint, "dead-letter")
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE _pub_dead AS SELECT d.*, "
+        " (rn = 1 AND (d.id IS NULL OR d.reason = $dup OR k.id IS NULL)) AS keep FROM ("
+        "  SELECT *, row_number() OVER (PARTITION BY source_uri, source_row ORDER BY filename,"
+        "  file_row_number) AS rn FROM _pub_dead_raw) d"
+        " LEFT JOIN (SELECT DISTINCT id FROM _pub_keys) k ON k.id = d.id",
+        {"dup": DeadLetterReason.DUPLICATE_ID.value},
+    )
+    return con.execute("SELECT count(*) FROM _pub_dead WHERE NOT keep").fetchall()[0][0]
+
+
+def _duck_type(t: pa.DataType) -> str:
+    return {pa.string(): "VARCHAR", pa.int64(): "BIGINT"}[t]
+
+
+def _missing(con: duckdb.DuckDBPyConnection) -> tuple[int, list[str]]:
+    covered = "(SELECT id FROM _pub_keys UNION SELECT id FROM _pub_dead WHERE keep AND id IS NOT NULL)"
+    n_ids = con.execute(f"SELECT count(*) FROM _pub_expected e ANTI JOIN {covered} c USING (id)").fetchall()[0][0]
+    null_cov = "(SELECT source_uri, source_row FROM _pub_dead WHERE keep AND id IS NULL)"
+    null_join = f"_pub_expected_null e ANTI JOIN {null_cov} c USING (source_uri, source_row)"
+    n_null = con.execute(f"SELECT count(*) FROM {null_join}").fetchall()[0][0]
+    sample = [r[0] for r in con.execute(
+        f"SELECT e.id FROM _pub_expected e ANTI JOIN {covered} c USING (id) ORDER BY e.id LIMIT {SAMPLE_SIZE}"
+    ).fetchall()]
+    if len(sample) < SAMPLE_SIZE and n_null:
+        sample += [f"{u}#{r}" for u, r in con.execute(
+            f"SELECT source_uri, source_row FROM {null_join} ORDER BY 1, 2 LIMIT {SAMPLE_SIZE - len(sample)}"
+        ).fetchall()]
+    return n_ids + n_null, sample
+
+
+def _unexpected(con: duckdb.DuckDBPyConnection) -> tuple[int, list[str]]:
+    extra = (
+        "(SELECT id FROM _pub_keys UNION SELECT id FROM _pub_dead WHERE keep AND id IS NOT NULL) c "
+        "ANTI JOIN (SELECT DISTINCT id FROM _pub_expected) e USING (id)"
+    )
+    n = con.execute(f"SELECT count(*) FROM {extra}").fetchall()[0][0]
+    sample = [r[0] for r in con.execute(f"SELECT c.id FROM {extra} ORDER BY 1 LIMIT {SAMPLE_SIZE}").fetchall()]
+    null_extra = (
+        "(SELECT source_uri, source_row FROM _pub_dead WHERE keep AND id IS NULL) c "
+        "ANTI JOIN _pub_expected_null e USING (source_uri, source_row)"
+    )
+    n_null = con.execute(f"SELECT count(*) FROM {null_extra}").fetchall()[0][0]
+    if n_null:
+        sample += [f"{u}#{r}" for u, r in con.execute(
+            f"SELECT source_uri, source_row FROM {null_extra} ORDER BY 1, 2 LIMIT {SAMPLE_SIZE}"
+        ).fetchall()]
+    return n + n_null, sample[:SAMPLE_SIZE]
+
+
+def check_coverage(
+    con: duckdb.DuckDBPyConnection,
+    inv: RunInventory,
+    parts: list[str],
+    dead: list[str],
+    *,
+    min_success_ratio: float = 1.0,
+) -> Coverage:
+    """Load keys into temp tables of ``con`` and prove every manifest id is covered exactly once.
+
+    Args:
+        con: a DuckDB connection (the target database or a scratch one); temp tables ``_pub_*`` are
+            created in it and used by :meth:`Coverage.results_sql`.
+        inv: the run.
+        parts / dead: local paths of the run's part and dead-letter files (sorted).
+        min_success_ratio: fraction (0..1] of input rows that must be covered; below 1.0 a run with
+            missing rows may still publish.
+
+    Returns:
+        The :class:`Coverage` counts.
+
+    Raises:
+        CoverageError: result/dead-letter ids that are not in the manifest (always fatal), or missing
+            rows pushing the success ratio below ``min_success_ratio``.
+        PublishError: stale fingerprints or null result ids.
+    """
+    if not 0.0 < min_success_ratio <= 1.0:
+        raise ValueError(f"min_success_ratio: {min_success_ratio} is not in (0, 1]")
+    _load_expected(con, inv)
+    if parts:
+        columns = _result_columns(con, parts)
+        dup_results = _load_part_keys(con, inv, parts)
+    else:
+        columns = [("id", "VARCHAR"), ("fingerprint", "VARCHAR")]
+        con.execute("CREATE OR REPLACE TEMP TABLE _pub_keys (id VARCHAR, fingerprint VARCHAR, "
+                    "filename VARCHAR, file_row_number BIGINT)")
+        con.execute("CREATE OR REPLACE TEMP TABLE _pub_empty_results (id VARCHAR, fingerprint VARCHAR)")
+        dup_results = 0
+    dup_dead = _load_dead_letters(con, inv, dead)
+    n_unexpected, unexpected_sample = _unexpected(con)
+    if n_unexpected:
+        raise CoverageError(
+            f"run {inv.run_id}: {n_unexpected} result/dead-letter id(s) are not in the manifest's input "
+            f"rows (sample: {unexpected_sample}); the run directory does not match its manifest",
+            missing=0, unexpected=n_unexpected, sample=unexpected_sample,
+        )
+    rows_missing, sample = _missing(con)
+    published = con.execute("SELECT count(DISTINCT id) FROM _pub_keys").fetchall()[0][0]
+    dead_rows = con.execute("SELECT count(*) FROM _pub_dead WHERE keep").fetchall()[0][0]
+    cov = Coverage(
+        rows_input=inv.rows_input,
+        rows_published=published,
+        rows_dead_letter=dead_rows,
+        rows_missing=rows_missing,
+        duplicates_removed=dup_results + dup_dead,
+        missing_sample=sample,
+        part_files=parts,
+        dead_letter_files=dead,
+        columns=columns,
+    )
+    if rows_missing and cov.success_ratio < min_success_ratio:
+        raise CoverageError(
+            f"run {inv.run_id}: {rows_missing} of {inv.rows_input} input row(s) have neither a result nor "
+            f"a dead letter (success ratio {cov.success_ratio:.6f} < min_success_ratio "
+            f"{min_success_ratio}); sample: {sample}",
+            missing=rows_missing, unexpected=0, sample=sample,
+        )
+    return cov

@@ -1,0 +1,203 @@
+"""DuckDB backend: staging tables loaded with DuckDB's Parquet reader, swapped in one transaction.
+
+The coverage check runs in the target database's connection (temp tables, spilled to DuckDB's temp
+directory when large), so the wide columns are read exactly once, by ``INSERT ... SELECT`` from
+``read_parquet`` into the staging table whose primary key is built as rows arrive.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import duckdb
+from batch_contract.schemas import DEAD_LETTER_SCHEMA
+
+from batch_inference.publish.coverage import Coverage, check_coverage
+from batch_inference.publish.errors import PublishError
+from batch_inference.publish.files import localize
+from batch_inference.publish.inventory import RunInventory
+from batch_inference.publish.record import LOG_COLUMNS, PublishRecord, sql_string_literal
+from batch_inference.publish.target import (
+    SUFFIX_DEAD_LETTERS,
+    SUFFIX_PREVIOUS,
+    SUFFIX_PUBLISH_LOG,
+    SUFFIX_STAGING,
+    PublishTarget,
+    quote_ident,
+)
+
+DEAD_LETTER_DDL = (
+    '"id" VARCHAR, "reason" VARCHAR NOT NULL, "detail" VARCHAR NOT NULL, "source_uri" VARCHAR NOT NULL, '
+    '"source_row" BIGINT NOT NULL, "fingerprint" VARCHAR NOT NULL, PRIMARY KEY ("source_uri", "source_row")'
+)
+assert [f.name for f in DEAD_LETTER_SCHEMA] == ["id", "reason", "detail", "source_uri", "source_row",
+                                                 "fingerprint"], "DEAD_LETTER_DDL out of date"
+
+STAGING_DL = SUFFIX_DEAD_LETTERS + SUFFIX_STAGING
+PREVIOUS_DL = SUFFIX_DEAD_LETTERS + SUFFIX_PREVIOUS
+
+
+def connect(target: PublishTarget) -> duckdb.DuckDBPyConnection:
+    """Open the target database file (created with its parent directory if missing)."""
+    path = Path(target.duckdb_path or "")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    con = duckdb.connect(str(path))
+    con.execute("SET preserve_insertion_order = false")
+    return con
+
+
+def _schema(target: PublishTarget) -> str:
+    return target.schema or "main"
+
+
+def table_exists(con: duckdb.DuckDBPyConnection, target: PublishTarget, suffix: str = "") -> bool:
+    """Whether ``<table><suffix>`` exists (not counting temp tables)."""
+    row = con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
+        "AND schema_name = $s AND table_name = $t AND NOT temporary",
+        {"s": _schema(target), "t": target.name(suffix)},
+    ).fetchall()
+    return bool(row and row[0][0])
+
+
+def read_record(con: duckdb.DuckDBPyConnection, target: PublishTarget, suffix: str = "") -> PublishRecord | None:
+    """The :class:`PublishRecord` in the comment of ``<table><suffix>``, or ``None``."""
+    row = con.execute(
+        "SELECT comment FROM duckdb_tables() WHERE database_name = current_database() "
+        "AND schema_name = $s AND table_name = $t AND NOT temporary",
+        {"s": _schema(target), "t": target.name(suffix)},
+    ).fetchall()
+    return PublishRecord.from_comment(row[0][0]) if row else None
+
+
+def _ensure_log(con: duckdb.DuckDBPyConnection, target: PublishTarget) -> None:
+    cols = ", ".join(f"{quote_ident(n)} {t}" for n, t in LOG_COLUMNS)
+    con.execute(f"CREATE TABLE IF NOT EXISTS {target.qualified(SUFFIX_PUBLISH_LOG)} ({cols})")
+
+
+def _insert_log(con: duckdb.DuckDBPyConnection, target: PublishTarget, record: PublishRecord, action: str) -> None:
+    marks = ", ".join("?" for _ in LOG_COLUMNS)
+    con.execute(f"INSERT INTO {target.qualified(SUFFIX_PUBLISH_LOG)} VALUES ({marks})", record.log_row(action))
+
+
+def _load_staging(con: duckdb.DuckDBPyConnection, target: PublishTarget, cov: Coverage, record: PublishRecord) -> None:
+    """Create and fill ``<table>__staging`` and ``<table>__dead_letters__staging``, then commit."""
+    cols = ", ".join(f"{_dq(n)} {t}" for n, t in cov.columns)
+    staging, staging_dl = target.qualified(SUFFIX_STAGING), target.qualified(STAGING_DL)
+    comment = sql_string_literal(record.to_comment())
+    con.execute("BEGIN")
+    con.execute(f"DROP TABLE IF EXISTS {staging}")
+    con.execute(f"DROP TABLE IF EXISTS {staging_dl}")
+    con.execute(f'CREATE TABLE {staging} ({cols}, PRIMARY KEY ("id"))')
+    con.execute(f"INSERT INTO {staging} {cov.results_sql()}", {"parts": cov.part_files} if cov.part_files else {})
+    con.execute(f"CREATE TABLE {staging_dl} ({DEAD_LETTER_DDL})")
+    con.execute(f"INSERT INTO {staging_dl} {cov.dead_letters_sql()}")
+    con.execute(f"COMMENT ON TABLE {staging} IS {comment}")
+    con.execute(f"COMMENT ON TABLE {staging_dl} IS {comment}")
+    _ensure_log(con, target)
+    con.execute("COMMIT")
+    loaded = con.execute(f"SELECT count(*) FROM {staging}").fetchall()[0][0]
+    if loaded != cov.rows_published:
+        raise PublishError(f"{staging}: loaded {loaded} rows, coverage counted {cov.rows_published}")
+
+
+def _dq(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _swap(con: duckdb.DuckDBPyConnection, target: PublishTarget, record: PublishRecord) -> None:
+    """One transaction: live -> previous (older previous dropped), staging -> live, for both tables."""
+    con.execute("BEGIN")
+    try:
+        for base in ("", SUFFIX_DEAD_LETTERS):
+            prev, live, staging = base + SUFFIX_PREVIOUS, base, base + SUFFIX_STAGING
+            con.execute(f"DROP TABLE IF EXISTS {target.qualified(prev)}")
+            if table_exists(con, target, live):
+                con.execute(f"ALTER TABLE {target.qualified(live)} RENAME TO {quote_ident(target.name(prev))}")
+            con.execute(f"ALTER TABLE {target.qualified(staging)} RENAME TO {quote_ident(target.name(live))}")
+        _insert_log(con, target, record, "publish")
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+
+
+def publish(
+    inv: RunInventory,
+    target: PublishTarget,
+    *,
+    min_success_ratio: float,
+    make_record: Callable[[Coverage], PublishRecord],
+    after_staging: Callable[[], None] | None = None,
+) -> tuple[PublishRecord, bool]:
+    """Publish ``inv`` into a DuckDB file.
+
+    Args:
+        inv: the run.
+        target: a ``duckdb`` target.
+        min_success_ratio: see :func:`~batch_inference.publish.coverage.check_coverage`.
+        make_record: builds the record stored with the table from the coverage counts.
+        after_staging: called after the staging tables are committed, before the swap (crash tests).
+
+    Returns:
+        ``(record, noop)``: the live table's record; ``noop`` when the run was already live.
+    """
+    con = connect(target)
+    try:
+        if target.schema:
+            con.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(target.schema)}")
+        live = read_record(con, target)
+        if live and live.run_id == inv.run_id and live.fingerprint == inv.fingerprint:
+            return live, True
+        with tempfile.TemporaryDirectory(prefix="publish-") as work:
+            parts = localize(inv.part_files, Path(work) / "parts")
+            dead = localize(inv.dead_letter_files, Path(work) / "dead")
+            cov = check_coverage(con, inv, parts, dead, min_success_ratio=min_success_ratio)
+            record = make_record(cov)
+            _load_staging(con, target, cov, record)
+        if after_staging is not None:
+            after_staging()
+        _swap(con, target, record)
+        return record, False
+    finally:
+        con.close()
+
+
+def rollback(target: PublishTarget) -> tuple[PublishRecord | None, PublishRecord | None]:
+    """Swap ``<table>`` and ``<table>__previous`` (and their dead letters) in one transaction.
+
+    Returns:
+        ``(restored, replaced)`` records (``None`` for a table publish did not write).
+
+    Raises:
+        PublishError: there is no ``<table>__previous`` to restore.
+    """
+    con = connect(target)
+    try:
+        if not table_exists(con, target, SUFFIX_PREVIOUS):
+            raise PublishError(f"{target.describe()}: no {target.name(SUFFIX_PREVIOUS)} table to roll back to")
+        restored, replaced = read_record(con, target, SUFFIX_PREVIOUS), read_record(con, target)
+        _ensure_log(con, target)
+        con.execute("BEGIN")
+        try:
+            for base in ("", SUFFIX_DEAD_LETTERS):
+                live, prev, tmp = base, base + SUFFIX_PREVIOUS, base + SUFFIX_STAGING
+                if not table_exists(con, target, prev):
+                    continue
+                con.execute(f"DROP TABLE IF EXISTS {target.qualified(tmp)}")
+                if table_exists(con, target, live):
+                    con.execute(f"ALTER TABLE {target.qualified(live)} RENAME TO {quote_ident(target.name(tmp))}")
+                con.execute(f"ALTER TABLE {target.qualified(prev)} RENAME TO {quote_ident(target.name(live))}")
+                if table_exists(con, target, tmp):
+                    con.execute(f"ALTER TABLE {target.qualified(tmp)} RENAME TO {quote_ident(target.name(prev))}")
+            if restored is not None:
+                _insert_log(con, target, restored, "rollback")
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        return restored, replaced
+    finally:
+        con.close()

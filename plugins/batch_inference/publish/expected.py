@@ -1,0 +1,173 @@
+"""The ids a run must cover, read from the manifest's input rows (id column only, streamed).
+
+The manifest holds row ranges, not ids. This module reads only the id column of every shard segment
+(Parquet column projection, row groups outside the range skipped) and yields Arrow batches, so the set
+logic can run in DuckDB and scale to tens of millions of rows without Python sets.
+
+Ids are strings; integer ids are written in decimal (as the worker does). Rows whose id is null (or, in
+JSONL, not a string or integer) cannot be matched by id: they are expected as dead letters and matched by
+``(source_uri, source_row)``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from batch_contract import storage
+from batch_contract.enums import InputFormat
+from batch_contract.manifest import InputFile, Manifest, Segment
+
+from batch_inference.publish.errors import PublishError
+
+ID_BATCH_SCHEMA = pa.schema([pa.field("id", pa.string())])
+"""Batches of expected non-null ids (strings)."""
+
+NULL_ROW_SCHEMA = pa.schema([pa.field("source_uri", pa.string()), pa.field("source_row", pa.int64())])
+"""Batches of input positions whose id is null: expected as dead letters with a null id."""
+
+
+@dataclass(frozen=True)
+class ExpectedBatch:
+    """One batch of expected rows: ``ids`` (schema :data:`ID_BATCH_SCHEMA`) and ``null_rows``
+    (schema :data:`NULL_ROW_SCHEMA`); either may have zero rows."""
+
+    ids: pa.RecordBatch
+    null_rows: pa.RecordBatch
+
+
+def _ids_to_string(col: pa.Array, column: str, uri: str) -> pa.Array:
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        return pc.cast(col, pa.string())
+    if pa.types.is_string_view(col.type) or pa.types.is_integer(col.type):
+        return pc.cast(col, pa.string())
+    raise PublishError(
+        f"{uri}: id column {column!r} has type {col.type}; publish matches ids as strings or integers"
+    )
+
+
+def _split(ids: pa.Array, uri: str, first_row: int) -> ExpectedBatch:
+    """Split one id array (rows ``first_row..``) into non-null ids and null positions."""
+    valid = pc.is_valid(ids)
+    kept = pc.filter(ids, valid) if ids.null_count else ids
+    if ids.null_count:
+        positions = pc.indices_nonzero(pc.invert(valid))
+        rows = pc.add(pc.cast(positions, pa.int64()), first_row)
+        uris = pa.array([uri] * len(rows), pa.string())
+        null_batch = pa.record_batch([uris, rows], schema=NULL_ROW_SCHEMA)
+    else:
+        null_batch = pa.RecordBatch.from_pylist([], schema=NULL_ROW_SCHEMA)
+    return ExpectedBatch(pa.record_batch([kept], schema=ID_BATCH_SCHEMA), null_batch)
+
+
+def _parquet_segment(pf: pq.ParquetFile, seg: Segment, column: str, uri: str) -> Iterator[ExpectedBatch]:
+    """Yield the ids of rows ``[seg.row_start, seg.row_stop)`` one row group at a time."""
+    group_start = 0
+    for g in range(pf.metadata.num_row_groups):
+        n = pf.metadata.row_group(g).num_rows
+        lo, hi = max(seg.row_start, group_start), min(seg.row_stop, group_start + n)
+        if lo < hi:
+            col = pf.read_row_group(g, columns=[column]).column(0).combine_chunks()
+            ids = _ids_to_string(col.slice(lo - group_start, hi - lo), column, uri)
+            yield _split(ids, uri, lo)
+        group_start += n
+        if group_start >= seg.row_stop:
+            break
+    if group_start < seg.row_stop:
+        raise PublishError(f"{uri}: has {group_start} rows but the manifest asks for rows up to {seg.row_stop}")
+
+
+def _jsonl_ids(uri: str, segments: list[Segment], column: str, batch_rows: int) -> Iterator[ExpectedBatch]:
+    """Yield ids of the wanted non-blank lines of a JSONL file (one pass over the file)."""
+    wanted = sorted((s.row_start, s.row_stop) for s in segments)
+    fs, path = storage.arrow_filesystem(uri)
+    ids: list[str | None] = []
+    first = -1
+    row = 0
+    seg_i = 0
+
+    def flush() -> ExpectedBatch:
+        batch = _split(pa.array(ids, pa.string()), uri, first)
+        ids.clear()
+        return batch
+
+    with fs.open_input_stream(path) as fh:
+        for raw in _lines(fh):
+            if not raw.strip():
+                continue
+            while seg_i < len(wanted) and row >= wanted[seg_i][1]:
+                seg_i += 1
+            if seg_i == len(wanted):
+                break
+            if row >= wanted[seg_i][0]:
+                if ids and first + len(ids) != row:
+                    yield flush()
+                if not ids:
+                    first = row
+                ids.append(_jsonl_id(raw, column))
+                if len(ids) >= batch_rows:
+                    yield flush()
+            row += 1
+    if ids:
+        yield flush()
+    if wanted and row < wanted[-1][1]:
+        raise PublishError(f"{uri}: has {row} rows but the manifest asks for rows up to {wanted[-1][1]}")
+
+
+def _lines(fh: pa.NativeFile) -> Iterator[bytes]:
+    rest = b""
+    while chunk := fh.read(1 << 20):
+        lines = (rest + chunk).split(b"\n")
+        rest = lines.pop()
+        yield from lines
+    if rest:
+        yield rest
+
+
+def _jsonl_id(raw: bytes, column: str) -> str | None:
+    try:
+        value = json.loads(raw).get(column)
+    except (ValueError, AttributeError):
+        return None  # an unparsable line is dead-lettered by position
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | str):
+        return str(value)
+    return None
+
+
+def iter_expected(manifest: Manifest, batch_rows: int = 65536) -> Iterator[ExpectedBatch]:
+    """Yield every expected id of the run (each shard's segments), one bounded batch at a time.
+
+    Args:
+        manifest: the run's plan.
+        batch_rows: max rows per batch for JSONL inputs (Parquet batches are one row group).
+
+    Yields:
+        :class:`ExpectedBatch` items; ids are not de-duplicated here (DuckDB does that).
+
+    Raises:
+        PublishError: an input file is shorter than the manifest says, or its id column has a type
+            other than string/integer.
+    """
+    by_file: dict[int, list[Segment]] = {}
+    for spec in manifest.shards:
+        for seg in spec.segments:
+            by_file.setdefault(seg.file_index, []).append(seg)
+    column = manifest.input.id_column
+    for file_index in sorted(by_file):
+        info: InputFile = manifest.input.files[file_index]
+        segments = sorted(by_file[file_index], key=lambda s: s.row_start)
+        if manifest.input.format == InputFormat.JSONL.value:
+            yield from _jsonl_ids(info.uri, segments, column, batch_rows)
+            continue
+        fs, path = storage.arrow_filesystem(info.uri)
+        pf = pq.ParquetFile(path, filesystem=fs)
+        if column not in pf.schema_arrow.names:
+            raise PublishError(f"{info.uri}: no id column {column!r} (columns: {pf.schema_arrow.names})")
+        for seg in segments:
+            yield from _parquet_segment(pf, seg, column, info.uri)

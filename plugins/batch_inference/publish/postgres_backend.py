@@ -1,0 +1,218 @@
+"""PostgreSQL backend (psycopg 3): binary ``COPY`` into staging tables, swap in one transaction.
+
+Coverage and de-duplication run in a scratch DuckDB database (a file in a temp directory, so it spills
+instead of growing memory); the de-duplicated rows stream from DuckDB as Arrow record batches, are
+encoded by :mod:`~batch_inference.publish.pg_copy` and written with ``COPY ... FROM STDIN (FORMAT
+BINARY)``. The primary key is added after the load (one index build instead of per-row maintenance)
+and before the swap. A session advisory lock per target serialises concurrent publishes/rollbacks.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import duckdb
+import psycopg
+import pyarrow as pa
+from psycopg import sql
+
+from batch_inference.publish.coverage import Coverage, check_coverage
+from batch_inference.publish.errors import PublishError
+from batch_inference.publish.files import localize
+from batch_inference.publish.inventory import RunInventory
+from batch_inference.publish.pg_copy import COPY_HEADER, COPY_TRAILER, PgColumn, encode_batch, pg_columns
+from batch_inference.publish.record import LOG_COLUMNS, PublishRecord
+from batch_inference.publish.target import (
+    SUFFIX_DEAD_LETTERS,
+    SUFFIX_PREVIOUS,
+    SUFFIX_PUBLISH_LOG,
+    SUFFIX_STAGING,
+    PublishTarget,
+    quote_ident,
+)
+
+BATCH_ROWS = 8192
+"""Rows per Arrow batch streamed into COPY (about 25 MB of COPY data at 384 float32 dims)."""
+LOCK_TIMEOUT = "60s"
+"""How long the swap waits for readers' locks on the live table before failing (and rolling back)."""
+STAGING_DL = SUFFIX_DEAD_LETTERS + SUFFIX_STAGING
+
+
+def _ident(target: PublishTarget, suffix: str = "") -> sql.Composable:
+    return sql.SQL(target.qualified(suffix))
+
+
+def _connect(target: PublishTarget) -> psycopg.Connection:
+    conn = psycopg.connect(target.dsn or "", autocommit=True)
+    conn.execute("SET client_encoding TO 'UTF8'")
+    conn.execute("SELECT pg_advisory_lock(hashtext(%s))", [f"batch_inference.publish:{target.qualified()}"])
+    if target.schema:
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.SQL(quote_ident(target.schema))))
+    return conn
+
+
+def table_exists(conn: psycopg.Connection, target: PublishTarget, suffix: str = "") -> bool:
+    """Whether ``<table><suffix>`` exists in the target schema (``public`` / search path if none)."""
+    row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", [target.qualified(suffix)]).fetchone()
+    return bool(row and row[0])
+
+
+def read_record(conn: psycopg.Connection, target: PublishTarget, suffix: str = "") -> PublishRecord | None:
+    """The :class:`PublishRecord` in the comment of ``<table><suffix>``, or ``None``."""
+    row = conn.execute("SELECT obj_description(to_regclass(%s), 'pg_class')", [target.qualified(suffix)]).fetchone()
+    return PublishRecord.from_comment(row[0]) if row else None
+
+
+def _has_pgvector(conn: psycopg.Connection) -> bool:
+    row = conn.execute("SELECT count(*) FROM pg_extension WHERE extname = 'vector'").fetchone()
+    return bool(row and row[0])
+
+
+def _ensure_log(conn: psycopg.Connection, target: PublishTarget) -> None:
+    cols = sql.SQL(", ").join(
+        sql.SQL("{} {}").format(sql.SQL(quote_ident(n)), sql.SQL("TEXT" if t == "VARCHAR" else t))
+        for n, t in LOG_COLUMNS
+    )
+    conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(_ident(target, SUFFIX_PUBLISH_LOG), cols))
+
+
+def _insert_log(conn: psycopg.Connection, target: PublishTarget, record: PublishRecord, action: str) -> None:
+    marks = sql.SQL(", ").join(sql.Placeholder() for _ in LOG_COLUMNS)
+    conn.execute(sql.SQL("INSERT INTO {} VALUES ({})").format(_ident(target, SUFFIX_PUBLISH_LOG), marks),
+                 record.log_row(action))
+
+
+def _copy_reader(conn: psycopg.Connection, table: sql.Composable, reader: pa.RecordBatchReader,
+                 columns: list[PgColumn]) -> int:
+    """Stream every batch of ``reader`` into ``table`` with one binary COPY; returns rows copied."""
+    names = sql.SQL(", ").join(sql.Identifier(c.name) for c in columns)
+    rows = 0
+    with conn.cursor().copy(sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(table, names)) as copy:
+        copy.write(COPY_HEADER)
+        for batch in reader:
+            if batch.num_rows:
+                copy.write(encode_batch(batch, columns))
+                rows += batch.num_rows
+        copy.write(COPY_TRAILER)
+    return rows
+
+
+def _create_and_copy(conn: psycopg.Connection, table: sql.Composable, reader: pa.RecordBatchReader,
+                     use_vector: bool, key: list[str], not_null: set[str]) -> int:
+    columns = pg_columns(reader.schema, use_vector=use_vector)
+    defs = sql.SQL(", ").join(
+        sql.SQL("{} {}{}").format(sql.Identifier(c.name), sql.SQL(c.pg_type),
+                                  sql.SQL(" NOT NULL" if c.name in not_null else ""))
+        for c in columns
+    )
+    conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
+    conn.execute(sql.SQL("CREATE TABLE {} ({})").format(table, defs))
+    rows = _copy_reader(conn, table, reader, columns)
+    pk_name = sql.Identifier(f"pk_{uuid.uuid4().hex[:16]}")
+    conn.execute(sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} PRIMARY KEY ({})").format(
+        table, pk_name, sql.SQL(", ").join(sql.Identifier(k) for k in key)))
+    return rows
+
+
+def _load_staging(conn: psycopg.Connection, scratch: duckdb.DuckDBPyConnection, target: PublishTarget,
+                  cov: Coverage, record: PublishRecord) -> None:
+    """Create, fill, index and comment both staging tables in one committed transaction."""
+    use_vector = _has_pgvector(conn)
+    staging, staging_dl = _ident(target, SUFFIX_STAGING), _ident(target, STAGING_DL)
+    comment = sql.Literal(record.to_comment())
+    params = {"parts": cov.part_files} if cov.part_files else None
+    with conn.transaction():
+        results = scratch.sql(cov.results_sql(), params=params).to_arrow_reader(BATCH_ROWS)
+        loaded = _create_and_copy(conn, staging, results, use_vector, ["id"], set())
+        if loaded != cov.rows_published:
+            raise PublishError(f"{target.qualified(SUFFIX_STAGING)}: copied {loaded} rows, coverage "
+                               f"counted {cov.rows_published}")
+        dead = scratch.sql(cov.dead_letters_sql()).to_arrow_reader(BATCH_ROWS)
+        _create_and_copy(conn, staging_dl, dead, False, ["source_uri", "source_row"],
+                         {"reason", "detail", "source_uri", "source_row", "fingerprint"})
+        conn.execute(sql.SQL("COMMENT ON TABLE {} IS {}").format(staging, comment))
+        conn.execute(sql.SQL("COMMENT ON TABLE {} IS {}").format(staging_dl, comment))
+        conn.execute(sql.SQL("ANALYZE {}").format(staging))
+        _ensure_log(conn, target)
+
+
+def _rename(conn: psycopg.Connection, target: PublishTarget, old: str, new: str) -> None:
+    conn.execute(sql.SQL("ALTER TABLE IF EXISTS {} RENAME TO {}").format(
+        _ident(target, old), sql.SQL(quote_ident(target.name(new)))))
+
+
+def _swap(conn: psycopg.Connection, target: PublishTarget, record: PublishRecord) -> None:
+    """One transaction: live -> previous (older previous dropped), staging -> live, for both tables."""
+    with conn.transaction():
+        conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+        for base in ("", SUFFIX_DEAD_LETTERS):
+            if not table_exists(conn, target, base + SUFFIX_STAGING):
+                raise PublishError(f"{target.qualified(base + SUFFIX_STAGING)} vanished before the swap")
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(_ident(target, base + SUFFIX_PREVIOUS)))
+            _rename(conn, target, base, base + SUFFIX_PREVIOUS)
+            _rename(conn, target, base + SUFFIX_STAGING, base)
+        _insert_log(conn, target, record, "publish")
+
+
+def publish(
+    inv: RunInventory,
+    target: PublishTarget,
+    *,
+    min_success_ratio: float,
+    make_record: Callable[[Coverage], PublishRecord],
+    after_staging: Callable[[], None] | None = None,
+) -> tuple[PublishRecord, bool]:
+    """Publish ``inv`` into PostgreSQL; same contract as ``duckdb_backend.publish``.
+
+    Raises:
+        PublishError / CoverageError: see :func:`~batch_inference.publish.api.publish_run`.
+        psycopg.Error: connection or SQL failures (the live table is unchanged).
+    """
+    with _connect(target) as conn:
+        live = read_record(conn, target)
+        if live and live.run_id == inv.run_id and live.fingerprint == inv.fingerprint:
+            return live, True
+        with tempfile.TemporaryDirectory(prefix="publish-") as work:
+            parts = localize(inv.part_files, Path(work) / "parts")
+            dead = localize(inv.dead_letter_files, Path(work) / "dead")
+            scratch = duckdb.connect(str(Path(work) / "scratch.duckdb"))
+            try:
+                scratch.execute("SET preserve_insertion_order = false")
+                cov = check_coverage(scratch, inv, parts, dead, min_success_ratio=min_success_ratio)
+                record = make_record(cov)
+                _load_staging(conn, scratch, target, cov, record)
+            finally:
+                scratch.close()
+        if after_staging is not None:
+            after_staging()
+        _swap(conn, target, record)
+        return record, False
+
+
+def rollback(target: PublishTarget) -> tuple[PublishRecord | None, PublishRecord | None]:
+    """Swap ``<table>`` and ``<table>__previous`` (and their dead letters) in one transaction.
+
+    Raises:
+        PublishError: there is no ``<table>__previous``.
+    """
+    with _connect(target) as conn:
+        if not table_exists(conn, target, SUFFIX_PREVIOUS):
+            raise PublishError(f"{target.describe()}: no {target.name(SUFFIX_PREVIOUS)} table to roll back to")
+        restored, replaced = read_record(conn, target, SUFFIX_PREVIOUS), read_record(conn, target)
+        _ensure_log(conn, target)
+        with conn.transaction():
+            conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+            for base in ("", SUFFIX_DEAD_LETTERS):
+                live, prev, tmp = base, base + SUFFIX_PREVIOUS, base + SUFFIX_STAGING
+                if not table_exists(conn, target, prev):
+                    continue
+                conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(_ident(target, tmp)))
+                _rename(conn, target, live, tmp)
+                _rename(conn, target, prev, live)
+                _rename(conn, target, tmp, prev)
+            if restored is not None:
+                _insert_log(conn, target, restored, "rollback")
+        return restored, replaced
