@@ -116,6 +116,11 @@ class LLMConfig:
     """JSON Schema of the output. Set: generation is constrained through vLLM structured outputs and
     every output is parsed and validated against it (invalid -> dead letter ``invalid_output`` with the
     reason); results carry the canonical JSON in ``output_json``. ``None``: free text."""
+    constrain_output: bool = True
+    """With ``json_schema``: constrain decoding to the schema (vLLM structured outputs, compact JSON with
+    no free whitespace). ``False``: generate freely and only validate afterwards (for models or backends
+    where constrained decoding is unavailable, or to measure how often a model follows the schema
+    unaided). Ignored without a schema."""
 
     def __post_init__(self) -> None:
         _check(self.kind == EngineKind.LLM.value, "engine.kind", "must be 'llm'")
@@ -149,6 +154,7 @@ class LLMConfig:
                f"{self.max_tokens!r} is not an integer in 1..max_model_len-1 ({self.max_model_len - 1})")
         _check_str_list(self.stop, "engine.stop")
         _check_json_schema(self.json_schema)
+        _check(isinstance(self.constrain_output, bool), "engine.constrain_output", "must be a boolean")
 
     @property
     def max_prompt_tokens(self) -> int:

