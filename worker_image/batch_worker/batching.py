@@ -1,0 +1,85 @@
+"""Length-sorted token-budget batching: plan which rows go together so padding stays small.
+
+Rows are sorted by token length (longest first, so an out-of-memory error shows up on the first batch),
+then packed greedily: a batch takes rows while ``rows x padded_length <= token_budget`` and
+``rows <= max_batch_rows``, where ``padded_length`` is the batch's longest row rounded up to a multiple of
+``pad_to_multiple_of``. Results are restored by row id, never by position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One planned batch.
+
+    Attributes:
+        indices: row indices into the chunk (int64 array, longest row first).
+        padded_length: sequence length every row is padded to (tokens).
+    """
+
+    indices: np.ndarray
+    padded_length: int
+
+    @property
+    def padded_tokens(self) -> int:
+        """Tokens processed including padding: ``len(indices) * padded_length``."""
+        return int(len(self.indices)) * self.padded_length
+
+
+def round_up(n: int, multiple: int) -> int:
+    """``n`` rounded up to a multiple of ``multiple`` (``multiple >= 1``)."""
+    return -(-n // multiple) * multiple
+
+
+MIN_FILL = 0.85
+"""A row joins a batch only if its length is at least this fraction of the batch's padded length, so a
+sparse length range (small chunks, long tails) gives more, smaller batches instead of padding waste."""
+
+
+def plan_batches(
+    lengths: np.ndarray | list[int],
+    token_budget: int,
+    max_batch_rows: int,
+    pad_to_multiple_of: int = 8,
+    min_fill: float = MIN_FILL,
+) -> list[Batch]:
+    """Sort rows by length (descending, stable) and pack them into token-budget batches.
+
+    Args:
+        lengths: token count of each row (int, >= 1), shape ``(n,)``.
+        token_budget: max padded tokens per batch. A single row longer than the budget still gets a
+            batch of its own (the budget bounds batching, it never drops a row).
+        max_batch_rows: max rows per batch.
+        pad_to_multiple_of: padded length is a multiple of this (1 = pad to the longest row).
+        min_fill: rows shorter than ``min_fill x padded_length`` start a new batch (0 disables).
+
+    Returns:
+        Batches covering every index exactly once, longest batch first.
+
+    Raises:
+        ValueError: a length below 1, or a non-positive budget/row limit/multiple.
+    """
+    arr = np.asarray(lengths, dtype=np.int64)
+    if token_budget < 1 or max_batch_rows < 1 or pad_to_multiple_of < 1:
+        raise ValueError("token_budget, max_batch_rows and pad_to_multiple_of must be >= 1")
+    if arr.size and int(arr.min()) < 1:
+        raise ValueError(f"row lengths must be >= 1 token, got {int(arr.min())}")
+    order = np.argsort(-arr, kind="stable")
+    batches: list[Batch] = []
+    start = 0
+    n = int(arr.size)
+    while start < n:
+        padded = round_up(int(arr[order[start]]), pad_to_multiple_of)
+        rows = max(1, min(max_batch_rows, token_budget // padded, n - start))
+        if min_fill > 0:
+            floor = min_fill * padded
+            window = arr[order[start : start + rows]]
+            rows = max(1, int(np.count_nonzero(window >= floor)))  # window is sorted descending
+        batches.append(Batch(indices=order[start : start + rows], padded_length=padded))
+        start += rows
+    return batches

@@ -1,0 +1,181 @@
+"""The producer side of the worker: read -> validate -> form chunks -> prepare (tokenize), on a thread.
+
+The producer runs one chunk ahead of the engine (a queue of size 1), so reading and tokenizing chunk
+N+1 overlaps with inference on chunk N, and memory holds at most about three chunks.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from batch_contract.engine_config import WorkerSettings
+from batch_contract.manifest import InputSpec, Segment
+
+from batch_worker.engines.base import ChunkRows, Engine
+from batch_worker.reader import iter_shard_blocks
+from batch_worker.stats import StageClock
+from batch_worker.validate import DeadLetter, Validator, concat_rows
+
+
+@dataclass
+class ChunkWork:
+    """One chunk ready for the engine: rows to process, dead letters found while reading them, and
+    the engine's prepared form of the rows."""
+
+    rows: ChunkRows
+    dead: list[DeadLetter] = field(default_factory=list)
+    prepared: Any = None
+
+
+class ChunkSizer:
+    """Rows per chunk: fixed (``chunk_rows``) or sized from measured throughput.
+
+    Before any measurement the target is ``min_chunk_rows``; after each chunk it becomes
+    ``rows_per_s x chunk_target_seconds`` clamped to ``min_chunk_rows..max_chunk_rows``.
+    """
+
+    def __init__(self, settings: WorkerSettings) -> None:
+        self.settings = settings
+        self._target = settings.chunk_rows or settings.min_chunk_rows
+
+    def target(self) -> int:
+        return self._target
+
+    def update(self, rows: int, seconds: float) -> None:
+        """Record that ``rows`` took ``seconds`` end to end (engine + commit)."""
+        s = self.settings
+        if s.chunk_rows or rows <= 0 or seconds <= 0:
+            return
+        self._target = int(min(max(rows / seconds * s.chunk_target_seconds, s.min_chunk_rows), s.max_chunk_rows))
+
+
+_DONE = object()
+
+
+class Producer:
+    """Background thread producing :class:`ChunkWork` items.
+
+    Args:
+        engine: the loaded engine (its ``prepare`` runs on this thread).
+        spec / segments: what to read.
+        settings: worker settings (``read_batch_rows``).
+        validator: the shard-wide validator (holds the resume ledger).
+        sizer: chunk sizing.
+        clock: stage clock (``input_read`` and ``tokenize`` are timed here).
+        should_stop: stop request (SIGTERM).
+    """
+
+    def __init__(
+        self, engine: Engine, spec: InputSpec, segments: list[Segment], settings: WorkerSettings,
+        validator: Validator, sizer: ChunkSizer, clock: StageClock, should_stop: Callable[[], bool],
+    ) -> None:
+        self.engine = engine
+        self.spec = spec
+        self.segments = segments
+        self.settings = settings
+        self.validator = validator
+        self.sizer = sizer
+        self.clock = clock
+        self.should_stop = should_stop
+        self.rows_skipped = 0
+        self.exhausted = False
+        """True once every row of the shard was read and handed over."""
+        self._queue: queue.Queue = queue.Queue(maxsize=1)
+        self._thread = threading.Thread(target=self._run, name="producer", daemon=True)
+
+    def start(self) -> Producer:
+        self._thread.start()
+        return self
+
+    def get(self) -> ChunkWork | None:
+        """Next chunk, or ``None`` when the shard is exhausted (or the producer stopped on a signal).
+
+        Raises:
+            Exception: whatever the producer raised (bad input, reader errors).
+        """
+        while True:
+            try:
+                item = self._queue.get(timeout=0.2)
+                break
+            except queue.Empty:
+                if not self._thread.is_alive() and self._queue.empty():
+                    return None  # stopped by a signal between chunks
+        if item is _DONE:
+            return None
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def only_done_left(self) -> bool:
+        """True when every chunk was handed over and consumed (only the end-of-shard item is queued)."""
+        with self._queue.mutex:
+            return self.exhausted and list(self._queue.queue) == [_DONE]
+
+    def _put(self, item: object) -> bool:
+        while True:
+            try:
+                self._queue.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                if self.should_stop():
+                    return False
+
+    def _blocks(self) -> Iterator:
+        it = iter_shard_blocks(self.spec, self.segments, self.settings.read_batch_rows)
+        while True:
+            t0 = time.perf_counter()
+            try:
+                block = next(it)
+            except StopIteration:
+                return
+            finally:
+                self.clock.add("input_read", time.perf_counter() - t0)
+            yield block
+
+    def _emit(self, rows: ChunkRows, dead: list[DeadLetter]) -> bool:
+        with self.clock.stage("tokenize"):
+            prepared = self.engine.prepare(rows)
+        return self._put(ChunkWork(rows=rows, dead=dead, prepared=prepared))
+
+    def _chunks(self) -> Iterator[tuple[ChunkRows, list[DeadLetter]]]:
+        pending: list[ChunkRows] = []
+        n_pending = 0
+        dead: list[DeadLetter] = []
+        for block in self._blocks():
+            vb = self.validator.validate(block)
+            self.rows_skipped += vb.skipped
+            dead.extend(vb.dead)
+            if len(vb.rows):
+                pending.append(vb.rows)
+                n_pending += len(vb.rows)
+            while n_pending >= self.sizer.target():
+                rows = concat_rows(pending)
+                k = self.sizer.target()
+                yield rows.take(list(range(k))), dead
+                rest = rows.take(list(range(k, len(rows))))
+                pending, n_pending, dead = ([rest] if len(rest) else []), len(rest), []
+            if self.should_stop():
+                return
+        if n_pending or dead:
+            yield (concat_rows(pending) if pending else _empty_rows()), dead
+
+    def _run(self) -> None:
+        try:
+            for rows, dead in self._chunks():
+                if self.should_stop() or not self._emit(rows, dead):
+                    return
+            self.exhausted = True
+            self._put(_DONE)
+        except BaseException as exc:  # handed to the main thread, which maps it to an exit code
+            self._put(exc)
+
+
+def _empty_rows() -> ChunkRows:
+    import pyarrow as pa
+
+    return ChunkRows(ids=[], texts=[], text_repaired=[], source_uri=[], source_row=[], fields=pa.table({}))

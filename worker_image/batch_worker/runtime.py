@@ -1,0 +1,389 @@
+"""Run one shard to completion, exactly once per row, however often the worker is killed.
+
+Order of a run (``run_shard``):
+
+1. read the manifest, build the engine, hash the model files -> result fingerprint;
+2. a marker with this fingerprint exists -> exit 0 at once, writing nothing; a marker with another
+   fingerprint is stale -> deleted (the shard is re-done);
+3. write ``attempts/<attempt_id>.json``; install SIGTERM/SIGINT handlers; load the model;
+4. rebuild the resume ledger from committed files (stray temp files cleaned);
+5. producer thread: read -> validate -> chunk -> tokenize; main thread: engine -> commit dead letters and
+   one zstd part per chunk (create-only) -> rewrite the attempt record;
+6. when every row is committed: verify coverage (results + dead letters = shard rows), rewrite the
+   attempt record, write ``_SUCCESS.json`` LAST.
+
+On a signal: stop taking batches, commit the finished rows, no marker, exit 75 (see ``signals``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from dataclasses import asdict, dataclass
+
+import pyarrow.compute as pc
+from batch_contract import storage
+from batch_contract.engine_config import ConfigError, engine_config_from_dict
+from batch_contract.enums import ExitCode, ShardStatus
+from batch_contract.layout import DEAD_LETTER_PREFIX, PART_PREFIX, RunLayout, join_uri
+from batch_contract.manifest import Manifest, result_fingerprint
+from batch_contract.marker import AttemptRecord, ShardMarker
+from batch_contract.storage import AlreadyExistsError
+
+from batch_worker.engines.base import ChunkOutput, Engine, LoadedModel, check_chunk_output, engine_class
+from batch_worker.errors import BadInputError
+from batch_worker.ledger import Ledger, build_ledger, read_parquet_columns
+from batch_worker.pipeline import ChunkSizer, ChunkWork, Producer
+from batch_worker.progress import Counters, ProgressReporter, utc_now
+from batch_worker.signals import StopSignal
+from batch_worker.stats import GpuSampler, StageClock, cpu_seconds
+from batch_worker.validate import DeadLetter, Validator
+from batch_worker.writer import assemble_part, commit_table, dead_letter_table
+
+log = logging.getLogger("batch_worker")
+
+
+class CoverageError(RuntimeError):
+    """Committed results + dead letters do not cover the shard's rows exactly (no marker is written)."""
+
+
+@dataclass
+class ShardContext:
+    """Everything one shard run needs, resolved from the run dir and shard id."""
+
+    layout: RunLayout
+    manifest: Manifest
+    shard_id: str
+    engine: Engine
+    fingerprint: str
+
+    @property
+    def shard_dir(self) -> str:
+        return self.layout.shard_dir(self.shard_id)
+
+
+def load_context(run_dir: str, shard_id: str) -> ShardContext:
+    """Read the manifest, build the engine (no model load yet) and compute the result fingerprint.
+
+    Raises:
+        BadInputError: no manifest, or the shard is not in it.
+        ConfigError: invalid engine/worker config or model path.
+    """
+    layout = RunLayout.from_run_dir(run_dir)
+    try:
+        raw = storage.read_bytes(layout.manifest_uri)
+    except FileNotFoundError:
+        raise BadInputError(f"run_dir: no manifest at {layout.manifest_uri}") from None
+    try:
+        manifest = Manifest.from_json_bytes(raw)
+    except ConfigError:
+        raise
+    except (KeyError, ValueError, TypeError) as exc:
+        raise BadInputError(f"manifest {layout.manifest_uri} is invalid: {exc!r}") from None
+    try:
+        manifest.shard(shard_id)
+    except KeyError as exc:
+        raise BadInputError(f"shard: {exc.args[0]}") from None
+    config = engine_config_from_dict(manifest.engine)
+    engine = engine_class(config.kind)(config, manifest.worker)
+    fingerprint = result_fingerprint(manifest.config_fingerprint, engine.model_digest())
+    return ShardContext(layout=layout, manifest=manifest, shard_id=shard_id, engine=engine, fingerprint=fingerprint)
+
+
+def existing_marker(ctx: ShardContext) -> ShardMarker | None:
+    """The shard's marker if it exists and matches the fingerprint; a stale one is deleted."""
+    uri = ctx.layout.marker_uri(ctx.shard_id)
+    try:
+        marker = ShardMarker.from_json_bytes(storage.read_bytes(uri))
+    except FileNotFoundError:
+        return None
+    if marker.fingerprint == ctx.fingerprint and marker.status == ShardStatus.COMPLETE.value:
+        return marker
+    log.warning("shard %s: marker has fingerprint %s, current is %s: redoing the shard",
+                ctx.shard_id, marker.fingerprint, ctx.fingerprint)
+    storage.delete(uri)
+    return None
+
+
+def new_attempt_id() -> str:
+    """``<UTC compact time>-<8 hex>``: sorts by start time, unique across pods."""
+    return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:8]}"
+
+
+class ShardRun:
+    """One attempt at one shard (see the module docstring). Use :func:`run_shard`."""
+
+    def __init__(self, ctx: ShardContext) -> None:
+        self.ctx = ctx
+        self.spec = ctx.manifest.shard(ctx.shard_id)
+        self.settings = ctx.manifest.worker
+        self.clock = StageClock()
+        self.cpu0 = cpu_seconds()
+        self.attempt = AttemptRecord(
+            attempt_id=new_attempt_id(),
+            shard_id=ctx.shard_id,
+            started_at=utc_now(),
+            host=os.environ.get("HOSTNAME") or socket.gethostname(),
+            fingerprint=ctx.fingerprint,
+        )
+        self.attempt_uri = join_uri(ctx.layout.attempts_dir(ctx.shard_id), f"{self.attempt.attempt_id}.json")
+        self.counters = Counters(self.spec.rows, 0)
+        self.stop = StopSignal(self.settings.grace_seconds, on_hard_exit=self._on_hard_exit)
+        self.gpu = GpuSampler()
+        self.status = ShardStatus.RUNNING.value
+        self.steady_t0: float | None = None
+        self.steady_rows = 0
+        self.steady_rate = 0.0
+
+    # -- attempt record -------------------------------------------------------------------------------
+    def _write_attempt(self, status: str | None = None, exit_code: int | None = None) -> None:
+        a = self.attempt
+        if status is not None:
+            a.status = status
+        if exit_code is not None:
+            a.exit_code = exit_code
+            a.ended_at = utc_now()
+        a.rows_committed = self.counters.rows_committed
+        a.rows_processed = self.counters.rows_processed
+        a.stage_seconds = self.clock.rounded()
+        a.cpu_seconds = round(cpu_seconds() - self.cpu0, 3)
+        a.steady_rows_per_s = round(self.steady_rate, 2)
+        a.gpu = self.gpu.summary()
+        storage.write_replace(self.attempt_uri, a.to_json_bytes())
+
+    def _on_hard_exit(self, why: str) -> None:
+        self._write_attempt(ShardStatus.INTERRUPTED.value, int(ExitCode.INTERRUPTED))
+
+    # -- main -------------------------------------------------------------------------------------------
+    def run(self, install_signals: bool = True) -> int:
+        """Run the attempt; returns the exit code (0 complete, 75 interrupted). Other errors raise."""
+        storage.makedirs(self.ctx.shard_dir)
+        self._write_attempt()
+        if install_signals:
+            self.stop.install()
+        self.gpu.start()
+        progress = None
+        try:
+            with self.clock.stage("model_load"):
+                loaded = self.ctx.engine.load()
+            if loaded.model_digest != self.ctx.engine.model_digest():
+                raise RuntimeError("model files changed while loading; retry")
+            ledger = build_ledger(self.ctx.shard_dir, self.ctx.fingerprint)
+            self.counters.rows_before = ledger.rows_done
+            self.ctx.engine.on_rows_done = self.counters.add_processed
+            progress = ProgressReporter(
+                self.ctx.layout.progress_uri(self.ctx.shard_id), self.ctx.shard_id, self.attempt.attempt_id,
+                self.counters, self.settings.progress_interval_seconds, status=lambda: self.status,
+            ).start()
+            finished = self._process_all(loaded, ledger)
+            if not finished:
+                self.status = ShardStatus.INTERRUPTED.value
+                self.gpu.stop()
+                self._write_attempt(self.status, int(ExitCode.INTERRUPTED))
+                progress.stop()
+                progress.write(self.status)
+                log.warning("shard %s: interrupted by %s; committed %d rows this attempt, exiting %d",
+                            self.ctx.shard_id, self.stop.signal_name, self.counters.rows_committed,
+                            int(ExitCode.INTERRUPTED))
+                return int(ExitCode.INTERRUPTED)
+            self.gpu.stop()
+            progress.stop()
+            self._finish(loaded)
+            self.status = ShardStatus.COMPLETE.value
+            progress.write(self.status)
+            return int(ExitCode.OK)
+        except BaseException as exc:
+            self.status = ShardStatus.FAILED.value
+            code = ExitCode.BAD_INPUT if isinstance(exc, ConfigError | BadInputError) else ExitCode.FAILURE
+            self.gpu.stop()
+            if progress is not None:
+                progress.stop()
+            try:
+                self._write_attempt(self.status, int(code))
+            except OSError:
+                log.exception("could not write the attempt record")
+            raise
+        finally:
+            if install_signals:
+                self.stop.uninstall()
+
+    def _process_all(self, loaded: LoadedModel, ledger: Ledger) -> bool:
+        """Run the producer/engine/commit loop; True when every row was handed over and committed."""
+        sizer = ChunkSizer(self.settings)
+        validator = Validator(self.ctx.manifest.input.id_column, ledger.done_ids, ledger.done_dead)
+        producer = Producer(
+            self.ctx.engine, self.ctx.manifest.input, self.spec.segments, self.settings,
+            validator, sizer, self.clock, self.stop,
+        ).start()
+        chunk_no = ledger.next_chunk
+        chunks_done = 0
+        self._last_chunk_complete = True
+        while True:
+            with self.clock.stage("idle"):
+                work = producer.get()
+            if work is None:
+                return producer.exhausted
+            t0 = time.perf_counter()
+            interrupted = self._run_chunk(work, loaded, chunk_no)
+            chunk_no += 1
+            chunks_done += 1
+            sizer.update(len(work.rows), time.perf_counter() - t0)
+            self._update_steady(chunks_done, len(work.rows))
+            self.attempt.rows_skipped_resume = producer.rows_skipped
+            self._write_attempt()
+            if interrupted or self.stop.requested:
+                # a signal that arrives after the last chunk was committed still lets the shard complete
+                return not interrupted and producer.only_done_left()
+
+    def _update_steady(self, chunks_done: int, rows: int) -> None:
+        now = time.perf_counter()
+        if chunks_done == 1:
+            self.steady_t0 = now
+            self.steady_rate = rows / max(self.clock.seconds["inference"], 1e-9)
+            return
+        self.steady_rows += rows
+        self.steady_rate = self.steady_rows / max(now - (self.steady_t0 or now), 1e-9)
+
+    def _run_chunk(self, work: ChunkWork, loaded: LoadedModel, chunk_no: int) -> bool:
+        """Process and commit one chunk; returns whether the engine was interrupted."""
+        self._last_chunk_complete = False
+        rows = work.rows
+        if len(rows) and not self.stop.requested:
+            out = self.ctx.engine.process(work.prepared, self.stop)
+        else:
+            out = ChunkOutput(table=loaded.part_schema.empty_table().select(["id"]), interrupted=bool(len(rows)))
+        for stage, seconds in out.stage_seconds.items():
+            self.clock.add(stage, seconds)
+        check_chunk_output(rows, out)
+        where = {rid: i for i, rid in enumerate(rows.ids)}
+        dead = list(work.dead) + [
+            DeadLetter(r.id, r.reason, r.detail, rows.source_uri[where[r.id]], rows.source_row[where[r.id]])
+            for r in out.rejects
+        ]
+        n_ok = out.table.num_rows
+        with self.clock.stage("write"):
+            if dead:
+                commit_table(self.ctx.shard_dir, DEAD_LETTER_PREFIX, chunk_no, dead_letter_table(dead, self.ctx.fingerprint))
+            if n_ok:
+                part = assemble_part(rows, out, self.ctx.fingerprint, loaded.part_schema)
+                commit_table(self.ctx.shard_dir, PART_PREFIX, chunk_no, part)
+        if dead or n_ok:
+            self.attempt.chunks_committed += 1
+        self.attempt.tokens_real += out.tokens_real
+        self.attempt.tokens_padded += out.tokens_padded
+        self.counters.add_committed(n_ok + len(dead), len(dead), n_ok + len(out.rejects))
+        self._last_chunk_complete = not out.interrupted
+        return out.interrupted
+
+    # -- completion ---------------------------------------------------------------------------------------
+    def _finish(self, loaded: LoadedModel) -> None:
+        """Verify coverage, rewrite the attempt record, then write the marker (last)."""
+        ctx = self.ctx
+        with self.clock.stage("write"):
+            ledger = build_ledger(ctx.shard_dir, ctx.fingerprint)
+            if ledger.rows_done != self.spec.rows:
+                raise CoverageError(
+                    f"shard {ctx.shard_id}: {len(ledger.done_ids)} results + {len(ledger.done_dead)} dead letters "
+                    f"!= {self.spec.rows} input rows; no marker written"
+                )
+            marker = self._marker(loaded, ledger)
+        self._write_attempt(ShardStatus.COMPLETE.value, int(ExitCode.OK))
+        marker.attempts = self._attempts()
+        marker.stage_seconds = _sum_stages(marker.attempts)
+        marker.cpu_seconds = round(sum(a.get("cpu_seconds", 0.0) for a in marker.attempts), 3)
+        marker.tokens_padded = sum(a.get("tokens_padded", 0) for a in marker.attempts)
+        marker.finished_at = utc_now()
+        marker.started_at = min((a["started_at"] for a in marker.attempts), default=self.attempt.started_at)
+        uri = ctx.layout.marker_uri(ctx.shard_id)
+        try:
+            storage.write_create_only(uri, marker.to_json_bytes())
+        except AlreadyExistsError:
+            other = ShardMarker.from_json_bytes(storage.read_bytes(uri))
+            if other.fingerprint != ctx.fingerprint:
+                raise
+            log.info("shard %s: another attempt wrote the marker first", ctx.shard_id)
+        log.info("shard %s: complete: %d results, %d dead letters, marker %s",
+                 ctx.shard_id, marker.rows_ok, marker.rows_dead_letter, uri)
+
+    def _marker(self, loaded: LoadedModel, ledger: Ledger) -> ShardMarker:
+        ctx = self.ctx
+        tokens_real = truncated = repaired = 0
+        for name in ledger.parts:
+            t = read_parquet_columns(join_uri(ctx.shard_dir, name), ["n_tokens", "truncated", "text_repaired"])
+            tokens_real += int(pc.sum(t.column("n_tokens")).as_py() or 0)
+            truncated += int(pc.sum(t.column("truncated").cast("int64")).as_py() or 0)
+            repaired += int(pc.sum(t.column("text_repaired").cast("int64")).as_py() or 0)
+        reasons: dict[str, int] = {}
+        for name in ledger.dead_letter_parts:
+            t = read_parquet_columns(join_uri(ctx.shard_dir, name), ["reason"])
+            for reason in t.column("reason").to_pylist():
+                reasons[reason] = reasons.get(reason, 0) + 1
+        return ShardMarker(
+            run_id=ctx.manifest.run_id,
+            shard_id=ctx.shard_id,
+            fingerprint=ctx.fingerprint,
+            rows_input=self.spec.rows,
+            rows_ok=len(ledger.done_ids),
+            rows_dead_letter=len(ledger.done_dead),
+            rows_truncated=truncated,
+            rows_text_repaired=repaired,
+            dead_letter_reasons=reasons,
+            tokens_real=tokens_real,
+            steady_rows_per_s=round(self.steady_rate, 2),
+            engine=dict(loaded.info),
+            gpu=self.gpu.summary(),
+            parts=list(ledger.parts),
+            dead_letter_parts=list(ledger.dead_letter_parts),
+        )
+
+    def _attempts(self) -> list[dict]:
+        """Attempt records of this fingerprint, oldest first (killed attempts included)."""
+        adir = self.ctx.layout.attempts_dir(self.ctx.shard_id)
+        out = []
+        for name in storage.list_names(adir):
+            if not name.endswith(".json"):
+                continue
+            try:
+                rec = AttemptRecord.from_json_bytes(storage.read_bytes(join_uri(adir, name)))
+            except (ValueError, TypeError, FileNotFoundError) as exc:
+                log.warning("ignoring unreadable attempt record %s: %s", name, exc)
+                continue
+            if rec.fingerprint == self.ctx.fingerprint:
+                out.append(asdict(rec))
+        return sorted(out, key=lambda a: a["attempt_id"])
+
+
+def _sum_stages(attempts: list[dict]) -> dict[str, float]:
+    total: dict[str, float] = {}
+    for a in attempts:
+        for k, v in a.get("stage_seconds", {}).items():
+            total[k] = round(total.get(k, 0.0) + float(v), 3)
+    return total
+
+
+def run_shard(run_dir: str, shard_id: str, install_signals: bool = True) -> int:
+    """Run shard ``shard_id`` of the run at ``run_dir``; returns an ``ExitCode`` value.
+
+    Args:
+        run_dir: ``<output_root>/runs/<run_id>`` (local path, ``file://`` or ``gs://``).
+        shard_id: five-digit shard id.
+        install_signals: install SIGTERM/SIGINT handlers (main thread only).
+
+    Returns:
+        0 complete (also: already complete under the same fingerprint, nothing written),
+        75 interrupted by a signal after committing finished chunks.
+
+    Raises:
+        ConfigError / BadInputError: no retry can fix it (the CLI maps these to exit code 2).
+        Exception: anything else (exit code 1).
+    """
+    ctx = load_context(run_dir, shard_id)
+    marker = existing_marker(ctx)
+    if marker is not None:
+        log.info("shard %s: already complete (fingerprint %s, %d rows): nothing to do",
+                 shard_id, ctx.fingerprint, marker.rows_input)
+        return int(ExitCode.OK)
+    return ShardRun(ctx).run(install_signals=install_signals)

@@ -1,0 +1,102 @@
+"""Stage timing, CPU seconds and NVML GPU sampling for the marker and the cost report."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from batch_contract.marker import STAGES
+
+
+class StageClock:
+    """Wall-clock seconds per stage (names from ``batch_contract.marker.STAGES``); thread-safe."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = dict.fromkeys(STAGES, 0.0)
+        self._lock = threading.Lock()
+
+    def add(self, stage: str, seconds: float) -> None:
+        """Add ``seconds`` to ``stage``. Raises ``KeyError`` for a stage not in ``STAGES``."""
+        if stage not in self.seconds:
+            raise KeyError(f"unknown stage {stage!r}; stages are {STAGES}")
+        with self._lock:
+            self.seconds[stage] += seconds
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Time the ``with`` body into stage ``name``."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, time.perf_counter() - t0)
+
+    def rounded(self) -> dict[str, float]:
+        with self._lock:
+            return {k: round(v, 3) for k, v in self.seconds.items()}
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process so far (all threads)."""
+    t = os.times()
+    return t.user + t.system
+
+
+class GpuSampler:
+    """Samples NVML GPU utilisation (percent) and memory used (bytes) once per ``interval`` seconds.
+
+    Does nothing (``summary() == {}``) without ``nvidia-ml-py`` or without a GPU.
+
+    Args:
+        interval: seconds between samples.
+        device_index: NVML device index (``CUDA_VISIBLE_DEVICES`` already maps it inside a pod).
+    """
+
+    def __init__(self, interval: float = 1.0, device_index: int = 0) -> None:
+        self.interval = interval
+        self.device_index = device_index
+        self.util: list[float] = []
+        self.mem_max = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._nvml = None
+        self._handle = None
+
+    def start(self) -> GpuSampler:
+        try:
+            import pynvml  # nvidia-ml-py
+
+            pynvml.nvmlInit()
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(self.device_index)
+            self._nvml = pynvml
+        except Exception:  # no library, no driver, no GPU: no samples
+            return self
+        self._thread = threading.Thread(target=self._run, name="nvml-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.util.append(float(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu))
+                self.mem_max = max(self.mem_max, int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used))
+            except Exception:  # a transient NVML error loses one sample, never the run
+                continue
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2 * self.interval)
+
+    def summary(self) -> dict[str, float | int]:
+        """``{"util_mean": percent, "samples": n, "mem_max_bytes": bytes}`` or ``{}`` without samples."""
+        if not self.util:
+            return {}
+        return {
+            "util_mean": round(sum(self.util) / len(self.util), 1),
+            "samples": len(self.util),
+            "mem_max_bytes": self.mem_max,
+        }
