@@ -89,11 +89,17 @@ def base_params(*, input_uri: str = SAMPLE_INPUT, runner: str = "local",
         "min_success_ratio": _p(1.0, "Min success ratio", "Fraction of input rows that must have a "
                                 "result before publish (dead letters count as processed).",
                                 type="number", minimum=0.0, maximum=1.0),
-        "gpu_hour_usd_spot": _p(0.70, "$/GPU-hour (spot)", "Spot price of one GPU-hour in USD (cost "
-                                "report).", type="number", minimum=0.0, maximum=1000.0),
-        "gpu_hour_usd_on_demand": _p(2.30, "$/GPU-hour (on-demand)", "On-demand price of one GPU-hour "
-                                     "in USD (cost report comparison).", type="number", minimum=0.0,
-                                     maximum=1000.0),
+        "accelerator": _p("cpu", "Accelerator", "Accelerator type the cost report prices: cpu, nvidia-l4, "
+                          "nvidia-a100-80gb, nvidia-h100-80gb (others need both prices below).",
+                          type="string", minLength=1, maxLength=100),
+        "pricing": _p("spot", "Pricing", "Which price the run paid: spot or on_demand (the report shows "
+                      "both).", type="string", enum=["spot", "on_demand"]),
+        "gpu_hour_usd_spot": _p(None, "$/GPU-hour (spot)", "Spot price of one accelerator-hour in USD; "
+                                "empty: the accelerator's list price.", type=["null", "number"],
+                                minimum=0.0, maximum=1000.0),
+        "gpu_hour_usd_on_demand": _p(None, "$/GPU-hour (on-demand)", "On-demand price of one "
+                                     "accelerator-hour in USD; empty: the accelerator's list price.",
+                                     type=["null", "number"], minimum=0.0, maximum=1000.0),
         "deadline_hours": _p(24.0, "Deadline (hours)", "The completion gate fails, naming missing "
                              "shards, this long after the run started.", type="number",
                              minimum=0.01, maximum=720.0),
@@ -126,8 +132,10 @@ class RunConfig:
     duckdb_path: str = ""
     postgres_conn_id: str = "batch_inference_postgres"
     min_success_ratio: float = 1.0
-    gpu_hour_usd_spot: float = 0.70
-    gpu_hour_usd_on_demand: float = 2.30
+    accelerator: str = "cpu"
+    pricing: str = "spot"
+    gpu_hour_usd_spot: float | None = None
+    gpu_hour_usd_on_demand: float | None = None
     deadline_hours: float = 24.0
     dry_run: bool = False
     row_limit: int = 0
@@ -139,10 +147,15 @@ class RunConfig:
             engine["model_path"] = self.model
         return engine
 
-    def cost_params(self) -> dict[str, float]:
-        """Prices for the cost report (USD per GPU-hour)."""
-        return {"gpu_hour_usd_spot": self.gpu_hour_usd_spot,
-                "gpu_hour_usd_on_demand": self.gpu_hour_usd_on_demand}
+    def cost_params(self) -> dict[str, Any]:
+        """``cost_params`` for the cost report: accelerator, pricing mode, and the prices given (USD per
+        accelerator-hour; omitted ones default to the accelerator's list price)."""
+        out: dict[str, Any] = {"accelerator": self.accelerator, "pricing": self.pricing}
+        if self.gpu_hour_usd_spot is not None:
+            out["gpu_hour_usd_spot"] = float(self.gpu_hour_usd_spot)
+        if self.gpu_hour_usd_on_demand is not None:
+            out["gpu_hour_usd_on_demand"] = float(self.gpu_hour_usd_on_demand)
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -173,8 +186,10 @@ def resolve_run_config(params: dict[str, Any]) -> RunConfig:
     _require(0.0 <= cfg.min_success_ratio <= 1.0, "min_success_ratio", "must be in [0, 1]")
     _require(cfg.deadline_hours > 0, "deadline_hours", "must be > 0")
     _require(cfg.row_limit >= 0, "row_limit", "must be >= 0 (0: all rows)")
-    _require(cfg.gpu_hour_usd_spot >= 0 and cfg.gpu_hour_usd_on_demand >= 0, "gpu_hour_usd_spot",
-             "prices must be >= 0")
+    for name in ("gpu_hour_usd_spot", "gpu_hour_usd_on_demand"):
+        price = getattr(cfg, name)
+        _require(price is None or float(price) >= 0, name, "must be empty or a price >= 0 (USD)")
+    _require(cfg.pricing in ("spot", "on_demand"), "pricing", f"{cfg.pricing!r} is not 'spot' or 'on_demand'")
     _require(cfg.publish_backend in ("duckdb", "postgres"), "publish_backend",
              f"{cfg.publish_backend!r} is not 'duckdb' or 'postgres'")
     _require(bool(re.match(IDENTIFIER_PATTERN, cfg.output_table)), "output_table",
