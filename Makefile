@@ -26,5 +26,21 @@ bench-encoder: venv
 bench-storage: venv
 	$(PY) bench/storage.py
 
+# Cost report: random-order padding estimate vs a simulated random-order run (real tokenizer, sample data).
+.PHONY: bench-report
+bench-report: venv
+	$(PY) bench/report_padding.py
+
+# The main job end to end (local runner, embedded DuckDB); `make run INPUT=... OUTPUT=...` for other data.
+INPUT ?= data/sample/debian_descriptions_sample.parquet
+OUTPUT ?= output
+ROWS_PER_SHARD ?= 3000
+run: venv
+	PYTHONPATH=plugins:worker_image $(PY) -m batch_inference.cli run --input "$(INPUT)" --output "$(OUTPUT)" --rows-per-shard $(ROWS_PER_SHARD)
+
+# Pod manifests the kubernetes runner would create for a planned run, via the provider (no cluster).
+render-k8s: venv
+	PYTHONPATH=plugins:worker_image $(PY) -m batch_inference.cli render-k8s --input "$(INPUT)" --output "$(OUTPUT)" --out build/k8s
+
 clean:
 	rm -rf build output airflow_home .pytest_cache
