@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--input", default=SAMPLE_INPUT)
     run.add_argument("--output", default=str(REPO_ROOT / "output"))
     run.add_argument("--runner", default="local", choices=["local", "kubernetes"])
-    run.add_argument("--rows-per-shard", type=int, default=2000)
+    run.add_argument("--rows-per-shard", type=int, default=3000)
     run.add_argument("--parallelism", type=int, default=1)
     run.add_argument("--row-limit", type=int, default=0)
     run.add_argument("--table", default="descriptions_embeddings")
