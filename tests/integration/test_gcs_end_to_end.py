@@ -1,0 +1,103 @@
+"""The main job with input and output on gs:// (fake-gcs-server): plan, worker CLI, gate, publish, report.
+
+The worker runs as a real subprocess (``python -m batch_worker run``) with the real MiniLM encoder; it
+inherits ``STORAGE_EMULATOR_HOST`` from the session fixture. The second test runs the whole Airflow DAG
+(``airflow dags test batch_inference_backfill``, local runner) with gs:// input and output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import gcs_fixture
+import pyarrow.parquet as pq
+import pytest
+from batch_contract import storage
+from batch_contract.enums import ExitCode
+from batch_contract.layout import MARKER_NAME, PART_PREFIX, RunLayout
+from batch_contract.marker import ShardMarker
+
+fake_gcs, gcs_bucket = gcs_fixture.fake_gcs, gcs_fixture.gcs_bucket
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLE = REPO / "data" / "sample" / "debian_descriptions_sample.parquet"
+WORKER_ENV = {
+    "PYTHONPATH": os.pathsep.join([str(REPO / "plugins"), str(REPO / "worker_image")]),
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+}
+
+
+def upload_sample(bucket_uri: str) -> str:
+    """Upload the bundled sample Parquet to ``<bucket>/input/``; returns its gs:// URI."""
+    uri = f"{bucket_uri}/input/descriptions.parquet"
+    storage.write_create_only(uri, SAMPLE.read_bytes())
+    return uri
+
+
+def run_worker(run_dir: str, shard_id: str) -> subprocess.CompletedProcess[str]:
+    """``python -m batch_worker run`` for one shard, with this process's environment (emulator host)."""
+    return subprocess.run(
+        [sys.executable, "-m", "batch_worker", "run", "--run-dir", run_dir, "--shard", shard_id],
+        env={**os.environ, **WORKER_ENV}, capture_output=True, text=True, timeout=300,
+    )
+
+
+def part_names(layout: RunLayout, shard_id: str) -> list[str]:
+    return [n for n in storage.list_names(layout.shard_dir(shard_id)) if n.startswith(PART_PREFIX)]
+
+
+def test_worker_gate_publish_report_on_gcs(gcs_bucket: str, tmp_path: Path) -> None:
+    from batch_inference.completion import check_completion
+    from batch_inference.planner import PlanRequest, plan
+    from batch_inference.publish import PublishTarget, publish_run
+    from batch_inference.report import build_report
+
+    input_uri = upload_sample(gcs_bucket)
+    output_root = f"{gcs_bucket}/results"
+    request = PlanRequest(input_uri=input_uri, id_column="id", text_column="text", output_root=output_root,
+                          run_id="gcs_e2e", engine={"kind": "encoder"}, rows_per_shard=20, row_limit=40)
+    manifest, refs = plan(request)
+    layout = RunLayout(output_root, "gcs_e2e")
+    assert [r["shard_id"] for r in refs] == ["00000", "00001"]
+    assert storage.exists(layout.manifest_uri)
+    assert all(f.uri.startswith("gs://") for f in manifest.input.files)
+
+    first = run_worker(layout.run_dir, "00000")
+    assert first.returncode == ExitCode.OK, first.stderr[-3000:]
+    status = check_completion(layout.run_dir)
+    assert (status.shards_complete, status.missing) == (1, ["00001"])
+
+    second = run_worker(layout.run_dir, "00001")
+    assert second.returncode == ExitCode.OK, second.stderr[-3000:]
+    assert check_completion(layout.run_dir).missing == []
+
+    marker = ShardMarker.from_json_bytes(storage.read_bytes(layout.marker_uri("00000")))
+    parts = part_names(layout, "00000")
+    assert parts and MARKER_NAME in storage.list_names(layout.shard_dir("00000"))
+    fs, path = storage.arrow_filesystem(f"{layout.shard_dir('00000')}/{parts[0]}")
+    assert pq.read_table(path, filesystem=fs).num_rows > 0
+
+    # Resume from storage: without its marker, the shard finds every id in committed parts on gs://.
+    storage.delete(layout.marker_uri("00000"))
+    again = run_worker(layout.run_dir, "00000")
+    assert again.returncode == ExitCode.OK, again.stderr[-3000:]
+    assert part_names(layout, "00000") == parts  # nothing re-done, nothing re-committed
+    assert ShardMarker.from_json_bytes(storage.read_bytes(layout.marker_uri("00000"))).fingerprint == marker.fingerprint
+
+    db = tmp_path / "warehouse.duckdb"
+    summary = publish_run(layout.run_dir, PublishTarget(backend="duckdb", table="emb", duckdb_path=str(db)))
+    assert (summary["rows_published"], summary["rows_missing"]) == (40, 0)
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("select count(distinct id) from emb").fetchone() == (40,)
+
+    build_report(layout.run_dir, dag_id="gcs_e2e", publish_summary=summary, cost_params=None)
+    report = json.loads(storage.read_bytes(layout.report_json_uri))
+    assert report and storage.exists(layout.report_html_uri)
