@@ -44,3 +44,16 @@ render-k8s: venv
 
 clean:
 	rm -rf build output airflow_home .pytest_cache
+
+# Deployment artefacts without an engine or a cluster: hadolint, Compose schema + `docker-compose config`,
+# Kubernetes schema (deploy/k8s), model-sync script. Also part of `make test`.
+.PHONY: check-deploy worker-image
+check-deploy: venv
+	$(PY) -m pytest tests/unit/test_deploy_artifacts.py -q
+
+# Build the GPU worker image (needs a Docker engine with BuildKit). See docs/kubernetes.md.
+WORKER_IMAGE ?= batch-worker:dev
+worker-image:
+	docker build -f worker_image/Dockerfile -t $(WORKER_IMAGE) \
+		--build-arg REVISION="$$(git rev-parse HEAD)" --build-arg VERSION="$$(git describe --always --dirty)" \
+		--build-arg CREATED="$$(date -u +%Y-%m-%dT%H:%M:%SZ)" .

@@ -379,6 +379,29 @@ def test_compose_takes_secrets_from_env_file(tmp_path: Path) -> None:
     assert ignored.returncode == 0, ".env must be git-ignored"
 
 
+def _pins(text: str) -> dict[str, str]:
+    """``{distribution: version}`` of every ``name[extras]==version`` requirement in ``text``."""
+    return {m.group(1).lower(): m.group(2) for m in re.finditer(r"([A-Za-z0-9_.-]+)(?:\[[a-z,]+\])?==([\w.${}]+)",
+                                                                 text)}
+
+
+def test_airflow_side_packages_agree_across_compose_image_and_pyproject(compose_resolved) -> None:
+    from packaging.requirements import Requirement
+
+    extra = compose_resolved["services"]["airflow-scheduler"]["environment"]["_PIP_ADDITIONAL_REQUIREMENTS"]
+    image = _pins((REPO / "deploy" / "airflow" / "Dockerfile").read_text())
+    assert image.pop("apache-airflow") == "${AIRFLOW_VERSION}"
+    assert _pins(extra) == image
+    env_line = next(line for line in ENV_EXAMPLE.read_text().splitlines()
+                    if line.startswith("_PIP_ADDITIONAL_REQUIREMENTS="))
+    assert _pins(env_line) == image
+    root = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["airflow"]
+    specs = {Requirement(r).name.lower(): Requirement(r).specifier for r in root}
+    assert set(image) <= set(specs), f"not in the airflow extra: {set(image) - set(specs)}"
+    assert all(specs[name].contains(version) for name, version in image.items()), image
+    assert specs["apache-airflow"].contains("3.3.2")
+
+
 def test_env_example_declares_every_variable_the_compose_file_uses() -> None:
     used = set(re.findall(r"(?<!\$)\$\{([A-Za-z_][A-Za-z0-9_]*)", COMPOSE_FILE.read_text()))
     declared = {line.split("=", 1)[0] for line in ENV_EXAMPLE.read_text().splitlines()
