@@ -1,0 +1,92 @@
+"""Pod spec: the provider renders one pod per shard offline; every manifest passes the k8s schema."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+from batch_contract.engine_config import ConfigError, WorkerSettings
+from batch_inference.pod_spec import (
+    K8sSettings,
+    kpo_expand_kwargs,
+    kpo_partial_kwargs,
+    label_value,
+    render_pod_manifests,
+)
+
+IMAGE = "europe-docker.pkg.dev/acme/ml/batch-worker@sha256:" + "ab" * 32
+RUN_ID = "manual__2026-11-30T02:43:00.123456+00:00"
+
+
+def _refs(n: int) -> list[dict]:
+    return [{"run_dir": f"gs://bucket/out/runs/{RUN_ID}", "shard_id": f"{i:05d}", "rows": 10, "est_tokens": 100}
+            for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    settings = K8sSettings(image=IMAGE, secret_env={"WANDB_API_KEY": "wandb:api-key"})
+    out = tmp_path_factory.mktemp("k8s")
+    paths = render_pod_manifests(_refs(3), RUN_ID, settings, str(out))
+    assert [Path(p).name for p in paths] == [f"{label_value(RUN_ID)}-{i:05d}.yaml" for i in range(3)]
+    return [yaml.safe_load(Path(p).read_text()) for p in paths]
+
+
+def test_three_shard_manifests_pass_the_kubernetes_schema(rendered: list[dict]) -> None:
+    assert len(rendered) == 3
+    for pod in rendered:
+        kubernetes_validate.validate(pod, "1.33", strict=True)
+
+
+def test_manifest_carries_gpu_spot_identity_and_command(rendered: list[dict]) -> None:
+    for i, pod in enumerate(rendered):
+        spec, container = pod["spec"], pod["spec"]["containers"][0]
+        assert container["image"] == IMAGE
+        assert container["command"] == ["batch-worker"]
+        assert container["args"] == ["run", "--run-dir", f"gs://bucket/out/runs/{RUN_ID}", "--shard", f"{i:05d}"]
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+        assert spec["nodeSelector"]["cloud.google.com/gke-spot"] == "true"
+        assert {t["key"] for t in spec["tolerations"]} == {"nvidia.com/gpu", "cloud.google.com/gke-spot"}
+        assert spec["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        assert spec["terminationGracePeriodSeconds"] > WorkerSettings().grace_seconds
+        assert spec["serviceAccountName"] == "batch-worker" and pod["metadata"]["namespace"] == "batch-inference"
+        labels = pod["metadata"]["labels"]
+        assert labels["batch-inference/shard-id"] == f"{i:05d}"
+        assert labels["batch-inference/run-id"] == label_value(RUN_ID)
+        env = {e["name"]: e for e in container["env"]}
+        assert env["WANDB_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "wandb", "key": "api-key"}
+
+
+def test_partial_kwargs_retry_and_lifecycle() -> None:
+    kw = kpo_partial_kwargs(K8sSettings(image=IMAGE))
+    assert kw["deferrable"] is True and kw["on_finish_action"] == "delete_succeeded_pod"
+    assert kw["retries"] >= 2 and kw["retry_exponential_backoff"]
+    assert kw["max_active_tis_per_dagrun"] == 16 and kw["do_xcom_push"] is False
+    exp = kpo_expand_kwargs(_refs(1)[0], RUN_ID)
+    assert set(exp) == {"arguments", "labels"}
+
+
+def test_label_value_is_a_valid_label() -> None:
+    value = label_value(RUN_ID)
+    assert len(value) <= 63 and ":" not in value and "+" not in value
+    assert label_value("x" * 100) == "x" * 63
+
+
+def test_settings_reject_unpinned_image_and_short_grace() -> None:
+    with pytest.raises(ConfigError, match="k8s.image: .* not pinned by digest"):
+        K8sSettings(image="repo/batch-worker:latest")
+    with pytest.raises(ConfigError, match="k8s.termination_grace_seconds"):
+        kpo_partial_kwargs(K8sSettings(image=IMAGE, termination_grace_seconds=20))
+    with pytest.raises(ConfigError, match="k8s.retries"):
+        K8sSettings(image=IMAGE, retries=1)
+    with pytest.raises(ConfigError, match="k8s.secret_env.X"):
+        K8sSettings(image=IMAGE, secret_env={"X": "no-key"})
+
+
+def test_settings_from_env() -> None:
+    env = {"BATCH_K8S_IMAGE": IMAGE, "BATCH_K8S_GPUS": "2", "BATCH_K8S_NODE_SELECTOR": '{"pool": "a100-spot"}',
+           "BATCH_K8S_PREFER_SPOT": "false"}
+    settings = K8sSettings.from_env(env)
+    assert settings.gpus == 2 and settings.node_selector == {"pool": "a100-spot"} and not settings.prefer_spot
