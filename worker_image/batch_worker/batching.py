@@ -1,9 +1,9 @@
 """Length-sorted token-budget batching: plan which rows go together so padding stays small.
 
 Rows are sorted by token length (longest first, so an out-of-memory error shows up on the first batch),
-then packed greedily: a batch takes rows while ``rows x padded_length <= token_budget`` and
-``rows <= max_batch_rows``, where ``padded_length`` is the batch's longest row rounded up to a multiple of
-``pad_to_multiple_of``. Results are restored by row id, never by position.
+then packed greedily: a batch takes rows while ``rows x padded_length <= token_budget``,
+``rows <= max_batch_rows`` and the row pads to the same length (one padding bucket), where
+``padded_length`` is the batch's longest row rounded up to a multiple of ``pad_to_multiple_of``. Results are restored by row id, never by position.
 """
 
 from __future__ import annotations
@@ -36,9 +36,10 @@ def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-MIN_FILL = 0.85
-"""A row joins a batch only if its length is at least this fraction of the batch's padded length, so a
-sparse length range (small chunks, long tails) gives more, smaller batches instead of padding waste."""
+MIN_FILL = 0.95
+"""With ``pad_to_multiple_of == 1``, a row joins a batch only if its length is at least this fraction of
+the batch's longest row, so a sparse length range (small chunks, long tails) gives more, smaller batches
+instead of padding waste. With a multiple > 1, each batch holds one padding bucket instead."""
 
 
 def plan_batches(
@@ -56,7 +57,8 @@ def plan_batches(
             batch of its own (the budget bounds batching, it never drops a row).
         max_batch_rows: max rows per batch.
         pad_to_multiple_of: padded length is a multiple of this (1 = pad to the longest row).
-        min_fill: rows shorter than ``min_fill x padded_length`` start a new batch (0 disables).
+        min_fill: with multiple 1, rows shorter than ``min_fill x`` the batch's longest row start a new
+            batch (0 disables). With a multiple > 1 a batch never mixes padding buckets.
 
     Returns:
         Batches covering every index exactly once, longest batch first.
@@ -76,8 +78,10 @@ def plan_batches(
     while start < n:
         padded = round_up(int(arr[order[start]]), pad_to_multiple_of)
         rows = max(1, min(max_batch_rows, token_budget // padded, n - start))
-        if min_fill > 0:
-            floor = min_fill * padded
+        # pad multiple > 1: a batch holds one padding bucket ((padded - multiple, padded]), which costs no
+        # padding beyond the rounding itself; multiple 1: rows down to min_fill x the longest row
+        floor = padded - pad_to_multiple_of + 1 if pad_to_multiple_of > 1 else min_fill * int(arr[order[start]])
+        if floor > 0:
             window = arr[order[start : start + rows]]
             rows = max(1, int(np.count_nonzero(window >= floor)))  # window is sorted descending
         batches.append(Batch(indices=order[start : start + rows], padded_length=padded))

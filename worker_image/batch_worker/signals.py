@@ -37,6 +37,7 @@ class StopSignal:
         self.signal_name: str | None = None
         self.received_at: float | None = None
         self._previous: dict[int, object] = {}
+        self._timer: threading.Timer | None = None
 
     @property
     def requested(self) -> bool:
@@ -51,6 +52,10 @@ class StopSignal:
         return self
 
     def uninstall(self) -> None:
+        """Restore the previous handlers and cancel a pending grace-period watchdog."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
@@ -69,6 +74,7 @@ class StopSignal:
         timer = threading.Timer(max(self.grace_seconds - 1.0, 0.9 * self.grace_seconds), self._hard_exit, args=("grace period over",))
         timer.daemon = True
         timer.start()
+        self._timer = timer
 
     def _hard_exit(self, why: str) -> None:
         log.error("%s: abandoning in-flight work, exiting %d now", why, int(ExitCode.INTERRUPTED))

@@ -7,7 +7,8 @@ Rules, applied to every row of the shard in shard order (so a rerun classifies r
 2. an id seen earlier in the shard -> ``duplicate_id`` (the first occurrence is the one processed);
 3. null text -> ``null_text``; non-string text -> ``non_string_text``; empty or whitespace-only text ->
    ``empty_text``; invalid UTF-8 -> repaired with U+FFFD and flagged ``text_repaired`` (kept);
-4. rows already committed under the current fingerprint (the resume ledger) are skipped.
+4. rows already committed under the current fingerprint (the resume ledger) are skipped: results by id,
+   dead letters (including those an engine produced) by source position.
 
 Every id is converted to a string (integers in decimal).
 """
@@ -108,15 +109,13 @@ class Validator:
                     reason, detail = DeadLetterReason.DUPLICATE_ID, f"id {rid!r} appears earlier in the shard"
                 else:
                     self.seen.add(rid)
-                    if rid in self.done_ids:
-                        skipped += 1
-                        continue
-                    reason, detail = text_problem(block.texts[i])
+            if (uri, row) in self.done_dead or (reason is None and rid in self.done_ids):
+                skipped += 1  # committed before (a dead letter by position, a result by id)
+                continue
+            if reason is None:
+                reason, detail = text_problem(block.texts[i])
             if reason is not None:
-                if (uri, row) in self.done_dead:
-                    skipped += 1
-                else:
-                    dead.append(DeadLetter(rid, reason, detail, uri, row))
+                dead.append(DeadLetter(rid, reason, detail, uri, row))
                 continue
             keep.append(i)
             ids.append(rid)

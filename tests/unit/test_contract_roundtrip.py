@@ -1,0 +1,146 @@
+"""Round trips of the data contract: manifest, marker, attempt, progress, schemas, layout, storage."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from batch_contract import storage
+from batch_contract.engine_config import ConfigError, EncoderConfig, WorkerSettings, engine_config_from_dict
+from batch_contract.enums import DeadLetterReason, ExitCode, ShardStatus
+from batch_contract.layout import TEMP_MARK, RunLayout, chunk_of, part_name, shard_id_for, validate_run_id
+from batch_contract.manifest import (
+    InputFile,
+    InputSpec,
+    Manifest,
+    Segment,
+    ShardSpec,
+    config_fingerprint,
+    result_fingerprint,
+)
+from batch_contract.marker import STAGES, AttemptRecord, ShardMarker, ShardProgress
+from batch_contract.schemas import DEAD_LETTER_SCHEMA, part_schema
+from batch_contract.version import SCHEMA_VERSION
+
+
+def _manifest(**engine) -> Manifest:
+    return Manifest(
+        run_id="manual__2026-11-30T02:43:00+00:00",
+        input=InputSpec(
+            uri="/data/x.parquet", format="parquet", id_column="id", text_column="text",
+            files=[InputFile(uri="/data/x.parquet", rows=10, row_group_rows=[6, 4], size_bytes=123)],
+        ),
+        shards=[ShardSpec("00000", [Segment(0, 0, 6)], est_tokens=500), ShardSpec("00001", [Segment(0, 6, 10)])],
+        engine={"kind": "encoder", **engine},
+        worker=WorkerSettings(chunk_rows=3),
+        params={"table": "t"},
+    )
+
+
+def test_manifest_round_trip_keeps_every_field() -> None:
+    m = _manifest(pooling="cls")
+    back = Manifest.from_json_bytes(m.to_json_bytes())
+    assert back == m
+    assert back.rows == 10 and back.shard("00001").rows == 4
+    assert back.config_fingerprint == config_fingerprint(m.engine)
+    with pytest.raises(KeyError, match="00007"):
+        back.shard("00007")
+
+
+def test_fingerprint_changes_with_engine_config_and_model_digest() -> None:
+    a, b = _manifest(pooling="mean"), _manifest(pooling="cls")
+    assert a.config_fingerprint != b.config_fingerprint
+    assert result_fingerprint(a.config_fingerprint, "d1") != result_fingerprint(a.config_fingerprint, "d2")
+    assert result_fingerprint(a.config_fingerprint, "d1") == result_fingerprint(a.config_fingerprint, "d1")
+
+
+def test_manifest_rejects_bad_engine_config_naming_the_field() -> None:
+    with pytest.raises(ConfigError, match="engine.pooling"):
+        _manifest(pooling="max")
+    with pytest.raises(ConfigError, match="unknown field"):
+        engine_config_from_dict({"kind": "encoder", "poolin": "mean"})
+    assert isinstance(engine_config_from_dict({"kind": "encoder"}), EncoderConfig)
+
+
+def test_manifest_refuses_unreadable_schema_version() -> None:
+    data = _manifest().to_dict()
+    data["schema_version"] = SCHEMA_VERSION + 5
+    with pytest.raises(ValueError, match="schema_version"):
+        Manifest.from_dict(data)
+
+
+def test_marker_attempt_progress_round_trip() -> None:
+    attempt = AttemptRecord(attempt_id="a1", shard_id="00000", started_at="t0", exit_code=75,
+                            status=ShardStatus.INTERRUPTED.value, rows_committed=3, rows_processed=5,
+                            stage_seconds=dict.fromkeys(STAGES, 1.5), tokens_real=10, tokens_padded=16,
+                            fingerprint="fp")
+    assert AttemptRecord.from_json_bytes(attempt.to_json_bytes()) == attempt
+    marker = ShardMarker(run_id="r", shard_id="00000", fingerprint="fp", rows_input=6, rows_ok=5,
+                         rows_dead_letter=1, dead_letter_reasons={DeadLetterReason.NULL_TEXT.value: 1},
+                         tokens_real=90, tokens_padded=100, attempts=[attempt.__dict__], parts=["part-00000-x.parquet"])
+    back = ShardMarker.from_json_bytes(marker.to_json_bytes())
+    assert back == marker and back.padding_efficiency == pytest.approx(0.9)
+    progress = ShardProgress(shard_id="00000", status="running", rows_total=6, rows_done=3, rows_dead_letter=0,
+                             rows_per_s=1.5, eta_s=2.0, updated_at="t")
+    assert ShardProgress.from_json_bytes(progress.to_json_bytes()) == progress
+
+
+def test_attempt_record_from_before_the_added_fields_still_reads() -> None:
+    old = b'{"attempt_id": "a", "shard_id": "00000", "started_at": "t", "schema_version": 1}'
+    rec = AttemptRecord.from_json_bytes(old)
+    assert rec.tokens_padded == 0 and rec.fingerprint == "" and rec.status == "running"
+
+
+def test_part_and_dead_letter_schemas_survive_parquet() -> None:
+    schema = part_schema("embedding", 4)
+    table = pa.table(
+        {"id": ["a"], "fingerprint": ["fp"], "n_tokens": pa.array([3], pa.int32()), "truncated": [False],
+         "text_repaired": [True], "embedding": pa.array([[0.1, 0.2, 0.3, 0.4]], schema.field("embedding").type)},
+        schema=schema,
+    )
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    assert pq.read_table(io.BytesIO(buf.getvalue())).schema.equals(schema)
+    assert part_schema("classification").names[-2:] == ["label", "score"]
+    assert "reason" in DEAD_LETTER_SCHEMA.names
+    with pytest.raises(ValueError):
+        part_schema("embedding")
+    with pytest.raises(ValueError):
+        part_schema("regression")
+
+
+def test_layout_uris_and_names() -> None:
+    layout = RunLayout("gs://bucket/prefix/", "run1")
+    assert layout.run_dir == "gs://bucket/prefix/runs/run1"
+    assert RunLayout.from_run_dir(layout.run_dir) == RunLayout("gs://bucket/prefix", "run1")
+    assert layout.marker_uri("00003").endswith("/runs/run1/shards/00003/_SUCCESS.json")
+    assert shard_id_for(7) == "00007"
+    name = part_name("part-", 12)
+    assert chunk_of(name) == 12 and chunk_of(f"{TEMP_MARK}{name}") is None and chunk_of("_SUCCESS.json") is None
+    assert part_name("part-", 12) != name
+    for bad in ("a/b", "..", "a b"):
+        with pytest.raises(ValueError):
+            validate_run_id(bad)
+    with pytest.raises(ValueError):
+        layout.shard_dir("7")
+
+
+def test_storage_create_only_semantics(tmp_path: Path) -> None:
+    uri = str(tmp_path / "s" / "part-00000-a.parquet")
+    storage.write_create_only(uri, b"x")
+    storage.write_create_only(uri, b"x")  # same content: a retried commit is a no-op
+    with pytest.raises(storage.AlreadyExistsError):
+        storage.write_create_only(uri, b"y")
+    storage.write_replace(str(tmp_path / "s" / "_PROGRESS.json"), b"1")
+    storage.write_replace(str(tmp_path / "s" / "_PROGRESS.json"), b"2")
+    assert storage.read_bytes(str(tmp_path / "s" / "_PROGRESS.json")) == b"2"
+    (tmp_path / "s" / f"{TEMP_MARK}part-00001-b.parquet-1").write_bytes(b"partial")
+    assert storage.list_names(str(tmp_path / "s")) == ["_PROGRESS.json", "part-00000-a.parquet"]
+    assert storage.clean_temp(str(tmp_path / "s")) == 1
+
+
+def test_exit_codes_are_the_documented_values() -> None:
+    assert [int(c) for c in ExitCode] == [0, 1, 2, 75]
