@@ -186,6 +186,13 @@ def publish_target(cfg: RunConfig):
     return PublishTarget(backend="postgres", table=cfg.output_table, dsn=dsn)
 
 
+def empty_publish_summary(cfg: RunConfig, fingerprint: str) -> dict[str, Any]:
+    """The publish summary of a run with no input rows: a no-op that leaves the table untouched."""
+    return {"table": cfg.output_table, "backend": cfg.publish_backend, "fingerprint": fingerprint,
+            "rows_input": 0, "rows_published": 0, "rows_dead_letter": 0, "rows_missing": 0,
+            "duplicates_removed": 0, "publish_seconds": 0.0, "noop": True, "success_ratio": 1.0}
+
+
 def publish_and_report_task(context: Mapping[str, Any], gate: dict[str, Any] | None, asset: Any) -> dict:
     """Publish the run atomically, write its report, and attach key figures to the outlet Asset event.
 
@@ -197,9 +204,13 @@ def publish_and_report_task(context: Mapping[str, Any], gate: dict[str, Any] | N
 
     cfg = run_config(context)
     run_dir = run_dir_of(cfg, context["run_id"])
-    target = publish_target(cfg)
-    summary = publish_run(run_dir, target, min_success_ratio=cfg.min_success_ratio)
-    log.info("published: %s", summary)
+    manifest = manifest_for(run_dir)
+    if not manifest.shards:
+        summary = empty_publish_summary(cfg, manifest.config_fingerprint)
+        log.info("empty input: nothing to publish; table %s left as it was", cfg.output_table)
+    else:
+        summary = publish_run(run_dir, publish_target(cfg), min_success_ratio=cfg.min_success_ratio)
+        log.info("published: %s", summary)
     report = build_report(run_dir, dag_id=context["dag"].dag_id, publish_summary=summary,
                           cost_params=cfg.cost_params())
     extra = {**asset_extra(report), "run_id": context["run_id"], "table": summary.get("table"),
