@@ -94,11 +94,13 @@ def _short(line: str) -> str:
 
 
 def _conf(args: argparse.Namespace) -> dict[str, Any]:
-    output = str(Path(args.output).resolve())
+    # gs:// (or file://) output stays a URI; the DuckDB file is always local (repo output/ for gs://).
+    remote = "://" in args.output
+    output = args.output if remote else str(Path(args.output).resolve())
     conf: dict[str, Any] = {
         "input_uri": args.input if "://" in args.input else str(Path(args.input).resolve()),
         "output_root": output,
-        "duckdb_path": str(Path(output) / "warehouse.duckdb"),
+        "duckdb_path": str((REPO_ROOT / "output" if remote else Path(output)) / "warehouse.duckdb"),
         "runner": args.runner,
         "rows_per_shard": args.rows_per_shard,
         "parallelism": args.parallelism,

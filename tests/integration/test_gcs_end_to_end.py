@@ -101,3 +101,26 @@ def test_worker_gate_publish_report_on_gcs(gcs_bucket: str, tmp_path: Path) -> N
     build_report(layout.run_dir, dag_id="gcs_e2e", publish_summary=summary, cost_params=None)
     report = json.loads(storage.read_bytes(layout.report_json_uri))
     assert report and storage.exists(layout.report_html_uri)
+
+
+def test_backfill_dag_with_gcs_input_and_output(gcs_bucket: str, tmp_path: Path) -> None:
+    """``airflow dags test batch_inference_backfill`` (local runner): gs:// input, gs:// output root."""
+    from batch_inference.cli import airflow_env, dags_test, ensure_db
+
+    input_uri = upload_sample(gcs_bucket)
+    output_root = f"{gcs_bucket}/dag-out"
+    env = airflow_env(tmp_path / "airflow_home")
+    env.update(WORKER_ENV, PYTHONPATH=f"{WORKER_ENV['PYTHONPATH']}{os.pathsep}{env['PYTHONPATH']}")
+    ensure_db(env)
+    conf = {"input_uri": input_uri, "output_root": output_root, "duckdb_path": str(tmp_path / "w.duckdb"),
+            "runner": "local", "rows_per_shard": 30, "row_limit": 30, "parallelism": 1,
+            "output_table": "gcs_dag_emb"}
+    log_path = tmp_path / "dags-test.log"
+    code, report_uri = dags_test("batch_inference_backfill", conf, env, log_path)
+    assert code == 0, log_path.read_text(errors="replace")[-4000:]
+    assert report_uri.startswith(f"{output_root}/runs/") and report_uri.endswith("/report.json")
+    layout = RunLayout.from_run_dir(report_uri.rsplit("/", 1)[0])
+    assert storage.list_names(layout.shards_dir()) == ["00000"]
+    assert MARKER_NAME in storage.list_names(layout.shard_dir("00000"))
+    with duckdb.connect(str(tmp_path / "w.duckdb"), read_only=True) as con:
+        assert con.execute("select count(*) from gcs_dag_emb").fetchone() == (30,)
