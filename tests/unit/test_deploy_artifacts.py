@@ -40,6 +40,7 @@ fake_gcs, gcs_bucket = gcs_fixture.fake_gcs, gcs_fixture.gcs_bucket
 REPO = Path(__file__).resolve().parents[2]
 WORKER_DOCKERFILE = REPO / "worker_image" / "Dockerfile"
 COMPOSE_FILE = REPO / "docker-compose.yaml"
+KIND_OVERRIDE = REPO / "deploy" / "compose" / "kind.yaml"
 ENV_EXAMPLE = REPO / ".env.example"
 K8S_DIR = REPO / "deploy" / "k8s"
 SYNC_SCRIPT = REPO / "worker_image" / "entrypoint.sh"
@@ -264,9 +265,11 @@ def _compose_binary() -> Path:
     return path
 
 
-def _compose(*args: str, env_file: Path = ENV_EXAMPLE) -> subprocess.CompletedProcess[str]:
+def _compose(*args: str, env_file: Path = ENV_EXAMPLE, overrides: tuple[Path, ...] = ()
+             ) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k in {"PATH", "HOME", "TMPDIR"}}
-    cmd = [str(_compose_binary()), "--project-directory", str(REPO), "-f", str(COMPOSE_FILE),
+    files = [arg for path in (COMPOSE_FILE, *overrides) for arg in ("-f", str(path))]
+    cmd = [str(_compose_binary()), "--project-directory", str(REPO), *files,
            "--env-file", str(env_file), "--profile", "gcs", "--profile", "gpu", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env, cwd=REPO)
 
@@ -402,8 +405,25 @@ def test_airflow_side_packages_agree_across_compose_image_and_pyproject(compose_
     assert specs["apache-airflow"].contains("3.3.2")
 
 
+def test_kind_override_points_the_pod_launchers_at_the_cluster(compose_validator) -> None:
+    result = _compose("config", "--format", "json", overrides=(KIND_OVERRIDE,))
+    assert result.returncode == 0, result.stderr
+    merged = json.loads(result.stdout)
+    assert _schema_errors(compose_validator, merged) == []
+    assert merged["networks"]["kind"]["external"] is True
+    for name in ("airflow-scheduler", "airflow-triggerer"):
+        svc = merged["services"][name]
+        assert set(svc["networks"]) == {"default", "kind"}
+        assert "/opt/airflow/dags" in {v["target"] for v in svc["volumes"]}, "override replaced the mounts"
+        conn = json.loads(svc["environment"]["AIRFLOW_CONN_KUBERNETES_DEFAULT"])
+        kube_mount = next(v for v in svc["volumes"] if v["target"] == "/opt/airflow/kube")
+        assert conn["extra"]["kube_config_path"].startswith(kube_mount["target"] + "/")
+        assert conn["extra"]["namespace"] == K8sSettings().namespace
+
+
 def test_env_example_declares_every_variable_the_compose_file_uses() -> None:
-    used = set(re.findall(r"(?<!\$)\$\{([A-Za-z_][A-Za-z0-9_]*)", COMPOSE_FILE.read_text()))
+    text = COMPOSE_FILE.read_text() + KIND_OVERRIDE.read_text()
+    used = set(re.findall(r"(?<!\$)\$\{([A-Za-z_][A-Za-z0-9_]*)", text))
     declared = {line.split("=", 1)[0] for line in ENV_EXAMPLE.read_text().splitlines()
                 if line and not line.startswith("#") and "=" in line}
     assert used - declared == set(), f"add to .env.example: {sorted(used - declared)}"
