@@ -234,3 +234,46 @@ def fault_proxy(fake_gcs: FakeGcsServer, monkeypatch: pytest.MonkeyPatch) -> Ite
         yield proxy
     finally:
         proxy.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run fake-gcs-server in the foreground for manual use (``make run`` against the emulator).
+
+    ``python tests/gcs_fixture.py --port 4443 --bucket demo --upload data/sample/x.parquet=gs://demo/in/x.parquet``
+    prints the ``export STORAGE_EMULATOR_HOST=...`` line and serves until Ctrl-C (in-memory: data is lost).
+    """
+    import argparse
+    import signal
+    import sys
+
+    parser = argparse.ArgumentParser(description="fake-gcs-server on 127.0.0.1 for manual runs")
+    parser.add_argument("--port", type=int, default=4443)
+    parser.add_argument("--bucket", action="append", default=[], help="bucket to create (repeatable)")
+    parser.add_argument("--upload", action="append", default=[], metavar="PATH=gs://BUCKET/NAME",
+                        help="local file to upload after start (repeatable)")
+    args = parser.parse_args(argv)
+    server = FakeGcsServer(args.port).start()
+    os.environ["STORAGE_EMULATOR_HOST"] = server.url
+    try:
+        for name in args.bucket:
+            server.create_bucket(name)
+        if args.upload:
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins"))
+            from batch_contract import storage
+
+            for spec in args.upload:
+                path, _, uri = spec.partition("=")
+                storage.write_create_only(uri, Path(path).read_bytes())
+                print(f"uploaded {path} -> {uri}", flush=True)
+        print(f"export STORAGE_EMULATOR_HOST={server.url}", flush=True)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
