@@ -109,8 +109,11 @@ def existing_marker(ctx: ShardContext) -> ShardMarker | None:
 
 
 def new_attempt_id() -> str:
-    """``<UTC compact time>-<8 hex>``: sorts by start time, unique across pods."""
-    return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:8]}"
+    """``<UTC compact time, microseconds>-<8 hex>``, e.g. ``20261130T024300.123456Z-1a2b3c4d``: sorts by
+    start time, unique across pods."""
+    now = time.time()
+    micros = int((now % 1) * 1_000_000)
+    return f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime(now))}.{micros:06d}Z-{uuid.uuid4().hex[:8]}"
 
 
 class ShardRun:
