@@ -323,6 +323,11 @@ def test_compose_has_the_airflow_stack_and_both_profiles(compose_resolved) -> No
     (device,) = worker["deploy"]["resources"]["reservations"]["devices"]
     assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
     assert worker["build"]["dockerfile"] == "worker_image/Dockerfile"
+    # The wrapper is installed under that name, and its MODEL_DIR is on a volume the image's user owns.
+    assert worker["entrypoint"] == ["batch-worker-sync-model", "batch-worker"]
+    assert "/usr/local/bin/batch-worker-sync-model" in WORKER_DOCKERFILE.read_text()
+    cache = next(v for v in worker["volumes"] if v["target"] == "/cache")
+    assert cache["type"] == "volume" and worker["environment"]["MODEL_DIR"].startswith("/cache/")
 
 
 def _bind_sources(compose: dict[str, Any]) -> list[str]:
