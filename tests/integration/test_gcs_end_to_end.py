@@ -54,6 +54,25 @@ def part_names(layout: RunLayout, shard_id: str) -> list[str]:
     return [n for n in storage.list_names(layout.shard_dir(shard_id)) if n.startswith(PART_PREFIX)]
 
 
+def test_planner_resolves_gcs_directories_like_local_ones(gcs_bucket: str, tmp_path: Path) -> None:
+    """A gs:// directory (with the empty ``dir/`` object some writers leave) lists like a local one."""
+    from batch_contract import gcs
+    from batch_inference.planner import resolve_input_files
+
+    data = SAMPLE.read_bytes()
+    for name in ("a.parquet", "b.parquet", "sub/c.parquet", "_SUCCESS"):
+        storage.write_create_only(f"{gcs_bucket}/in/{name}", data)
+        (tmp_path / "in" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "in" / name).write_bytes(data)
+    gcs.client().bucket(gcs_bucket[len("gs://"):]).blob("in/").upload_from_string(b"")
+    for suffix in ("", "/", "/*.parquet"):
+        fmt, uris = resolve_input_files(f"{gcs_bucket}/in{suffix}")
+        local_fmt, local_paths = resolve_input_files(f"{tmp_path}/in{suffix}")
+        assert fmt == local_fmt
+        assert [u[len(gcs_bucket):] for u in uris] == [p[len(str(tmp_path)):] for p in local_paths]
+        assert len(uris) == 3
+
+
 def test_worker_gate_publish_report_on_gcs(gcs_bucket: str, tmp_path: Path) -> None:
     from batch_inference.completion import check_completion
     from batch_inference.planner import PlanRequest, plan
