@@ -60,6 +60,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"publish: invalid argument: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # database driver errors (psycopg.Error, duckdb.Error): one line, exit 1
+        print(f"publish: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
     print(json.dumps(result, sort_keys=True))
     return 0
 

@@ -66,7 +66,9 @@ def publish_run(
         Summary dict: ``table``, ``backend``, ``run_id``, ``fingerprint``, ``rows_input``,
         ``rows_published``, ``rows_dead_letter``, ``rows_missing``, ``duplicates_removed``,
         ``publish_seconds`` (wall seconds of this call), ``noop``, ``success_ratio``,
-        ``min_success_ratio``, ``dead_letters_table``, ``previous_table``, ``published_at``.
+        ``min_success_ratio``, ``dead_letters_table``, ``previous_table``, ``published_at``,
+        ``stage_seconds`` (wall seconds of ``coverage``, ``load`` (staging + primary key), ``swap``;
+        empty for a no-op).
 
     Raises:
         PublishError: missing markers, mixed or stale fingerprints, bad part files.
@@ -77,11 +79,14 @@ def publish_run(
         raise ValueError(f"min_success_ratio: {min_success_ratio} is not in (0, 1]")
     start = time.perf_counter()
     inv = load_inventory(run_dir)
+    stages: dict[str, float] = {}
     record, noop = _backend(target).publish(
         inv, target, min_success_ratio=min_success_ratio,
-        make_record=_record_maker(inv, min_success_ratio), after_staging=after_staging,
+        make_record=_record_maker(inv, min_success_ratio), after_staging=after_staging, stages=stages,
     )
-    return _summary(target, record, noop, time.perf_counter() - start)
+    summary = _summary(target, record, noop, time.perf_counter() - start)
+    summary["stage_seconds"] = stages
+    return summary
 
 
 def _summary(target: PublishTarget, record: PublishRecord, noop: bool, seconds: float) -> dict[str, Any]:

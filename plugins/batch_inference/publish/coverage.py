@@ -18,11 +18,18 @@ from dataclasses import dataclass
 import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
-from batch_contract.enums import DeadLetterReason
+from batch_contract import storage
+from batch_contract.enums import DeadLetterReason, InputFormat
 from batch_contract.schemas import DEAD_LETTER_SCHEMA
 
 from batch_inference.publish.errors import CoverageError, PublishError
-from batch_inference.publish.expected import ID_BATCH_SCHEMA, NULL_ROW_SCHEMA, iter_expected
+from batch_inference.publish.expected import (
+    ID_BATCH_SCHEMA,
+    NULL_ROW_SCHEMA,
+    check_id_type,
+    iter_expected,
+    merged_ranges,
+)
 from batch_inference.publish.inventory import RunInventory
 
 SAMPLE_SIZE = 10
@@ -86,12 +93,52 @@ def _q(name: str) -> str:
 
 
 def _load_expected(con: duckdb.DuckDBPyConnection, inv: RunInventory) -> None:
+    """Expected ids into ``_pub_expected`` and null-id positions into ``_pub_expected_null``.
+
+    Local Parquet inputs are read by DuckDB itself (id column only, row ranges filtered on
+    ``file_row_number``); JSONL and ``gs://`` inputs stream through :func:`iter_expected`.
+    """
     con.execute("CREATE OR REPLACE TEMP TABLE _pub_expected (id VARCHAR)")
     con.execute("CREATE OR REPLACE TEMP TABLE _pub_expected_null (source_uri VARCHAR, source_row BIGINT)")
+    column = inv.manifest.input.id_column
+    streamed: set[int] = set()
+    for file_index, ranges in merged_ranges(inv.manifest).items():
+        info = inv.manifest.input.files[file_index]
+        if inv.manifest.input.format != InputFormat.PARQUET.value or storage.is_gcs(info.uri):
+            streamed.add(file_index)
+            continue
+        _load_expected_parquet(con, info.uri, column, ranges)
+    if streamed:
+        _load_expected_streamed(con, inv, streamed)
+
+
+def _load_expected_parquet(con: duckdb.DuckDBPyConnection, uri: str, column: str,
+                           ranges: list[tuple[int, int]]) -> None:
+    path = str(storage.local_path(uri).resolve())
+    meta = pq.read_metadata(path)
+    schema = meta.schema.to_arrow_schema()
+    if column not in schema.names:
+        raise PublishError(f"{uri}: no id column {column!r} (columns: {schema.names})")
+    check_id_type(schema.field(column).type, column, uri)
+    if ranges[-1][1] > meta.num_rows:
+        raise PublishError(f"{uri}: has {meta.num_rows} rows but the manifest asks for rows up to {ranges[-1][1]}")
+    if ranges == [(0, meta.num_rows)]:
+        cond = "true"
+    else:
+        cond = " OR ".join(f"(file_row_number >= {int(lo)} AND file_row_number < {int(hi)})" for lo, hi in ranges)
+    scan = f"read_parquet($path, file_row_number=true) WHERE ({cond})"
+    col = _q(column)
+    con.execute(f"INSERT INTO _pub_expected SELECT CAST({col} AS VARCHAR) FROM {scan} AND {col} IS NOT NULL",
+                {"path": path})
+    con.execute(f"INSERT INTO _pub_expected_null SELECT $uri, file_row_number FROM {scan} AND {col} IS NULL",
+                {"path": path, "uri": uri})
+
+
+def _load_expected_streamed(con: duckdb.DuckDBPyConnection, inv: RunInventory, files: set[int]) -> None:
     null_batches: list[pa.RecordBatch] = []
 
     def ids():
-        for batch in iter_expected(inv.manifest):
+        for batch in iter_expected(inv.manifest, file_indices=files):
             if batch.null_rows.num_rows:
                 null_batches.append(batch.null_rows)
             yield batch.ids
@@ -148,10 +195,12 @@ def _load_part_keys(con: duckdb.DuckDBPyConnection, inv: RunInventory, parts: li
     if nulls:
         raise PublishError(f"{nulls[0][0]}: {nulls[0][1]} result row(s) with a null id")
     _check_fingerprint(con, "_pub_keys", inv.fingerprint, "part file")
+    total, distinct = con.execute("SELECT count(*), count(DISTINCT id) FROM _pub_keys").fetchall()[0]
+    where = "WHERE rn > 1" if total != distinct else "WHERE false"  # skip the window when no duplicates
     con.execute(
         "CREATE OR REPLACE TEMP TABLE _pub_drop AS SELECT filename, file_row_number FROM ("
         " SELECT filename, file_row_number, row_number() OVER (PARTITION BY id ORDER BY filename,"
-        " file_row_number) AS rn FROM _pub_keys) WHERE rn > 1"
+        f" file_row_number) AS rn FROM _pub_keys {where}) WHERE rn > 1"
     )
     return con.execute("SELECT count(*) FROM _pub_drop").fetchall()[0][0]
 
@@ -200,39 +249,37 @@ def _duck_type(t: pa.DataType) -> str:
     return {pa.string(): "VARCHAR", pa.int64(): "BIGINT"}[t]
 
 
-def _missing(con: duckdb.DuckDBPyConnection) -> tuple[int, list[str]]:
-    covered = "(SELECT id FROM _pub_keys UNION SELECT id FROM _pub_dead WHERE keep AND id IS NOT NULL)"
-    n_ids = con.execute(f"SELECT count(*) FROM _pub_expected e ANTI JOIN {covered} c USING (id)").fetchall()[0][0]
-    null_cov = "(SELECT source_uri, source_row FROM _pub_dead WHERE keep AND id IS NULL)"
-    null_join = f"_pub_expected_null e ANTI JOIN {null_cov} c USING (source_uri, source_row)"
-    n_null = con.execute(f"SELECT count(*) FROM {null_join}").fetchall()[0][0]
-    sample = [r[0] for r in con.execute(
-        f"SELECT e.id FROM _pub_expected e ANTI JOIN {covered} c USING (id) ORDER BY e.id LIMIT {SAMPLE_SIZE}"
+_COVERED = "(SELECT id FROM _pub_keys UNION SELECT id FROM _pub_dead WHERE keep AND id IS NOT NULL)"
+_EXPECTED = "(SELECT id, count(*) AS n FROM _pub_expected GROUP BY id)"
+_NULL_COVERED = "(SELECT source_uri, source_row FROM _pub_dead WHERE keep AND id IS NULL)"
+
+
+def _coverage_counts(con: duckdb.DuckDBPyConnection) -> tuple[int, int]:
+    """``(rows_missing, unexpected)`` in one full outer join of expected and covered ids (+ null ids)."""
+    missing, unexpected = con.execute(
+        f"SELECT coalesce(sum(e.n) FILTER (WHERE c.id IS NULL), 0), count(*) FILTER (WHERE e.id IS NULL) "
+        f"FROM {_EXPECTED} e FULL OUTER JOIN {_COVERED} c ON e.id = c.id"
+    ).fetchall()[0]
+    null_missing, null_unexpected = con.execute(
+        f"SELECT count(*) FILTER (WHERE c.source_row IS NULL), count(*) FILTER (WHERE e.source_row IS NULL) "
+        f"FROM _pub_expected_null e FULL OUTER JOIN {_NULL_COVERED} c "
+        "ON e.source_uri = c.source_uri AND e.source_row = c.source_row"
+    ).fetchall()[0]
+    return int(missing) + int(null_missing), int(unexpected) + int(null_unexpected)
+
+
+def _sample(con: duckdb.DuckDBPyConnection, *, missing: bool) -> list[str]:
+    """Up to 10 missing (or unexpected) ids, then ``<source_uri>#<row>`` of null-id positions."""
+    left, right = (_EXPECTED, _COVERED) if missing else (_COVERED, _EXPECTED)
+    ids = [r[0] for r in con.execute(
+        f"SELECT a.id FROM {left} a ANTI JOIN {right} b ON a.id = b.id ORDER BY 1 LIMIT {SAMPLE_SIZE}"
     ).fetchall()]
-    if len(sample) < SAMPLE_SIZE and n_null:
-        sample += [f"{u}#{r}" for u, r in con.execute(
-            f"SELECT source_uri, source_row FROM {null_join} ORDER BY 1, 2 LIMIT {SAMPLE_SIZE - len(sample)}"
-        ).fetchall()]
-    return n_ids + n_null, sample
-
-
-def _unexpected(con: duckdb.DuckDBPyConnection) -> tuple[int, list[str]]:
-    extra = (
-        "(SELECT id FROM _pub_keys UNION SELECT id FROM _pub_dead WHERE keep AND id IS NOT NULL) c "
-        "ANTI JOIN (SELECT DISTINCT id FROM _pub_expected) e USING (id)"
-    )
-    n = con.execute(f"SELECT count(*) FROM {extra}").fetchall()[0][0]
-    sample = [r[0] for r in con.execute(f"SELECT c.id FROM {extra} ORDER BY 1 LIMIT {SAMPLE_SIZE}").fetchall()]
-    null_extra = (
-        "(SELECT source_uri, source_row FROM _pub_dead WHERE keep AND id IS NULL) c "
-        "ANTI JOIN _pub_expected_null e USING (source_uri, source_row)"
-    )
-    n_null = con.execute(f"SELECT count(*) FROM {null_extra}").fetchall()[0][0]
-    if n_null:
-        sample += [f"{u}#{r}" for u, r in con.execute(
-            f"SELECT source_uri, source_row FROM {null_extra} ORDER BY 1, 2 LIMIT {SAMPLE_SIZE}"
-        ).fetchall()]
-    return n + n_null, sample[:SAMPLE_SIZE]
+    left, right = ("_pub_expected_null", _NULL_COVERED) if missing else (_NULL_COVERED, "_pub_expected_null")
+    nulls = con.execute(
+        f"SELECT a.source_uri, a.source_row FROM {left} a ANTI JOIN {right} b "
+        f"ON a.source_uri = b.source_uri AND a.source_row = b.source_row ORDER BY 1, 2 LIMIT {SAMPLE_SIZE}"
+    ).fetchall()
+    return (ids + [f"{u}#{r}" for u, r in nulls])[:SAMPLE_SIZE]
 
 
 def check_coverage(
@@ -274,14 +321,15 @@ def check_coverage(
         con.execute("CREATE OR REPLACE TEMP TABLE _pub_empty_results (id VARCHAR, fingerprint VARCHAR)")
         dup_results = 0
     dup_dead = _load_dead_letters(con, inv, dead)
-    n_unexpected, unexpected_sample = _unexpected(con)
+    rows_missing, n_unexpected = _coverage_counts(con)
     if n_unexpected:
+        unexpected_sample = _sample(con, missing=False)
         raise CoverageError(
             f"run {inv.run_id}: {n_unexpected} result/dead-letter id(s) are not in the manifest's input "
             f"rows (sample: {unexpected_sample}); the run directory does not match its manifest",
             missing=0, unexpected=n_unexpected, sample=unexpected_sample,
         )
-    rows_missing, sample = _missing(con)
+    sample = _sample(con, missing=True) if rows_missing else []
     published = con.execute("SELECT count(DISTINCT id) FROM _pub_keys").fetchall()[0][0]
     dead_rows = con.execute("SELECT count(*) FROM _pub_dead WHERE keep").fetchall()[0][0]
     cov = Coverage(

@@ -41,13 +41,8 @@ class ExpectedBatch:
 
 
 def _ids_to_string(col: pa.Array, column: str, uri: str) -> pa.Array:
-    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
-        return pc.cast(col, pa.string())
-    if pa.types.is_string_view(col.type) or pa.types.is_integer(col.type):
-        return pc.cast(col, pa.string())
-    raise PublishError(
-        f"{uri}: id column {column!r} has type {col.type}; publish matches ids as strings or integers"
-    )
+    check_id_type(col.type, column, uri)
+    return pc.cast(col, pa.string())
 
 
 def _split(ids: pa.Array, uri: str, first_row: int) -> ExpectedBatch:
@@ -140,12 +135,47 @@ def _jsonl_id(raw: bytes, column: str) -> str | None:
     return None
 
 
-def iter_expected(manifest: Manifest, batch_rows: int = 65536) -> Iterator[ExpectedBatch]:
+def merged_ranges(manifest: Manifest) -> dict[int, list[tuple[int, int]]]:
+    """Row ranges each input file contributes, adjacent/overlapping segments merged.
+
+    Returns:
+        ``{file_index: [(row_start, row_stop), ...]}`` sorted by start, half-open ranges.
+    """
+    by_file: dict[int, list[tuple[int, int]]] = {}
+    for spec in manifest.shards:
+        for seg in spec.segments:
+            by_file.setdefault(seg.file_index, []).append((seg.row_start, seg.row_stop))
+    merged: dict[int, list[tuple[int, int]]] = {}
+    for file_index, ranges in sorted(by_file.items()):
+        out: list[tuple[int, int]] = []
+        for lo, hi in sorted(ranges):
+            if out and lo <= out[-1][1]:
+                out[-1] = (out[-1][0], max(out[-1][1], hi))
+            else:
+                out.append((lo, hi))
+        merged[file_index] = out
+    return merged
+
+
+def check_id_type(id_type: pa.DataType, column: str, uri: str) -> None:
+    """Raise ``PublishError`` unless the input id column is a string or integer type."""
+    ok = (pa.types.is_string(id_type) or pa.types.is_large_string(id_type)
+          or pa.types.is_string_view(id_type) or pa.types.is_integer(id_type))
+    if not ok:
+        raise PublishError(
+            f"{uri}: id column {column!r} has type {id_type}; publish matches ids as strings or integers"
+        )
+
+
+def iter_expected(
+    manifest: Manifest, batch_rows: int = 65536, file_indices: set[int] | None = None
+) -> Iterator[ExpectedBatch]:
     """Yield every expected id of the run (each shard's segments), one bounded batch at a time.
 
     Args:
         manifest: the run's plan.
         batch_rows: max rows per batch for JSONL inputs (Parquet batches are one row group).
+        file_indices: only these input files (``None``: all).
 
     Yields:
         :class:`ExpectedBatch` items; ids are not de-duplicated here (DuckDB does that).
@@ -160,6 +190,8 @@ def iter_expected(manifest: Manifest, batch_rows: int = 65536) -> Iterator[Expec
             by_file.setdefault(seg.file_index, []).append(seg)
     column = manifest.input.id_column
     for file_index in sorted(by_file):
+        if file_indices is not None and file_index not in file_indices:
+            continue
         info: InputFile = manifest.input.files[file_index]
         segments = sorted(by_file[file_index], key=lambda s: s.row_start)
         if manifest.input.format == InputFormat.JSONL.value:

@@ -25,6 +25,7 @@ from batch_inference.publish.files import localize
 from batch_inference.publish.inventory import RunInventory
 from batch_inference.publish.pg_copy import COPY_HEADER, COPY_TRAILER, PgColumn, encode_batch, pg_columns
 from batch_inference.publish.record import LOG_COLUMNS, PublishRecord
+from batch_inference.publish.stages import StageClock
 from batch_inference.publish.target import (
     SUFFIX_DEAD_LETTERS,
     SUFFIX_PREVIOUS,
@@ -164,6 +165,7 @@ def publish(
     min_success_ratio: float,
     make_record: Callable[[Coverage], PublishRecord],
     after_staging: Callable[[], None] | None = None,
+    stages: dict[str, float] | None = None,
 ) -> tuple[PublishRecord, bool]:
     """Publish ``inv`` into PostgreSQL; same contract as ``duckdb_backend.publish``.
 
@@ -179,16 +181,20 @@ def publish(
             parts = localize(inv.part_files, Path(work) / "parts")
             dead = localize(inv.dead_letter_files, Path(work) / "dead")
             scratch = duckdb.connect(str(Path(work) / "scratch.duckdb"))
+            clock = StageClock(stages)
             try:
                 scratch.execute("SET preserve_insertion_order = false")
                 cov = check_coverage(scratch, inv, parts, dead, min_success_ratio=min_success_ratio)
+                clock.lap("coverage")
                 record = make_record(cov)
                 _load_staging(conn, scratch, target, cov, record)
+                clock.lap("load")
             finally:
                 scratch.close()
         if after_staging is not None:
             after_staging()
         _swap(conn, target, record)
+        clock.lap("swap")
         return record, False
 
 

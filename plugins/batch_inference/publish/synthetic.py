@@ -8,6 +8,7 @@ chunk (duplicate ids), a missing marker, a stale fingerprint.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,7 @@ class RunSpec:
             chunk); the copy's values are offset by 0.5 so de-duplication is observable.
         skip_markers: shard ids that get no ``_SUCCESS.json``.
         stale_fingerprint_shards: shard ids whose rows and marker carry another fingerprint.
+        row_limit: plan only the first ``row_limit`` input rows (the manifest covers part of the file).
     """
 
     task: str = "embedding"
@@ -63,6 +65,7 @@ class RunSpec:
     duplicate_chunk: bool = False
     skip_markers: set[str] = field(default_factory=set)
     stale_fingerprint_shards: set[str] = field(default_factory=set)
+    row_limit: int | None = None
 
 
 def _results_table(ids: list[str], rows: np.ndarray, spec: RunSpec, fp: str, offset: float) -> pa.Table:
@@ -115,28 +118,50 @@ def _write(shard_dir: str, prefix: str, chunk: int, table: pa.Table) -> str:
     return name
 
 
+def write_jsonl_input(path: str | Path, ids: Sequence[str | int | None]) -> str:
+    """Write a JSONL input (``{"id": ..., "text": ...}`` per line, a blank line every 10 rows)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i, rid in enumerate(ids):
+        lines.append(json.dumps({"id": rid, "text": f"text {i}"}))
+        if i % 10 == 9:
+            lines.append("")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def _read_ids(input_path: str) -> list[str | None]:
+    """Input ids as the worker sees them: strings, integers in decimal, ``None`` for null."""
+    if input_path.endswith(".jsonl"):
+        raw = [json.loads(line).get("id") for line in Path(input_path).read_text("utf-8").splitlines()
+               if line.strip()]
+        return [None if v is None else str(v) for v in raw]
+    col = pq.read_table(input_path, columns=["id"]).column("id").combine_chunks()
+    return col.cast(pa.string()).to_pylist()
+
+
 def build_run(output_root: str | Path, run_id: str, input_path: str, spec: RunSpec) -> RunLayout:
     """Write the manifest, part files, dead letters and markers of a synthetic run over ``input_path``.
 
-    Input rows are split into ``spec.shards`` contiguous shards. Null ids become ``null_id`` dead
+    ``input_path`` ending in ``.jsonl`` gives a JSONL manifest, anything else Parquet. Input rows are
+    split into ``spec.shards`` contiguous shards. Null ids become ``null_id`` dead
     letters, repeated ids ``duplicate_id`` dead letters (first occurrence wins), like the worker.
 
     Returns:
         The run's :class:`RunLayout`.
     """
     layout = RunLayout(str(output_root), run_id)
-    id_col = pq.read_table(input_path, columns=["id"]).column("id").combine_chunks()
-    if pa.types.is_integer(id_col.type):
-        id_col = id_col.cast(pa.string())
-    all_ids: list[str | None] = id_col.to_pylist()
-    n = len(all_ids)
+    all_ids = _read_ids(input_path)
+    total = len(all_ids)
+    n = total if spec.row_limit is None else min(spec.row_limit, total)
     bounds = np.linspace(0, n, spec.shards + 1).astype(int)
     shards = [ShardSpec(shard_id_for(i), [Segment(0, int(bounds[i]), int(bounds[i + 1]))])
               for i in range(spec.shards)]
     manifest = Manifest(
         run_id=run_id,
-        input=InputSpec(uri=input_path, format="parquet", id_column="id", text_column="text",
-                        files=[InputFile(uri=input_path, rows=n)]),
+        input=InputSpec(uri=input_path, format="jsonl" if input_path.endswith(".jsonl") else "parquet",
+                        id_column="id", text_column="text", files=[InputFile(uri=input_path, rows=total)]),
         shards=shards,
         engine={"kind": "encoder", "task": "classification" if spec.task == "classification" else "embedding"},
     )

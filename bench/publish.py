@@ -1,0 +1,143 @@
+"""Benchmark: publish 1,000,000 rows x 384-dim float32 embeddings into DuckDB and PostgreSQL.
+
+Builds a synthetic run following the data contract (10 shards, 100,000-row part files, a few dead
+letters), publishes it with :func:`batch_inference.publish.publish_run` into a DuckDB file and into a
+throwaway PostgreSQL cluster (``scripts/pg_test_cluster.sh``, or ``$PG_TEST_DSN`` if set), and compares
+with a naive baseline in the same process: row-by-row ``executemany`` INSERTs of Python lists on a
+small slice (the way a first version would load rows).
+
+Figures: rows/s = published rows / wall seconds of ``publish_run`` (coverage check, staging load,
+primary key, swap). ``peak_rss_mb`` is this process's peak resident set (``ru_maxrss``), which includes
+DuckDB's memory; the PostgreSQL server's own memory is a separate process and not counted.
+Last line: one JSON object.
+
+Usage: ``make bench-publish`` (env ``BENCH_PUBLISH_ROWS`` overrides the row count).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "plugins"))
+
+from batch_inference.publish import PublishTarget, publish_run  # noqa: E402
+from batch_inference.publish.synthetic import RunSpec, build_run, write_input  # noqa: E402
+
+ROWS = int(os.environ.get("BENCH_PUBLISH_ROWS", "1000000"))
+DIM = 384
+NAIVE_ROWS = 2000
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process in MiB (Linux reports ``ru_maxrss`` in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def start_pg() -> tuple[str, str | None]:
+    """DSN of a PostgreSQL server: ``$PG_TEST_DSN`` or a throwaway cluster (returns its dir to stop)."""
+    if os.environ.get("PG_TEST_DSN"):
+        return os.environ["PG_TEST_DSN"], None
+    out = subprocess.run(["bash", str(REPO / "scripts/pg_test_cluster.sh"), "start"], check=True,
+                         capture_output=True, text=True).stdout
+    env = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    return env["PG_TEST_DSN"], env["PG_TEST_DIR"]
+
+
+def naive_postgres(dsn: str, n: int) -> float:
+    """Rows/s of row-by-row ``executemany`` INSERTs (embedding as a Python list) on ``n`` rows."""
+    import psycopg
+
+    rng = np.random.default_rng(0)
+    rows = [(f"naive-{i}", "f" * 32, 10, False, False, rng.standard_normal(DIM, dtype=np.float32).tolist())
+            for i in range(n)]
+    with psycopg.connect(dsn) as conn:
+        conn.execute("DROP TABLE IF EXISTS naive_baseline")
+        conn.execute("CREATE TABLE naive_baseline (id text PRIMARY KEY, fingerprint text, n_tokens integer, "
+                     "truncated boolean, text_repaired boolean, embedding real[])")
+        start = time.perf_counter()
+        with conn.cursor() as cur:
+            cur.executemany("INSERT INTO naive_baseline VALUES (%s, %s, %s, %s, %s, %s::real[])", rows)
+        conn.commit()
+        seconds = time.perf_counter() - start
+        conn.execute("DROP TABLE naive_baseline")
+    return n / seconds
+
+
+def naive_duckdb(path: str, n: int) -> float:
+    """Rows/s of row-by-row ``executemany`` INSERTs into DuckDB on ``n`` rows."""
+    import duckdb
+
+    rng = np.random.default_rng(0)
+    rows = [(f"naive-{i}", "f" * 32, 10, False, False, rng.standard_normal(DIM, dtype=np.float32).tolist())
+            for i in range(n)]
+    con = duckdb.connect(path)
+    con.execute(f"CREATE OR REPLACE TABLE naive_baseline (id VARCHAR PRIMARY KEY, fingerprint VARCHAR, "
+                f"n_tokens INTEGER, truncated BOOLEAN, text_repaired BOOLEAN, embedding FLOAT[{DIM}])")
+    start = time.perf_counter()
+    con.executemany("INSERT INTO naive_baseline VALUES (?, ?, ?, ?, ?, ?)", rows)
+    seconds = time.perf_counter() - start
+    con.execute("DROP TABLE naive_baseline")
+    con.close()
+    return n / seconds
+
+
+def main() -> None:
+    work = Path(tempfile.mkdtemp(prefix="bench-publish-"))
+    pg_dir = None
+    try:
+        t0 = time.perf_counter()
+        ids = pa.array([f"row-{i:08d}" for i in range(ROWS)], pa.string())
+        inp = write_input(work / "input.parquet", ids)
+        layout = build_run(work / "out", "bench", inp, RunSpec(task="embedding", dim=DIM, shards=10,
+                                                               chunk_rows=100_000, dead_rows={1, 500_001}))
+        del ids
+        print(f"generated {ROWS:,} rows x {DIM} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+
+        duck = publish_run(layout.run_dir, PublishTarget(backend="duckdb", table="embeddings",
+                                                         duckdb_path=str(work / "bench.duckdb")))
+        duck_rps = duck["rows_published"] / duck["publish_seconds"]
+        print(f"duckdb: {json.dumps(duck)}", file=sys.stderr)
+
+        dsn, pg_dir = start_pg()
+        pg = publish_run(layout.run_dir, PublishTarget(backend="postgres", table="embeddings", dsn=dsn))
+        pg_rps = pg["rows_published"] / pg["publish_seconds"]
+        print(f"postgres: {json.dumps(pg)}", file=sys.stderr)
+
+        naive_pg = naive_postgres(dsn, NAIVE_ROWS)
+        naive_duck = naive_duckdb(str(work / "naive.duckdb"), NAIVE_ROWS)
+        result = {
+            "rows": duck["rows_published"],
+            "dim": DIM,
+            "duckdb_rows_per_s": round(duck_rps),
+            "postgres_rows_per_s": round(pg_rps),
+            "peak_rss_mb": round(peak_rss_mb(), 1),
+            "duckdb_publish_seconds": duck["publish_seconds"],
+            "postgres_publish_seconds": pg["publish_seconds"],
+            "baseline": f"row-by-row executemany of {NAIVE_ROWS} rows, same process",
+            "naive_duckdb_rows_per_s": round(naive_duck, 1),
+            "naive_postgres_rows_per_s": round(naive_pg, 1),
+            "duckdb_speedup_vs_naive": round(duck_rps / naive_duck, 1),
+            "postgres_speedup_vs_naive": round(pg_rps / naive_pg, 1),
+            "targets_met": duck_rps >= 200_000 and pg_rps >= 30_000 and peak_rss_mb() <= 2048,
+        }
+    finally:
+        if pg_dir:
+            subprocess.run(["bash", str(REPO / "scripts/pg_test_cluster.sh"), "stop", pg_dir], check=False,
+                           capture_output=True)
+        subprocess.run(["rm", "-rf", str(work)], check=False)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
