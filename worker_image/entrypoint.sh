@@ -32,14 +32,17 @@ log() { printf 'batch-worker-sync-model: %s\n' "$*" >&2; }
 bad_config() { log "configuration error: $*"; exit 2; }
 
 write_sums() {
-  local dir=$1
+  local dir=$1 listing
   [[ -d "$dir" ]] || bad_config "--write-sums: $dir is not a directory"
+  listing=$(mktemp)
   (
     cd "$dir"
     find . -type f ! -name "$SUMS" ! -name "$DONE_MARK" -printf '%P\0' | sort -z \
-      | xargs -0 -r sha256sum -- > "$SUMS"
-    sha256sum "$SUMS" | cut -d' ' -f1
+      | xargs -0 -r sha256sum -- > "$listing"
   )
+  chmod 0644 "$listing"
+  mv -- "$listing" "$dir/$SUMS"
+  sha256sum "$dir/$SUMS" | cut -d' ' -f1
 }
 
 download_gcs() {

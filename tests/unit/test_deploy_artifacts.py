@@ -94,6 +94,12 @@ def test_hadolint_flags_a_bad_dockerfile(tmp_path: Path) -> None:
         assert code in result.stdout
 
 
+def test_shellcheck_passes_on_the_model_sync_script() -> None:
+    result = subprocess.run([_tool("shellcheck"), "--severity=info", str(SYNC_SCRIPT)], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def _stages(dockerfile: Path) -> dict[str, list[tuple[str, str]]]:
     """``{stage name: [(INSTRUCTION, arguments), ...]}`` with line continuations joined."""
     text = re.sub(r"\\\n", " ", dockerfile.read_text())
