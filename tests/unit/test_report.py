@@ -88,7 +88,8 @@ def make_run(root: Path, run_id: str = "synthetic_run", *, preempted: bool = Fal
                                rows_committed=2, rows_processed=2, rows_skipped_resume=2)]
     if preempted:
         attempts1.insert(0, AttemptRecord("b0", "00001", "2026-11-30T01:00:05+00:00", status="interrupted",
-                                          exit_code=75, rows_committed=2, rows_processed=3))
+                                          exit_code=75, rows_committed=2, rows_processed=3,
+                                          stage_seconds={"model_load": 10.0, "inference": 5.0}))
     if complete:
         m1 = _marker(run_id, "00001", rows_input=4, rows_ok=4, rows_dead_letter=0, tokens_real=60,
                      tokens_padded=64, stage_seconds=STAGES_1, steady_rows_per_s=2.0, cpu_seconds=40.0,
@@ -217,6 +218,8 @@ def test_preempted_and_killed_attempts_show_redone_rows(tmp_path):
     assert att["rows_redone"] == (3 - 2) + (4 - 0)
     assert att["by_outcome"] == {"ok": 2, "preempted": 1, "killed": 1, "failed": 0, "running": 0}
     assert att["shards_retried"] == 2
+    assert att["interrupted_seconds"] == pytest.approx(15.0)  # the preempted attempt's own stage seconds
+    assert att["interrupted_cost_usd"] == pytest.approx(15.0 * 2 * 1.8 / 3600)
     by_shard = {s["shard_id"]: s for s in r["shards"]}
     assert (by_shard["00001"]["preemptions"], by_shard["00001"]["rows_redone"]) == (1, 1)
     assert (by_shard["00000"]["killed"], by_shard["00000"]["rows_redone"]) == (1, 4)

@@ -49,7 +49,8 @@ def summarize_attempts(records: list[dict[str, Any]], shard_complete: bool) -> d
     Returns:
         ``{"attempts": int, "by_outcome": {outcome: int}, "preemptions": int, "killed": int,
         "rows_redone": int, "list": [{attempt_id, outcome, exit_code, started_at, ended_at,
-        rows_committed, rows_processed, rows_redone, host}]}``.
+        rows_committed, rows_processed, rows_redone, host, seconds}]}`` where ``seconds`` is the sum
+        of the attempt's recorded ``stage_seconds`` (0 for a record killed before it wrote them).
     """
     listed = []
     by_outcome = dict.fromkeys(OUTCOMES, 0)
@@ -67,6 +68,7 @@ def summarize_attempts(records: list[dict[str, Any]], shard_complete: bool) -> d
                 "rows_committed": int(rec.get("rows_committed", 0)),
                 "rows_processed": int(rec.get("rows_processed", 0)),
                 "rows_redone": rows_redone(rec, outcome),
+                "seconds": float(sum((rec.get("stage_seconds") or {}).values())),
             }
         )
     return {

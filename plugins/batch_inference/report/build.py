@@ -158,6 +158,7 @@ def compute_report(data: RunData, *, dag_id: str, publish_summary: dict[str, Any
                  for s in manifest.shards}
     attempt_list = [{"shard_id": sid, **a} for sid, att in shard_att.items() for a in att["list"]]
     by_outcome = {o: sum(att["by_outcome"][o] for att in shard_att.values()) for o in OUTCOMES}
+    interrupted_s = sum(a["seconds"] for a in attempt_list if a["outcome"] in {"preempted", "killed", "failed"})
     all_counts = np.zeros(0, dtype=np.int64)
     for c in counts.values():
         all_counts = tok.add_counts(all_counts, c)
@@ -203,6 +204,8 @@ def compute_report(data: RunData, *, dag_id: str, publish_summary: dict[str, Any
             "killed": by_outcome["killed"],
             "rows_redone": sum(a["rows_redone"] for a in attempt_list),
             "shards_retried": sum(1 for att in shard_att.values() if att["attempts"] > 1),
+            "interrupted_seconds": interrupted_s,
+            "interrupted_cost_usd": worker_cost(interrupted_s, params),
             "list": attempt_list,
         },
         "cost_usd": cost_usd,

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 
 def usd(value: float | None) -> str:
-    """``$1,234.57`` / ``$0.000123`` (4 significant digits below $1), ``n/a`` for ``None``."""
+    """``$1,234.57`` / ``$0.1235`` / ``$0.00000067`` (never scientific notation), ``n/a`` for ``None``."""
     if value is None:
         return "n/a"
-    return f"${value:,.2f}" if abs(value) >= 1 else f"${value:.4g}"
+    if abs(value) >= 1:
+        return f"${value:,.2f}"
+    if abs(value) >= 0.01:
+        return f"${value:.4f}"
+    text = f"{value:.8f}".rstrip("0").rstrip(".")
+    return "$0" if text in {"0", "-0"} else f"${text}"
 
 
 def num(value: float | int | None, digits: int = 1) -> str:

@@ -102,7 +102,8 @@ def _attempts_section(r: dict[str, Any]) -> str:
     a = r["attempts"]
     head = (f"<p>{a['total']} attempts: " + ", ".join(f"{k} {v}" for k, v in a["by_outcome"].items() if v)
             + f"; preemptions (exit 75): {a['preemptions']}; killed: {a['killed']}; rows re-done: "
-            f"{fmt.num(a['rows_redone'])}.</p>")
+            f"{fmt.num(a['rows_redone'])}; seconds in attempts that did not finish their shard: "
+            f"{fmt.num(a['interrupted_seconds'])} ({fmt.usd(a['interrupted_cost_usd'])}).</p>")
     rows = [[x["shard_id"], x["attempt_id"], x["outcome"], "" if x["exit_code"] is None else x["exit_code"],
              x["started_at"], x["ended_at"], fmt.num(x["rows_processed"]), fmt.num(x["rows_committed"]),
              fmt.num(x["rows_redone"])] for x in a["list"]]

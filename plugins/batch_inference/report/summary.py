@@ -67,6 +67,9 @@ def markdown_summary(report: dict[str, Any]) -> str:
         f"| attempts / preemptions / rows re-done | {report['attempts']['total']} / "
         f"{report['attempts']['preemptions']} / {fmt.num(report['attempts']['rows_redone'])} |",
     ]
+    if report["attempts"]["interrupted_seconds"]:
+        lines.append(f"| time in interrupted/failed attempts | {fmt.num(report['attempts']['interrupted_seconds'])} s "
+                     f"({fmt.usd(report['attempts']['interrupted_cost_usd'])}) |")
     on_demand = report["counterfactuals"]["on_demand"]
     lines.append(f"| same job on on-demand | {fmt.usd(on_demand['cost_usd'])} |")
     padding = report["counterfactuals"]["padding"]
