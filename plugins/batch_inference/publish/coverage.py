@@ -196,7 +196,7 @@ def _load_part_keys(con: duckdb.DuckDBPyConnection, inv: RunInventory, parts: li
         raise PublishError(f"{nulls[0][0]}: {nulls[0][1]} result row(s) with a null id")
     _check_fingerprint(con, "_pub_keys", inv.fingerprint, "part file")
     total, distinct = con.execute("SELECT count(*), count(DISTINCT id) FROM _pub_keys").fetchall()[0]
-    where = "WHERE rn > 1" if total != distinct else "WHERE false"  # skip the window when no duplicates
+    where = "" if total != distinct else "WHERE false"  # skip the window when there are no duplicates
     con.execute(
         "CREATE OR REPLACE TEMP TABLE _pub_drop AS SELECT filename, file_row_number FROM ("
         " SELECT filename, file_row_number, row_number() OVER (PARTITION BY id ORDER BY filename,"

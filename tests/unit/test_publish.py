@@ -1,0 +1,271 @@
+"""Publish to DuckDB: coverage, de-duplication, dead letters, min_success_ratio, no-op rerun, rollback,
+identifier validation. Runs are generated with :mod:`batch_inference.publish.synthetic` over real ids
+from the bundled Debian sample."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from batch_contract import storage
+from batch_contract.layout import PART_PREFIX, RunLayout, part_name
+from batch_contract.schemas import part_schema
+from batch_inference.publish import CoverageError, PublishError, PublishTarget, publish_run, rollback
+from batch_inference.publish.__main__ import main as cli_main
+from batch_inference.publish.synthetic import RunSpec, build_run, write_input, write_jsonl_input
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLE = REPO / "data" / "sample" / "debian_descriptions_sample.parquet"
+N_REAL = 300
+
+
+@pytest.fixture(scope="module")
+def real_ids() -> list[str]:
+    col = pq.read_table(SAMPLE, columns=["id"]).column("id").cast(pa.string())
+    return col.to_pylist()[:N_REAL]
+
+
+@pytest.fixture
+def input_path(tmp_path: Path, real_ids: list[str]) -> str:
+    """Real ids plus a null id (row 300) and a repeat of row 3's id (row 301): 302 input rows."""
+    return write_input(tmp_path / "input.parquet", real_ids + [None, real_ids[3]], row_group_rows=64)
+
+
+def _target(tmp_path: Path, table: str = "emb", schema: str | None = None) -> PublishTarget:
+    return PublishTarget(backend="duckdb", table=table, schema=schema, duckdb_path=str(tmp_path / "w.duckdb"))
+
+
+def _query(tmp_path: Path, sql: str) -> list[tuple]:
+    con = duckdb.connect(str(tmp_path / "w.duckdb"), read_only=True)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+def _tables(tmp_path: Path) -> set[str]:
+    return {r[0] for r in _query(tmp_path, "SELECT table_name FROM duckdb_tables()")}
+
+
+def test_full_coverage_publishes_every_row(tmp_path: Path, input_path: str, real_ids: list[str]) -> None:
+    layout = build_run(tmp_path / "out", "run1", input_path, RunSpec(shards=3, chunk_rows=50, dead_rows={5}))
+    summary = publish_run(layout.run_dir, _target(tmp_path))
+    assert summary["noop"] is False
+    assert (summary["rows_input"], summary["rows_published"], summary["rows_dead_letter"]) == (302, 299, 3)
+    assert summary["rows_missing"] == 0 and summary["duplicates_removed"] == 0
+    assert summary["success_ratio"] == 1.0 and summary["min_success_ratio"] == 1.0
+    published = {r[0] for r in _query(tmp_path, "SELECT id FROM emb")}
+    assert published == set(real_ids) - {real_ids[5]}
+    cols = dict(_query(tmp_path, "SELECT column_name, data_type FROM duckdb_columns() WHERE table_name='emb'"))
+    assert cols["embedding"] == "FLOAT[8]"
+    # embedding values survive exactly (row 7: 7e-3 + j)
+    emb = _query(tmp_path, f"SELECT embedding FROM emb WHERE id = '{real_ids[7]}'")[0][0]
+    assert emb == pytest.approx([0.007 + j for j in range(8)], rel=1e-6)
+    with pytest.raises(duckdb.ConstraintException):  # primary key on id is live
+        duckdb.connect(str(tmp_path / "w.duckdb")).execute(
+            f"INSERT INTO emb (id) VALUES ('{real_ids[0]}')")
+
+
+def test_dead_letters_published_with_reasons(tmp_path: Path, input_path: str, real_ids: list[str]) -> None:
+    layout = build_run(tmp_path / "out", "run1", input_path, RunSpec(shards=2, chunk_rows=64, dead_rows={5, 9}))
+    publish_run(layout.run_dir, _target(tmp_path))
+    rows = _query(tmp_path, "SELECT id, reason, source_row FROM emb__dead_letters ORDER BY source_row")
+    assert rows == [(real_ids[5], "empty_text", 5), (real_ids[9], "empty_text", 9), (None, "null_id", 300),
+                    (real_ids[3], "duplicate_id", 301)]
+
+
+def test_missing_rows_fail_with_count_and_sample(tmp_path: Path, input_path: str, real_ids: list[str]) -> None:
+    layout = build_run(tmp_path / "out", "run1", input_path, RunSpec(drop_rows={10, 11, 12, 300}))
+    with pytest.raises(CoverageError) as err:
+        publish_run(layout.run_dir, _target(tmp_path))
+    assert err.value.missing == 4
+    assert set(err.value.sample) == {real_ids[10], real_ids[11], real_ids[12], f"{input_path}#300"}
+    assert "4 of 302" in str(err.value)
+    assert "emb" not in _tables(tmp_path)
+
+
+def test_min_success_ratio_allows_missing_rows(tmp_path: Path, input_path: str) -> None:
+    layout = build_run(tmp_path / "out", "run1", input_path, RunSpec(drop_rows={10, 11, 12}))
+    with pytest.raises(CoverageError):
+        publish_run(layout.run_dir, _target(tmp_path), min_success_ratio=0.995)
+    summary = publish_run(layout.run_dir, _target(tmp_path), min_success_ratio=0.99)
+    assert summary["rows_missing"] == 3
+    assert summary["success_ratio"] == pytest.approx(299 / 302)
+    assert summary["min_success_ratio"] == 0.99
+    assert _query(tmp_path, "SELECT count(*) FROM emb")[0][0] == 297
+
+
+def test_duplicates_keep_row_of_first_sorted_part_file(tmp_path: Path, input_path: str) -> None:
+    layout = build_run(tmp_path / "out", "run1", input_path,
+                       RunSpec(shards=2, chunk_rows=40, duplicate_chunk=True))
+    shard_dir = storage.local_path(layout.shard_dir("00000"))
+    chunk0 = sorted(p for p in shard_dir.iterdir() if p.name.startswith("part-00000-"))
+    assert len(chunk0) == 2
+    first = pq.read_table(chunk0[0]).to_pylist()
+    summary = publish_run(layout.run_dir, _target(tmp_path))
+    assert summary["duplicates_removed"] == len(first)
+    assert summary["rows_published"] == 300
+    for row in first[:5]:
+        got = _query(tmp_path, f"SELECT embedding FROM emb WHERE id = '{row['id']}'")[0][0]
+        assert got == pytest.approx(row["embedding"])
+
+
+def test_ids_outside_manifest_are_refused(tmp_path: Path, input_path: str) -> None:
+    layout = build_run(tmp_path / "out", "run1", input_path, RunSpec())
+    table = pq.read_table(next(storage.local_path(layout.shard_dir("00001")).glob("part-*.parquet")))
+    foreign = table.slice(0, 1).set_column(0, "id", pa.array(["not-in-input"], pa.string()))
+    pq.write_table(foreign.cast(part_schema("embedding", 8)),
+                   storage.local_path(layout.shard_dir("00001")) / part_name(PART_PREFIX, 99))
+    with pytest.raises(CoverageError) as err:
+        publish_run(layout.run_dir, _target(tmp_path))
+    assert err.value.unexpected == 1 and err.value.sample == ["not-in-input"]
+
+
+def test_missing_marker_and_mixed_fingerprints_are_refused(tmp_path: Path, input_path: str) -> None:
+    layout = build_run(tmp_path / "a", "run1", input_path, RunSpec(shards=3, skip_markers={"00001"}))
+    with pytest.raises(PublishError, match="1 of 3 shard.*00001"):
+        publish_run(layout.run_dir, _target(tmp_path))
+    layout = build_run(tmp_path / "b", "run1", input_path, RunSpec(shards=3, stale_fingerprint_shards={"00002"}))
+    with pytest.raises(PublishError, match="2 different fingerprints"):
+        publish_run(layout.run_dir, _target(tmp_path))
+
+
+def test_stale_rows_under_a_good_marker_are_refused(tmp_path: Path, input_path: str) -> None:
+    layout = build_run(tmp_path / "out", "run1", input_path, RunSpec(shards=2))
+    path = next(storage.local_path(layout.shard_dir("00000")).glob("part-*.parquet"))
+    table = pq.read_table(path)
+    stale = table.set_column(1, "fingerprint", pa.array(["0" * 32] * table.num_rows, pa.string()))
+    path.unlink()
+    pq.write_table(stale.cast(table.schema), path)
+    with pytest.raises(PublishError, match="fingerprint '0{32}'"):
+        publish_run(layout.run_dir, _target(tmp_path))
+
+
+def test_rerun_is_noop_and_rollback_restores_previous(tmp_path: Path, input_path: str) -> None:
+    target = _target(tmp_path, schema="analytics")
+    run1 = build_run(tmp_path / "out", "run1", input_path, RunSpec(dead_rows={1}))
+    run2 = build_run(tmp_path / "out", "run2", input_path,
+                     RunSpec(fingerprint="a" * 32, version=1.0, dead_rows={1, 2, 3}))
+    with pytest.raises(PublishError, match="no emb__previous"):
+        rollback(target)
+    publish_run(run1.run_dir, target)
+    again = publish_run(run1.run_dir, target)
+    assert again["noop"] is True and again["rows_published"] == 299
+    assert _query(tmp_path, "SELECT count(*) FROM analytics.emb__publish_log")[0][0] == 1
+
+    publish_run(run2.run_dir, target)
+    assert _query(tmp_path, "SELECT count(*), min(fingerprint) FROM analytics.emb")[0] == (297, "a" * 32)
+    assert _query(tmp_path, "SELECT count(*) FROM analytics.emb__previous")[0][0] == 299
+
+    back = rollback(target)
+    assert (back["restored_run_id"], back["replaced_run_id"]) == ("run1", "run2")
+    assert _query(tmp_path, "SELECT count(*), min(fingerprint) FROM analytics.emb")[0] == (299, "f" * 32)
+    assert _query(tmp_path, "SELECT count(*) FROM analytics.emb__dead_letters")[0][0] == 3
+    # after a rollback, publishing run1 again is a no-op and run2 is one rollback away
+    assert publish_run(run1.run_dir, target)["noop"] is True
+    assert rollback(target)["restored_run_id"] == "run2"
+    actions = _query(tmp_path, "SELECT action, run_id FROM analytics.emb__publish_log ORDER BY logged_at, rowid")
+    assert actions == [("publish", "run1"), ("publish", "run2"), ("rollback", "run1"), ("rollback", "run2")]
+
+
+def test_crash_after_staging_leaves_live_table_and_rerun_completes(tmp_path: Path, input_path: str) -> None:
+    target = _target(tmp_path)
+    run1 = build_run(tmp_path / "out", "run1", input_path, RunSpec())
+    run2 = build_run(tmp_path / "out", "run2", input_path, RunSpec(fingerprint="a" * 32, dead_rows={1}))
+    publish_run(run1.run_dir, target)
+
+    def crash() -> None:
+        raise KeyboardInterrupt("injected after staging")
+
+    with pytest.raises(KeyboardInterrupt):
+        publish_run(run2.run_dir, target, after_staging=crash)
+    assert _query(tmp_path, "SELECT min(fingerprint), count(*) FROM emb")[0] == ("f" * 32, 300)
+    assert "emb__staging" in _tables(tmp_path)
+    summary = publish_run(run2.run_dir, target)
+    assert summary["noop"] is False and summary["rows_published"] == 299
+    assert "emb__staging" not in _tables(tmp_path)
+
+
+@pytest.mark.parametrize("task", ["classification", "llm"])
+def test_other_part_schemas_publish_their_columns(tmp_path: Path, input_path: str, task: str) -> None:
+    layout = build_run(tmp_path / "out", "run1", input_path, RunSpec(task=task, chunk_rows=70))
+    publish_run(layout.run_dir, _target(tmp_path))
+    cols = [r[0] for r in _query(tmp_path, "SELECT column_name FROM duckdb_columns() WHERE table_name='emb' "
+                                           "ORDER BY column_index")]
+    assert cols == [f.name for f in part_schema(task)]
+    if task == "llm":
+        text, js, cached = _query(tmp_path, "SELECT output_text, output_json, cached_tokens FROM emb "
+                                            "ORDER BY id LIMIT 1")[0]
+        assert "\ttab\nnewline \\ back" in text and js is not None and cached is None
+
+
+def test_jsonl_input_with_integer_ids(tmp_path: Path) -> None:
+    ids: list[int | None] = list(range(1000, 1080)) + [None, 1005]
+    path = write_jsonl_input(tmp_path / "input.jsonl", ids)
+    layout = build_run(tmp_path / "out", "run1", path, RunSpec(shards=3, chunk_rows=16))
+    summary = publish_run(layout.run_dir, _target(tmp_path))
+    assert (summary["rows_input"], summary["rows_published"], summary["rows_dead_letter"]) == (82, 80, 2)
+    assert _query(tmp_path, "SELECT min(id), max(id) FROM emb")[0] == ("1000", "1079")
+
+
+def test_partial_manifest_over_integer_parquet_ids(tmp_path: Path) -> None:
+    path = write_input(tmp_path / "ints.parquet", pa.array(range(500), pa.int64()), row_group_rows=50)
+    layout = build_run(tmp_path / "out", "run1", path, RunSpec(shards=2, row_limit=123))
+    summary = publish_run(layout.run_dir, _target(tmp_path))
+    assert (summary["rows_input"], summary["rows_published"]) == (123, 123)
+    assert _query(tmp_path, "SELECT max(CAST(id AS INTEGER)) FROM emb")[0][0] == 122
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("table", 'emb"; DROP TABLE emb; --'),
+        ("table", "emb; DROP TABLE x"),
+        ("table", "Emb"),
+        ("table", "1emb"),
+        ("table", ""),
+        ("table", "a" * 40),
+        ("table", "emb__previous"),
+        ("table", "emb name"),
+        ("schema", "public.emb"),
+        ("schema", "x' OR '1'='1"),
+    ],
+)
+def test_identifier_injection_rejected(tmp_path: Path, field: str, value: str) -> None:
+    kwargs = {"backend": "duckdb", "table": "emb", "duckdb_path": str(tmp_path / "w.duckdb"), field: value}
+    with pytest.raises(ValueError, match=f"^{field}:"):
+        PublishTarget(**kwargs)
+
+
+def test_target_requires_backend_settings() -> None:
+    with pytest.raises(ValueError, match="^backend:"):
+        PublishTarget(backend="sqlite", table="emb", duckdb_path="x")
+    with pytest.raises(ValueError, match="^duckdb_path:"):
+        PublishTarget(backend="duckdb", table="emb")
+    with pytest.raises(ValueError, match="^dsn:"):
+        PublishTarget(backend="postgres", table="emb")
+
+
+def test_min_success_ratio_is_validated(tmp_path: Path, input_path: str) -> None:
+    layout = build_run(tmp_path / "out", "run1", input_path, RunSpec())
+    with pytest.raises(ValueError, match="min_success_ratio"):
+        publish_run(layout.run_dir, _target(tmp_path), min_success_ratio=0.0)
+
+
+def test_cli_publish_and_rollback(tmp_path: Path, input_path: str, capsys: pytest.CaptureFixture[str]) -> None:
+    run1 = build_run(tmp_path / "out", "run1", input_path, RunSpec())
+    run2 = build_run(tmp_path / "out", "run2", input_path, RunSpec(fingerprint="b" * 32))
+    db = str(tmp_path / "w.duckdb")
+    for run in (run1, run2):
+        assert cli_main(["publish", "--run-dir", run.run_dir, "--duckdb-path", db, "--table", "emb"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["run_id"] == "run2"
+    assert cli_main(["rollback", "--duckdb-path", db, "--table", "emb"]) == 0
+    assert json.loads(capsys.readouterr().out)["restored_run_id"] == "run1"
+    assert cli_main(["publish", "--run-dir", run1.run_dir, "--duckdb-path", db, "--table", "bad;name"]) == 2
+    missing = RunLayout(str(tmp_path / "out"), "nope").run_dir
+    assert cli_main(["publish", "--run-dir", missing, "--duckdb-path", db, "--table", "emb"]) == 1
+    assert "no manifest" in capsys.readouterr().err
