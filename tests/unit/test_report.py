@@ -282,3 +282,34 @@ def test_missing_manifest_is_a_clear_error(tmp_path):
     run_dir.mkdir(parents=True)
     with pytest.raises(FileNotFoundError, match="manifest"):
         build_report(str(run_dir), dag_id=DAG_ID, publish_summary=None, cost_params=COST)
+
+
+def test_schema_rejects_a_broken_report(built):
+    import jsonschema
+
+    _, r = built
+    broken = {k: v for k, v in r.items() if k != "cost_per_million_rows_usd"}
+    with pytest.raises(jsonschema.ValidationError, match="cost_per_million_rows_usd"):
+        validate_report(broken)
+    with pytest.raises(jsonschema.ValidationError):
+        validate_report({**r, "stage_seconds": {**r["stage_seconds"], "inference": -1.0}})
+
+
+def test_usd_formatting_never_scientific():
+    from batch_inference.report import fmt
+
+    assert [fmt.usd(v) for v in (1234.567, 0.12345, 6.7e-07, 0.0, None)] == [
+        "$1,234.57", "$0.1235", "$0.00000067", "$0", "n/a"]
+    assert fmt.seconds(3725) == "1h02m" and fmt.pct(0.9731) == "97.3%"
+
+
+def test_html_tables_are_capped_with_a_note(built, monkeypatch):
+    from batch_inference.report import page
+
+    _, r = built
+    monkeypatch.setattr(page, "MAX_TABLE_ROWS", 1)
+    html = page.render_html(r)
+    assert "Showing 1 of 2 rows" in html  # 2 shards, 2 attempts
+    shards_table = html.split('<table id="shards">', 1)[1].split("</table>", 1)[0]
+    assert shards_table.count("<tr>") == 2  # header + the first shard only
+    assert "00000" in shards_table and "00001" not in shards_table

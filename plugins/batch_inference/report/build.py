@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,7 +17,7 @@ from batch_contract.version import SCHEMA_VERSION
 from batch_inference.report import aggregate as agg
 from batch_inference.report import tokens as tok
 from batch_inference.report.attempts import OUTCOMES, summarize_attempts
-from batch_inference.report.collect import RunData, load_run
+from batch_inference.report.collect import IO_THREADS, RunData, load_run
 from batch_inference.report.cost import cost_by_stage, per_million, pricing_counterfactuals, worker_cost
 from batch_inference.report.history import recent_runs
 from batch_inference.report.prices import CostParams, cost_params_from_dict
@@ -254,7 +255,9 @@ def build_report(run_dir: str, *, dag_id: str, publish_summary: dict[str, Any] |
     """
     params = cost_params_from_dict(cost_params)
     data = load_run(run_dir)
-    counts = {sid: tok.shard_length_counts(data.layout, sid, m) for sid, m in data.markers.items()}
+    with ThreadPoolExecutor(max_workers=max(1, min(IO_THREADS, len(data.markers)))) as pool:
+        counts = dict(zip(data.markers, pool.map(lambda item: tok.shard_length_counts(data.layout, *item),
+                                                 data.markers.items()), strict=True))
     history = recent_runs(data.layout.output_root, dag_id, data.layout.run_id)
     generated_at = datetime.now(UTC).isoformat(timespec="seconds")
     report = compute_report(data, dag_id=dag_id, publish_summary=publish_summary, params=params,

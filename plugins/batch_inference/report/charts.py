@@ -57,8 +57,9 @@ def shard_throughput(report: dict[str, Any]) -> str | None:
            label="steady state (inference)", color="#55a868")
     ax.bar([i + 0.2 for i in x], [s["rows_per_s"] or 0.0 for s in shards], width=0.4,
            label="end to end (all stages)", color="#c44e52")
-    ax.set_xticks(list(x), ids, rotation=90 if len(ids) > 12 else 0, fontsize=7)
-    ax.set_xlabel("shard")
+    if len(ids) <= 40:
+        ax.set_xticks(list(x), ids, rotation=90 if len(ids) > 12 else 0, fontsize=7)
+    ax.set_xlabel("shard" if len(ids) <= 40 else f"shard ({len(ids)} shards, in id order)")
     ax.set_ylabel("rows / s")
     ax.set_title("Per-shard throughput")
     ax.legend(fontsize=8)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +15,9 @@ from batch_contract import storage
 from batch_contract.layout import RunLayout, join_uri
 from batch_contract.manifest import Manifest
 from batch_contract.marker import AttemptRecord, ShardMarker, ShardProgress
+
+IO_THREADS = 16
+"""Shards read concurrently (storage reads are I/O bound; on GCS each is an HTTP round trip)."""
 
 _OPTIONAL_ENGINE_MODULES = ("batch_contract.llm_config",)
 """Contract modules that register more engine kinds (the LLM config) when present."""
@@ -110,13 +114,18 @@ def load_run(run_dir: str) -> RunData:
     layout = RunLayout.from_run_dir(run_dir)
     manifest = read_manifest(layout)
     data = RunData(layout=layout, manifest=manifest)
-    for spec in manifest.shards:
-        marker = read_marker(layout, spec.shard_id)
-        if marker is not None:
-            data.markers[spec.shard_id] = marker
-        else:
-            progress = read_progress(layout, spec.shard_id)
+
+    def read_shard(shard_id: str) -> tuple[ShardMarker | None, ShardProgress | None, list[dict[str, Any]]]:
+        marker = read_marker(layout, shard_id)
+        progress = read_progress(layout, shard_id) if marker is None else None
+        return marker, progress, read_attempts(layout, shard_id, marker)
+
+    ids = [spec.shard_id for spec in manifest.shards]
+    with ThreadPoolExecutor(max_workers=max(1, min(IO_THREADS, len(ids)))) as pool:
+        for shard_id, (marker, progress, attempts) in zip(ids, pool.map(read_shard, ids), strict=True):
+            if marker is not None:
+                data.markers[shard_id] = marker
             if progress is not None:
-                data.progress[spec.shard_id] = progress
-        data.attempts[spec.shard_id] = read_attempts(layout, spec.shard_id, marker)
+                data.progress[shard_id] = progress
+            data.attempts[shard_id] = attempts
     return data

@@ -8,6 +8,9 @@ from typing import Any
 from batch_inference.report import fmt
 from batch_inference.report.charts import render_all
 
+MAX_TABLE_ROWS = 500
+"""Rows shown in the per-shard and attempts tables (``report.json`` keeps them all)."""
+
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:1.5rem;color:#222;max-width:1100px}
 h1{font-size:1.4rem}h2{font-size:1.1rem;margin-top:1.6rem;border-bottom:1px solid #ddd}
@@ -21,9 +24,13 @@ td:first-child,th:first-child{text-align:left}
 
 
 def _table(headers: list[str], rows: list[list[Any]], css_id: str) -> str:
+    note = ""
+    if len(rows) > MAX_TABLE_ROWS:
+        note = f'<p class="note">Showing {MAX_TABLE_ROWS} of {len(rows):,} rows; report.json has them all.</p>'
+        rows = rows[:MAX_TABLE_ROWS]
     head = "".join(f"<th>{escape(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
-    return f'<table id="{css_id}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    return f'<table id="{css_id}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{note}'
 
 
 def _kpis(r: dict[str, Any]) -> str:
