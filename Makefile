@@ -26,6 +26,10 @@ bench-encoder: venv
 bench-storage: venv
 	$(PY) bench/storage.py
 
+.PHONY: bench-publish
+bench-publish: venv
+	$(PY) bench/publish.py
+
 # Cost report: random-order padding estimate vs a simulated random-order run (real tokenizer, sample data).
 .PHONY: bench-report
 bench-report: venv
