@@ -1,0 +1,419 @@
+"""A fault-injecting loopback HTTP proxy for storage-fault tests (stdlib only).
+
+Put it in front of a GCS emulator (fake-gcs-server) and point clients at the proxy instead of the
+emulator. Each request is either forwarded untouched or, with probability ``FaultPlan.rate`` (drawn from
+a seeded ``random.Random``), answered with one fault:
+
+* ``429`` / ``503``: an error reply (JSON body in the GCS error shape) *before* anything reaches the
+  emulator, so the request had no effect: a correct client retries it.
+* ``reset``: the TCP connection is reset (``SO_LINGER`` 0) before forwarding; no effect upstream.
+* ``reset_after``: the request IS forwarded and applied upstream, then the reply is dropped with a reset.
+  This is the "lost commit reply" case: a retried create-only upload meets its own object (412) and must
+  be treated as success when the content is equal.
+* ``delay``: the reply is held for ``FaultPlan.delay_seconds`` and then delivered normally.
+
+No single request key (method + path + query) is faulted more than ``max_consecutive`` times in a row, so
+a client with a bounded retry budget always gets through; the fault rate stays what was asked for in
+aggregate. ``Location`` headers and JSON bodies that name the emulator's own URL are rewritten to the
+proxy's URL so resumable uploads keep going through the proxy.
+
+Usage::
+
+    with FaultProxy("http://127.0.0.1:4443", FaultPlan(rate=0.2, seed=7)) as proxy:
+        os.environ["STORAGE_EMULATOR_HOST"] = proxy.url
+        ...
+        print(proxy.stats.by_kind)
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+_CONTROL = "/__fault_proxy__/"
+
+FAULT_KINDS = ("429", "503", "reset", "reset_after", "delay")
+"""Every fault kind the proxy can inject (see the module docstring)."""
+
+_HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailers",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "content-length",
+}
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    """What to inject and how often.
+
+    Attributes:
+        rate: probability in ``[0, 1]`` that one request gets a fault.
+        seed: seed of the ``random.Random`` that draws faults (same seed, same sequence of draws).
+        kinds: fault kinds to draw from, uniformly (subset of :data:`FAULT_KINDS`).
+        delay_seconds: how long a ``delay`` fault holds the reply, seconds.
+        max_consecutive: most faults in a row for one request key (method + path + query) before the
+            next attempt is let through; bounds the retries a client needs.
+    """
+
+    rate: float = 0.2
+    seed: int = 0
+    kinds: tuple[str, ...] = FAULT_KINDS
+    delay_seconds: float = 0.3
+    max_consecutive: int = 2
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.rate <= 1.0:
+            raise ValueError(f"FaultPlan.rate: {self.rate} is outside [0, 1]")
+        unknown = sorted(set(self.kinds) - set(FAULT_KINDS))
+        if unknown or not self.kinds:
+            raise ValueError(f"FaultPlan.kinds: {unknown or 'empty'}; choose from {FAULT_KINDS}")
+        if self.delay_seconds < 0 or self.max_consecutive < 0:
+            raise ValueError("FaultPlan.delay_seconds and max_consecutive must be >= 0")
+
+
+@dataclass
+class ProxyStats:
+    """What the proxy did. ``by_kind`` counts faults per kind; ``log`` holds (method, path, fault-or-'ok')."""
+
+    requests: int = 0
+    forwarded: int = 0
+    by_kind: Counter = field(default_factory=Counter)
+    log: list[tuple[str, str, str]] = field(default_factory=list)
+
+    @property
+    def faults(self) -> int:
+        return sum(self.by_kind.values())
+
+
+class _Decider:
+    """Thread-safe seeded fault draws with a per-key consecutive-fault cap."""
+
+    def __init__(self, plan: FaultPlan) -> None:
+        self.plan = plan
+        self._rng = random.Random(plan.seed)
+        self._lock = threading.Lock()
+        self._streak: Counter = Counter()
+        self.stats = ProxyStats()
+        self.active = True
+
+    def draw(self, method: str, path: str) -> str | None:
+        key = f"{method} {path}"
+        with self._lock:
+            self.stats.requests += 1
+            fault = None
+            if self.active and self._rng.random() < self.plan.rate and self._streak[key] < self.plan.max_consecutive:
+                fault = self._rng.choice(self.plan.kinds)
+            if fault in (None, "delay"):
+                self._streak[key] = 0
+            else:
+                self._streak[key] += 1
+            if fault is not None:
+                self.stats.by_kind[fault] += 1
+            self.stats.log.append((method, path, fault or "ok"))
+            return fault
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close ``sock`` with a TCP RST (SO_LINGER on, timeout 0) instead of a clean FIN."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+    except OSError:
+        pass
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _ProxyServer
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
+        return  # quiet: the stats object is the log
+
+    def _read_body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            out = bytearray()
+            while True:
+                size = int(self.rfile.readline().split(b";", 1)[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    return bytes(out)
+                out += self.rfile.read(size)
+                self.rfile.readline()
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up on this connection (its own timeout or retry): nothing to do
+
+    def _send(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
+        self.send_response(status)
+        for name, value in headers:
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+        self.close_connection = True
+
+    def _error_reply(self, status: int) -> None:
+        message = "Too Many Requests (injected)" if status == 429 else "Service Unavailable (injected)"
+        body = json.dumps({"error": {"code": status, "message": message, "errors": [
+            {"reason": "rateLimitExceeded" if status == 429 else "backendError", "message": message}
+        ]}}).encode()
+        self._send(status, [("Content-Type", "application/json; charset=UTF-8")], body)
+
+    def _forward(self, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
+        up = self.server.upstream
+        conn = http.client.HTTPConnection(up.hostname, up.port, timeout=60)
+        try:
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
+            headers["Host"] = up.netloc
+            if body or self.command in ("POST", "PUT", "PATCH"):
+                headers["Content-Length"] = str(len(body))
+            conn.request(self.command, self.path, body=body or None, headers=headers)
+            resp = conn.getresponse()
+            data = resp.read()
+            out_headers = [(k, v) for k, v in resp.getheaders() if k.lower() not in _HOP_BY_HOP]
+            return resp.status, out_headers, data
+        finally:
+            conn.close()
+
+    def _rewrite(self, headers: list[tuple[str, str]], data: bytes) -> tuple[list[tuple[str, str]], bytes]:
+        up, me = self.server.upstream_url, self.server.url
+        fixed = [(k, v.replace(up, me) if k.lower() == "location" else v) for k, v in headers]
+        ctype = next((v for k, v in headers if k.lower() == "content-type"), "")
+        if "json" in ctype and up.encode() in data:
+            data = data.replace(up.encode(), me.encode())
+        return fixed, data
+
+    def _control(self) -> None:
+        decider = self.server.decider
+        parts = urlsplit(self.path)
+        if parts.path.endswith("/active"):
+            decider.active = parse_qs(parts.query).get("on", ["1"])[0] == "1"
+        with decider._lock:
+            st = decider.stats
+            data = {"active": decider.active, "requests": st.requests, "forwarded": st.forwarded,
+                    "by_kind": dict(st.by_kind), "log": st.log}
+        self._send(200, [("Content-Type", "application/json")], json.dumps(data).encode())
+
+    def _handle(self) -> None:
+        body = self._read_body()
+        if self.path.startswith(_CONTROL):
+            self._control()
+            return
+        fault = self.server.decider.draw(self.command, self.path)
+        if fault in ("429", "503"):
+            self._error_reply(int(fault))
+            return
+        if fault == "reset":
+            self.close_connection = True
+            _reset(self.connection)
+            return
+        try:
+            status, headers, data = self._forward(body)
+        except OSError as exc:  # upstream down: report it like a gateway would
+            self._send(502, [("Content-Type", "text/plain")], f"upstream error: {exc}".encode())
+            return
+        with self.server.decider._lock:
+            self.server.decider.stats.forwarded += 1
+        if fault == "reset_after":
+            self.close_connection = True
+            _reset(self.connection)
+            return
+        if fault == "delay":
+            time.sleep(self.server.decider.plan.delay_seconds)
+        headers, data = self._rewrite(headers, data)
+        self._send(status, headers, data)
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = _handle
+
+
+class _ProxyServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    upstream: object
+    upstream_url: str
+    url: str
+    decider: _Decider
+
+
+class FaultProxy:
+    """A running fault-injecting proxy on ``127.0.0.1`` in front of ``upstream_url``.
+
+    Args:
+        upstream_url: the emulator's base URL, e.g. ``http://127.0.0.1:4443``.
+        plan: what to inject; ``FaultPlan(rate=0)`` makes a transparent proxy.
+        port: port to listen on; 0 picks a free one.
+
+    Attributes:
+        url: the proxy's base URL (``http://127.0.0.1:<port>``), to use as ``STORAGE_EMULATOR_HOST``.
+        stats: :class:`ProxyStats`, live.
+    """
+
+    def __init__(self, upstream_url: str, plan: FaultPlan | None = None, port: int = 0) -> None:
+        self.plan = plan or FaultPlan()
+        self._server = _ProxyServer(("127.0.0.1", port), _Handler)
+        self._server.upstream = urlsplit(upstream_url)
+        self._server.upstream_url = upstream_url.rstrip("/")
+        self._server.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._server.decider = _Decider(self.plan)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return self._server.url
+
+    @property
+    def host_port(self) -> str:
+        """``127.0.0.1:<port>`` (what pyarrow's ``endpoint_override`` wants)."""
+        return self.url.removeprefix("http://")
+
+    @property
+    def stats(self) -> ProxyStats:
+        return self._server.decider.stats
+
+    @property
+    def active(self) -> bool:
+        """Whether faults are injected now (``False``: a transparent proxy, e.g. during test set-up)."""
+        return self._server.decider.active
+
+    @active.setter
+    def active(self, value: bool) -> None:
+        self._server.decider.active = value
+
+    def start(self) -> FaultProxy:
+        """Serve in a daemon thread; returns ``self``."""
+        self._thread = threading.Thread(target=self._server.serve_forever, name="fault-proxy", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close the listening socket."""
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> FaultProxy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class FaultProxyProcess:
+    """The same proxy in a child process (same interface as :class:`FaultProxy`).
+
+    Use this when the test process itself talks to the proxy through a client that holds the GIL
+    while it waits on the network (pyarrow's ``GcsFileSystem.open_input_file`` does): an in-thread proxy
+    would then starve until the client times out. Stats and the ``active`` switch go over a control path
+    (``/__fault_proxy__/...``) that is never faulted.
+    """
+
+    def __init__(self, upstream_url: str, plan: FaultPlan | None = None) -> None:
+        self.plan = plan or FaultPlan()
+        self.upstream_url = upstream_url
+        self._proc: subprocess.Popen | None = None
+        self.url = ""
+
+    @property
+    def host_port(self) -> str:
+        return self.url.removeprefix("http://")
+
+    def _control(self, what: str) -> dict:
+        with urllib.request.urlopen(f"{self.url}{_CONTROL}{what}", timeout=10) as resp:
+            return json.loads(resp.read())
+
+    @property
+    def stats(self) -> ProxyStats:
+        data = self._control("stats")
+        return ProxyStats(
+            requests=data["requests"], forwarded=data["forwarded"], by_kind=Counter(data["by_kind"]),
+            log=[tuple(x) for x in data["log"]],
+        )
+
+    @property
+    def active(self) -> bool:
+        return bool(self._control("stats")["active"])
+
+    @active.setter
+    def active(self, value: bool) -> None:
+        self._control(f"active?on={int(bool(value))}")
+
+    def start(self) -> FaultProxyProcess:
+        """Start the child and wait until it prints its URL (raises ``RuntimeError`` if it dies)."""
+        cmd = [sys.executable, str(Path(__file__).resolve()), self.upstream_url, json.dumps(asdict(self.plan))]
+        self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        line = self._proc.stdout.readline().strip() if self._proc.stdout else ""
+        if not line.startswith("http://"):
+            self.stop()
+            raise RuntimeError(f"fault proxy did not start (printed {line!r})")
+        self.url = line
+        return self
+
+    def stop(self) -> None:
+        """Terminate the child and wait for it."""
+        if self._proc is not None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+
+    def __enter__(self) -> FaultProxyProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def main() -> None:
+    """Run the proxy standalone: ``python tests/fault_proxy.py UPSTREAM_URL [PLAN_JSON]``.
+
+    Prints the proxy URL on the first stdout line, then serves until terminated.
+    """
+    upstream = sys.argv[1]
+    plan_data = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
+    if "kinds" in plan_data:
+        plan_data["kinds"] = tuple(plan_data["kinds"])
+    proxy = FaultProxy(upstream, FaultPlan(**plan_data)).start()
+    print(proxy.url, flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        while True:
+            time.sleep(3600)
+    finally:
+        proxy.stop()
+
+
+if __name__ == "__main__":
+    main()
