@@ -36,7 +36,9 @@ def airflow_env(airflow_home: Path = AIRFLOW_HOME) -> dict[str, str]:
     env.update({
         "AIRFLOW_HOME": str(airflow_home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO_ROOT / "plugins"),
+        # Not plugins/: Airflow's plugin manager executes every .py file in its plugins folder (a
+        # package's __main__.py included); the packages come in through PYTHONPATH instead.
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(airflow_home / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
