@@ -147,6 +147,12 @@ class ShardMarker:
     def padding_efficiency(self) -> float | None:
         return self.tokens_real / self.tokens_padded if self.tokens_padded else None
 
+    @property
+    def prefix_cache_hit_rate(self) -> float | None:
+        """LLM: share of prompt tokens served from the prefix cache (``tokens_cached / tokens_prompt``);
+        ``None`` without LLM prompt tokens (encoder shards)."""
+        return self.tokens_cached / self.tokens_prompt if self.tokens_prompt else None
+
     def to_json_bytes(self) -> bytes:
         return pretty_json(asdict(self))
 

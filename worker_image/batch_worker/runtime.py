@@ -319,6 +319,12 @@ class ShardRun:
             tokens_real += int(pc.sum(t.column("n_tokens")).as_py() or 0)
             truncated += int(pc.sum(t.column("truncated").cast("int64")).as_py() or 0)
             repaired += int(pc.sum(t.column("text_repaired").cast("int64")).as_py() or 0)
+        llm_tokens = {"prompt_tokens": 0, "cached_tokens": 0, "output_tokens": 0}  # LLM part columns
+        if "prompt_tokens" in loaded.part_schema.names:
+            for name in ledger.parts:
+                t = read_parquet_columns(join_uri(ctx.shard_dir, name), list(llm_tokens))
+                for col in llm_tokens:
+                    llm_tokens[col] += int(pc.sum(t.column(col)).as_py() or 0)
         reasons: dict[str, int] = {}
         for name in ledger.dead_letter_parts:
             t = read_parquet_columns(join_uri(ctx.shard_dir, name), ["reason"])
@@ -335,6 +341,9 @@ class ShardRun:
             rows_text_repaired=repaired,
             dead_letter_reasons=reasons,
             tokens_real=tokens_real,
+            tokens_prompt=llm_tokens["prompt_tokens"],
+            tokens_cached=llm_tokens["cached_tokens"],
+            tokens_output=llm_tokens["output_tokens"],
             steady_rows_per_s=round(self.steady_rate, 2),
             engine=dict(loaded.info),
             gpu=self.gpu.summary(),
