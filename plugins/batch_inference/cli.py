@@ -130,10 +130,29 @@ def _timing(report_uri: str, wall_s: float) -> dict[str, Any]:
             continue
         inference += float(marker.stage_seconds.get("inference", 0.0))
         worker += sum(float(v) for v in marker.stage_seconds.values())
+    tasks = task_seconds(AIRFLOW_HOME / "airflow.db", RunLayout.from_run_dir(run_dir).run_id)
+    in_tasks = sum(tasks.values())
     return {"wall_s": round(wall_s, 2), "worker_inference_s": round(inference, 2),
             "worker_total_s": round(worker, 2),
             "inference_share": round(inference / wall_s, 4) if wall_s else None,
-            "worker_share": round(worker / wall_s, 4) if wall_s else None}
+            "worker_share": round(worker / wall_s, 4) if wall_s else None,
+            "task_seconds": {k: round(v, 2) for k, v in tasks.items()},
+            "outside_tasks_s": round(wall_s - in_tasks, 2)}
+
+
+def task_seconds(db_path: Path, run_id: str) -> dict[str, float]:
+    """Seconds per task id (mapped tasks summed) of one run, from the Airflow metadata DB (SQLite).
+
+    ``{}`` when the database is not SQLite at ``db_path``.
+    """
+    import sqlite3
+
+    if not db_path.is_file():
+        return {}
+    with sqlite3.connect(f"file:{db_path}?mode=ro", uri=True) as con:
+        rows = con.execute("SELECT task_id, SUM(COALESCE(duration, 0)) FROM task_instance WHERE run_id = ? "
+                           "GROUP BY task_id", (run_id,)).fetchall()
+    return {task_id: float(seconds) for task_id, seconds in rows}
 
 
 def _print_summary(report_uri: str, timing: dict[str, Any]) -> None:
@@ -145,7 +164,8 @@ def _print_summary(report_uri: str, timing: dict[str, Any]) -> None:
     print(markdown_summary(report))
     print(f"wall {timing['wall_s']} s; worker inference {timing['worker_inference_s']} s "
           f"(share {timing['inference_share']}); whole worker processes {timing['worker_total_s']} s "
-          f"(share {timing['worker_share']})")
+          f"(share {timing['worker_share']}); Airflow tasks {timing['task_seconds']}; outside tasks "
+          f"(airflow dags test start-up, parsing, scheduling) {timing['outside_tasks_s']} s")
     print(json.dumps({"timing": timing}))
 
 
