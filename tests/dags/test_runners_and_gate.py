@@ -1,0 +1,131 @@
+"""Local runner exit-code semantics and the completion gate (trigger + sensor) over real storage."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from batch_contract import storage
+from batch_contract.layout import RunLayout
+from batch_contract.marker import ShardMarker
+from batch_inference.completion import check_completion, name_shards
+from batch_inference.local_runner import ShardBadInputError, ShardRetryableError, run_shard
+from batch_inference.planner import PlanRequest, plan
+from batch_inference.triggers import ShardMarkerTrigger
+
+SAMPLE = Path(__file__).resolve().parents[2] / "data" / "sample" / "debian_descriptions_sample.parquet"
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> str:
+    plan(PlanRequest(input_uri=str(SAMPLE), id_column="id", text_column="text", output_root=str(tmp_path),
+                     run_id="gate-run", engine={"kind": "encoder"}, rows_per_shard=2000, shard_by="rows"))
+    return RunLayout(str(tmp_path), "gate-run").run_dir
+
+
+def _mark(run_dir: str, shard_id: str, rows: int = 2000) -> None:
+    marker = ShardMarker(run_id="gate-run", shard_id=shard_id, fingerprint="f", rows_input=rows, rows_ok=rows,
+                         rows_dead_letter=0)
+    storage.write_create_only(RunLayout.from_run_dir(run_dir).marker_uri(shard_id), marker.to_json_bytes())
+
+
+def _fake_worker(monkeypatch: pytest.MonkeyPatch, code: int, run_dir: str | None = None) -> None:
+    script = f"import sys; sys.exit({code})"
+    if run_dir is not None:  # a worker that commits its marker, then exits 0
+        script = (
+            "import sys; sys.path.insert(0, {!r}); from batch_contract import storage; "
+            "from batch_contract.layout import RunLayout; from batch_contract.marker import ShardMarker; "
+            "m = ShardMarker(run_id='gate-run', shard_id=sys.argv[-1], fingerprint='f', rows_input=2000, "
+            "rows_ok=1990, rows_dead_letter=10); "
+            "storage.write_create_only(RunLayout.from_run_dir(sys.argv[-3]).marker_uri(sys.argv[-1]), "
+            "m.to_json_bytes())".format(str(Path(__file__).resolve().parents[2] / "plugins"))
+        )
+    monkeypatch.setenv("BATCH_WORKER_COMMAND", f"{sys.executable} -c \"{script}\"")
+
+
+@pytest.mark.parametrize(("code", "error"), [(75, ShardRetryableError), (1, ShardRetryableError),
+                                             (2, ShardBadInputError), (0, ShardRetryableError)])
+def test_exit_codes_map_to_retry_semantics(run_dir: str, monkeypatch: pytest.MonkeyPatch, code: int,
+                                           error: type) -> None:
+    _fake_worker(monkeypatch, code)
+    with pytest.raises(error, match="shard 00000"):
+        run_shard(run_dir, "00000")  # exit 0 without a marker is a failure too
+
+
+def test_success_reads_the_marker_and_a_complete_shard_is_not_rerun(run_dir: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_worker(monkeypatch, 0, run_dir)
+    result = run_shard(run_dir, "00001")
+    assert (result.exit_code, result.skipped, result.rows_ok, result.rows_dead_letter) == (0, False, 1990, 10)
+    _fake_worker(monkeypatch, 2)  # would fail if it ran
+    again = run_shard(run_dir, "00001")
+    assert again.skipped and again.rows_ok == 1990
+
+
+def test_completion_status_and_ratio(run_dir: str) -> None:
+    status = check_completion(run_dir)
+    assert (status.shards_total, status.shards_complete, status.missing) == (3, 0, ["00000", "00001", "00002"])
+    _mark(run_dir, "00000")
+    _mark(run_dir, "00001")
+    status = check_completion(run_dir, min_success_ratio=0.6)
+    assert status.missing == ["00002"] and status.satisfied and round(status.ratio, 4) == 0.6667
+    assert not check_completion(run_dir).satisfied
+
+
+def test_trigger_yields_success_when_markers_arrive(run_dir: str) -> None:
+    async def scenario() -> dict:
+        trigger = ShardMarkerTrigger(run_dir, deadline_epoch=time.time() + 30, poll_seconds=0.05)
+        gen = trigger.run()
+        task = asyncio.ensure_future(gen.__anext__())
+        await asyncio.sleep(0.2)
+        assert not task.done()
+        for shard in ("00000", "00001", "00002"):
+            _mark(run_dir, shard)
+        event = await asyncio.wait_for(task, 10)
+        return event.payload
+
+    payload = asyncio.run(scenario())
+    assert payload["status"] == "success" and payload["shards_complete"] == 3 and payload["missing"] == []
+
+
+def test_trigger_times_out_naming_missing_shards(run_dir: str) -> None:
+    _mark(run_dir, "00001")
+
+    async def first_event() -> dict:
+        trigger = ShardMarkerTrigger(run_dir, deadline_epoch=time.time() + 0.2, poll_seconds=0.05)
+        async for event in trigger.run():
+            return event.payload
+        return {}
+
+    payload = asyncio.run(first_event())
+    assert payload["status"] == "timeout" and payload["missing"] == ["00000", "00002"]
+
+
+def test_trigger_reports_errors_instead_of_raising(tmp_path: Path) -> None:
+    async def first_event() -> dict:
+        trigger = ShardMarkerTrigger(str(tmp_path / "runs" / "never-planned"), deadline_epoch=time.time() + 5)
+        async for event in trigger.run():
+            return event.payload
+        return {}
+
+    payload = asyncio.run(first_event())
+    assert payload["status"] == "error" and "manifest.json" in payload["message"]
+
+
+def test_sensor_fails_naming_the_missing_shards(run_dir: str) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+    from batch_inference.sensors import ShardMarkerSensor
+
+    sensor = ShardMarkerSensor(task_id="gate", run_dir=run_dir)
+    status = check_completion(run_dir).to_dict()
+    with pytest.raises(AirflowFailException, match=r"3 shard\(s\) missing .*00000, 00001, 00002"):
+        sensor.execute_complete({}, {"status": "timeout", **status})
+    assert sensor.execute_complete({}, {"status": "success", "missing": []}) == {"missing": []}
+
+
+def test_name_shards_truncates() -> None:
+    ids = [f"{i:05d}" for i in range(25)]
+    assert name_shards(ids).endswith("00019 (+5 more)")
