@@ -140,6 +140,7 @@ def _wire(spec: DagSpec, k8s: K8sSettings, asset: Asset) -> None:
         deadline_hours="{{ params.deadline_hours }}",
         min_success_ratio="{{ params.min_success_ratio }}",
         dry_run="{{ params.dry_run }}",
+        wait_for_stragglers="{{ params.runner == 'kubernetes' }}",
         trigger_rule=TriggerRule.ALL_DONE,
         poll_seconds=10.0,
     )

@@ -26,6 +26,9 @@ class ShardMarkerSensor(BaseSensorOperator):
         deadline_hours: hours after the DAG run's start at which the gate fails (templated).
         min_success_ratio: 0..1 (templated).
         dry_run: skip (nothing was run) when true (templated).
+        wait_for_stragglers: when the shards are not complete at the first check, wait until the deadline
+            (kubernetes: a pod can still commit after its task gave up) instead of failing at once
+            (local: a worker never outlives its task) (templated; ``"True"``/``"False"`` accepted).
         poll_seconds: trigger poll interval (seconds).
         deferrable: wait in the triggerer (default) or poke in the worker.
 
@@ -33,10 +36,12 @@ class ShardMarkerSensor(BaseSensorOperator):
     ``rows_complete``, ``missing``, ``ratio``).
     """
 
-    template_fields: Sequence[str] = ("run_dir", "deadline_hours", "min_success_ratio", "dry_run")
+    template_fields: Sequence[str] = ("run_dir", "deadline_hours", "min_success_ratio", "dry_run",
+                                      "wait_for_stragglers")
 
     def __init__(self, *, run_dir: str, deadline_hours: Any = 24.0, min_success_ratio: Any = 1.0,
-                 dry_run: Any = False, poll_seconds: float = 10.0, deferrable: bool = True,
+                 dry_run: Any = False, wait_for_stragglers: Any = True, poll_seconds: float = 10.0,
+                 deferrable: bool = True,
                  **kwargs: Any) -> None:
         kwargs.setdefault("poke_interval", poll_seconds)
         super().__init__(**kwargs)
@@ -44,6 +49,7 @@ class ShardMarkerSensor(BaseSensorOperator):
         self.deadline_hours = deadline_hours
         self.min_success_ratio = min_success_ratio
         self.dry_run = dry_run
+        self.wait_for_stragglers = wait_for_stragglers
         self.poll_seconds = poll_seconds
         self.deferrable = deferrable
 
@@ -53,8 +59,12 @@ class ShardMarkerSensor(BaseSensorOperator):
         start_epoch = start.timestamp() if start is not None else time.time()
         return start_epoch + float(self.deadline_hours) * 3600.0
 
+    @staticmethod
+    def _truthy(value: Any) -> bool:
+        return value is True or str(value).strip().lower() == "true"
+
     def _is_dry_run(self) -> bool:
-        return self.dry_run is True or str(self.dry_run).lower() == "true"
+        return self._truthy(self.dry_run)
 
     def poke(self, context: Any) -> bool:
         status = check_completion(self.run_dir, float(self.min_success_ratio))
@@ -72,6 +82,8 @@ class ShardMarkerSensor(BaseSensorOperator):
         self.log.info("%s", progress_line(self.run_dir, status))
         if status.satisfied:
             return status.to_dict()
+        if not self._truthy(self.wait_for_stragglers):
+            self._fail(status.to_dict(), "the fan-out finished")
         if not self.deferrable:
             super().execute(context)
             return check_completion(self.run_dir, float(self.min_success_ratio)).to_dict()

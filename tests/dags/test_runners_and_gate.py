@@ -126,6 +126,19 @@ def test_sensor_fails_naming_the_missing_shards(run_dir: str) -> None:
     assert sensor.execute_complete({}, {"status": "success", "missing": []}) == {"missing": []}
 
 
+def test_local_gate_fails_at_once_when_the_fan_out_left_shards_missing(run_dir: str) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+    from batch_inference.sensors import ShardMarkerSensor
+
+    _mark(run_dir, "00000")
+    sensor = ShardMarkerSensor(task_id="gate", run_dir=run_dir, wait_for_stragglers="False")
+    with pytest.raises(AirflowFailException, match=r"the fan-out finished with 2 shard\(s\) missing .*00001, 00002"):
+        sensor.execute({})
+    relaxed = ShardMarkerSensor(task_id="gate", run_dir=run_dir, wait_for_stragglers="False",
+                                min_success_ratio=0.3)
+    assert relaxed.execute({})["shards_complete"] == 1
+
+
 def test_name_shards_truncates() -> None:
     ids = [f"{i:05d}" for i in range(25)]
     assert name_shards(ids).endswith("00019 (+5 more)")
