@@ -55,7 +55,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def sample_rows() -> pa.Table:
-    """The bundled sample's first 400 rows (``id`` int64, ``section``, ``text``)."""
+    """The bundled sample's first 400 rows (``id``, ``section``, ``text``: strings)."""
     return pq.read_table(REPO / "data" / "sample" / "debian_descriptions_sample.parquet").slice(0, 400)
 
 
