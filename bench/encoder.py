@@ -1,0 +1,215 @@
+"""Encoder throughput benchmark: the worker end to end against a naive loop and sentence-transformers.
+
+In one process, on the same rows (default 3,000 sampled with seed 0 from
+``/work/shared/data/debian_descriptions.parquet``, else the bundled 6,000-row sample):
+
+(a) naive loop: random order, fp32, ``torch.no_grad``, batch 64, padding to the batch's longest row;
+(b) sentence-transformers ``encode`` in bfloat16, batch 64 (its best setting on the dev machine);
+(c) the worker end to end (``batch_worker.runtime.run_shard``: read the shard, tokenize, sort, batch,
+    infer, commit parts, write the marker), with the manifest's defaults (bf16 where supported).
+
+Then, in a subprocess, the worker on a 64,000-row shard to measure its peak RSS (``--rss-rows``; the
+run is stopped with SIGTERM after ``--rss-seconds`` if it has not finished, which also exercises the
+preemption path). The last line printed is one JSON object:
+
+``rows``, ``naive_rows_per_s``, ``st_rows_per_s``, ``worker_rows_per_s`` (excluding model load; the
+figure including it is ``worker_rows_per_s_with_load``), ``vs_naive``, ``vs_sentence_transformers``,
+``padding_efficiency`` (real / processed tokens, from the marker), ``mfu`` (real tokens/s x FLOPs per
+token / bf16 matmul FLOP/s measured in this run), ``peak_rss_mb`` and ``rss_rows_done``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "plugins"), str(ROOT / "worker_image"), str(ROOT / "tests")]
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+import torch  # noqa: E402
+
+SHARED_DATA = Path("/work/shared/data/debian_descriptions.parquet")
+SAMPLE_DATA = ROOT / "data" / "sample" / "debian_descriptions_sample.parquet"
+MAX_LENGTH = 256
+BATCH = 64
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def load_rows(n: int, seed: int = 0) -> pa.Table:
+    """``n`` rows (id, text) sampled without replacement (seed ``seed``) from the shared data set."""
+    path = SHARED_DATA if SHARED_DATA.is_file() else SAMPLE_DATA
+    table = pq.read_table(path, columns=["id", "text"])
+    rng = np.random.default_rng(seed)
+    idx = np.sort(rng.choice(table.num_rows, size=min(n, table.num_rows), replace=False))
+    log(f"data: {path} ({table.num_rows} rows), using {len(idx)}")
+    return table.take(pa.array(idx))
+
+
+def bf16_matmul_flops(size: int = 2048, reps: int = 5) -> float:
+    """Best measured bf16 matmul throughput in FLOP/s (``size``^3 matmuls)."""
+    a = torch.randn(size, size, dtype=torch.bfloat16)
+    b = torch.randn(size, size, dtype=torch.bfloat16)
+    torch.matmul(a, b)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        torch.matmul(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * size**3 / best
+
+
+def naive_loop(model_dir: str, texts: list[str]) -> float:
+    """(a) rows/s: random order, fp32, no_grad, batch 64, pad to the longest row, mean pooling."""
+    from transformers import AutoModel, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModel.from_pretrained(model_dir, dtype=torch.float32).eval()
+    order = np.random.default_rng(1).permutation(len(texts))
+    shuffled = [texts[i] for i in order]
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for s in range(0, len(shuffled), BATCH):
+            enc = tok(shuffled[s : s + BATCH], padding=True, truncation=True, max_length=MAX_LENGTH, return_tensors="pt")
+            out = model(**enc).last_hidden_state
+            m = enc["attention_mask"].unsqueeze(-1).to(out.dtype)
+            emb = (out * m).sum(1) / m.sum(1)
+            torch.nn.functional.normalize(emb, dim=1)
+    return len(texts) / (time.perf_counter() - t0)
+
+
+def st_encode(model_dir: str, texts: list[str]) -> float:
+    """(b) rows/s: sentence-transformers encode, bf16, batch 64."""
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(model_dir, device="cpu").to(torch.bfloat16)
+    model.max_seq_length = MAX_LENGTH
+    t0 = time.perf_counter()
+    model.encode(texts, batch_size=BATCH, normalize_embeddings=True)
+    return len(texts) / (time.perf_counter() - t0)
+
+
+def worker_run(rows: pa.Table, workdir: Path) -> dict:
+    """(c) the worker end to end on one shard holding ``rows``; returns timing and marker figures."""
+    from batch_contract.marker import ShardMarker
+    from batch_worker.runtime import run_shard
+    from conftest import write_run
+
+    path = workdir / "bench_input.parquet"
+    pq.write_table(rows, path)
+    run_dir = write_run(workdir, path, run_id="bench_encoder")
+    t0 = time.perf_counter()
+    code = run_shard(run_dir, "00000")
+    wall = time.perf_counter() - t0
+    if code != 0:
+        raise SystemExit(f"worker exited {code}")
+    marker = ShardMarker.from_json_bytes((Path(run_dir) / "shards/00000/_SUCCESS.json").read_bytes())
+    load = marker.stage_seconds.get("model_load", 0.0)
+    return {"wall": wall, "load": load, "marker": marker}
+
+
+def flops_per_token(info: dict, mean_len: float) -> float:
+    """2 x non-embedding parameters + attention (QK^T and AV: 4 x layers x hidden x sequence length)."""
+    return 2 * info["params_non_embedding"] + 4 * info["num_layers"] * info["hidden_size"] * mean_len
+
+
+def rss_run(n_rows: int, seconds: float, workdir: Path) -> tuple[float, int]:
+    """Peak RSS (MB) of the worker CLI on an ``n_rows``-row shard, and rows it committed.
+
+    The shard tiles the shared data set with fresh ids up to ``n_rows``; the run gets SIGTERM after
+    ``seconds`` if still going (exit 75), so the figure covers model load and steady-state chunks.
+    """
+    from batch_contract.marker import AttemptRecord
+    from conftest import write_run
+
+    base = load_rows(10**9)
+    reps = -(-n_rows // base.num_rows)
+    texts = (base.column("text").to_pylist() * reps)[:n_rows]
+    path = workdir / "rss_input.parquet"
+    pq.write_table(pa.table({"id": list(range(n_rows)), "text": texts}), path, row_group_size=8192)
+    run_dir = write_run(workdir / "rss", path, run_id="bench_rss", worker={"grace_seconds": 20})
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "plugins"), str(ROOT / "worker_image")]))
+    proc = subprocess.Popen([sys.executable, "-m", "batch_worker", "run", "--run-dir", run_dir, "--shard", "00000"],
+                            env=env, stderr=subprocess.DEVNULL)
+    try:
+        proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # Linux: KiB
+    done = 0
+    for p in (Path(run_dir) / "shards/00000/attempts").glob("*.json"):
+        done += AttemptRecord.from_json_bytes(p.read_bytes()).rows_committed
+    log(f"rss run: exit {proc.returncode}, {done}/{n_rows} rows committed, peak RSS {peak_mb:.0f} MB")
+    return peak_mb, done
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=3000)
+    parser.add_argument("--rss-rows", type=int, default=64000, help="rows of the RSS shard (0 skips it)")
+    parser.add_argument("--rss-seconds", type=float, default=240.0, help="stop the RSS run after this long")
+    parser.add_argument("--skip-baselines", action="store_true", help="worker only (no ratios)")
+    args = parser.parse_args()
+    from batch_worker.engines.encoder import default_model_path
+
+    model_dir = default_model_path()
+    rows = load_rows(args.rows)
+    texts = rows.column("text").to_pylist()
+    log(f"torch {torch.__version__}, threads {torch.get_num_threads()}, cpu {torch.backends.cpu.get_cpu_capability()}")
+    peak = bf16_matmul_flops()
+    log(f"bf16 matmul peak: {peak / 1e9:.0f} GFLOP/s")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        w = worker_run(rows, work)
+        marker = w["marker"]
+        worker_rps = rows.num_rows / (w["wall"] - w["load"])
+        log(f"(c) worker: {worker_rps:.1f} rows/s (wall {w['wall']:.1f} s incl. model load {w['load']:.1f} s)")
+        naive_rps = st_rps = float("nan")
+        if not args.skip_baselines:
+            st_rps = st_encode(model_dir, texts)
+            log(f"(b) sentence-transformers bf16 batch 64: {st_rps:.1f} rows/s")
+            naive_rps = naive_loop(model_dir, texts)
+            log(f"(a) naive fp32 random order batch 64: {naive_rps:.1f} rows/s")
+        mean_len = marker.tokens_real / max(marker.rows_ok, 1)
+        fpt = flops_per_token(marker.engine, mean_len)
+        tokens_per_s = marker.tokens_real / (w["wall"] - w["load"])
+        peak_rss, rss_done = rss_run(args.rss_rows, args.rss_seconds, work) if args.rss_rows else (float("nan"), 0)
+    result = {
+        "rows": rows.num_rows,
+        "naive_rows_per_s": round(naive_rps, 2),
+        "st_rows_per_s": round(st_rps, 2),
+        "worker_rows_per_s": round(worker_rps, 2),
+        "worker_rows_per_s_with_load": round(rows.num_rows / w["wall"], 2),
+        "vs_naive": round(worker_rps / naive_rps, 3),
+        "vs_sentence_transformers": round(worker_rps / st_rps, 3),
+        "padding_efficiency": round(marker.padding_efficiency or 0.0, 4),
+        "mfu": round(tokens_per_s * fpt / peak, 3),
+        "real_tokens_per_s": round(tokens_per_s, 1),
+        "flops_per_token": round(fpt),
+        "bf16_matmul_gflops": round(peak / 1e9, 1),
+        "dtype": marker.engine.get("dtype"),
+        "peak_rss_mb": round(peak_rss, 1),
+        "rss_rows": args.rss_rows,
+        "rss_rows_done": rss_done,
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
