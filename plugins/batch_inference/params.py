@@ -195,6 +195,11 @@ def resolve_run_config(params: dict[str, Any]) -> RunConfig:
     _require(bool(re.match(IDENTIFIER_PATTERN, cfg.output_table)), "output_table",
              f"{cfg.output_table!r} is not a SQL identifier (letters, digits, underscore; <= 63 chars)")
     _require(isinstance(cfg.engine_options, dict), "engine_options", "must be a JSON object")
+    if cfg.runner == "kubernetes" and not cfg.dry_run:
+        for name in ("output_root", "input_uri"):
+            _require(str(getattr(cfg, name)).startswith("gs://"), name,
+                     "the kubernetes runner needs storage its pods can reach: use a gs:// URI "
+                     "(or dry_run=true to only render the pods)")
     if cfg.engine == "llm":
         _require(bool(cfg.model), "model", "the llm engine needs a model directory")
     return cfg

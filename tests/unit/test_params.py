@@ -53,6 +53,27 @@ def test_run_time_resolution_names_the_field() -> None:
         resolve_run_config({**params, "engine": "llm", "model": None})
 
 
+def test_kubernetes_runner_needs_shared_storage() -> None:
+    params = _validated()
+    with pytest.raises(ConfigError, match=r"params.output_root: the kubernetes runner needs storage"):
+        resolve_run_config({**params, "runner": "kubernetes"})
+    assert resolve_run_config({**params, "runner": "kubernetes", "dry_run": True}).dry_run
+    cfg = resolve_run_config({**params, "runner": "kubernetes", "output_root": "gs://b/out",
+                              "input_uri": "gs://b/in/*.parquet"})
+    assert cfg.runner == "kubernetes"
+
+
+def test_input_uri_is_rendered_with_the_logical_date() -> None:
+    from airflow.sdk import DAG, BaseOperator
+    from batch_inference.tasks import render_param
+
+    with DAG("render_test", schedule=None):
+        op = BaseOperator(task_id="t")
+    context = {"task": op, "ds": "2026-11-29"}
+    assert render_param("/data/nightly/dt={{ ds }}", context) == "/data/nightly/dt=2026-11-29"
+    assert render_param("/plain/path", context) == "/plain/path"
+
+
 class _Event:
     def __init__(self, extra: dict) -> None:
         self.extra = extra
