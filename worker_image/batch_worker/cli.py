@@ -9,6 +9,7 @@ import sys
 from batch_contract.engine_config import ConfigError
 from batch_contract.enums import ExitCode
 
+from batch_worker import quality_gate
 from batch_worker.errors import BadInputError
 
 EPILOG = f"""exit codes:
@@ -35,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--run-dir", required=True, help="<output_root>/runs/<run_id> (local path, file:// or gs://)")
     run.add_argument("--shard", required=True, help="five-digit shard id, e.g. 00007")
     run.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    quality_gate.add_parser(sub)  # ``quality-gate``: compare two LLM configs on a sample (quality_gate.py)
     return parser
 
 
@@ -47,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     log = logging.getLogger("batch_worker")
+    if args.command == "quality-gate":
+        return quality_gate.cli_main(args)
     from batch_worker.runtime import run_shard  # after logging is set up
 
     try:
