@@ -36,6 +36,14 @@ bench-publish: venv
 bench-report: venv
 	$(PY) bench/report_padding.py
 
+# Crash/preemption chaos: a shard killed at random moments (SIGKILL/SIGTERM) until it completes, checked
+# against an uninterrupted run (every id once, vectors within tolerance, <= one chunk re-done per kill).
+CHAOS_TRIALS ?= 50
+.PHONY: chaos bench-chaos
+chaos: venv
+	$(PY) bench/chaos.py --trials $(CHAOS_TRIALS)
+bench-chaos: chaos
+
 # The main job end to end (local runner, embedded DuckDB); `make run INPUT=... OUTPUT=...` for other data.
 INPUT ?= data/sample/debian_descriptions_sample.parquet
 OUTPUT ?= output
