@@ -8,7 +8,8 @@ small slice (the way a first version would load rows).
 
 Figures: rows/s = published rows / wall seconds of ``publish_run`` (coverage check, staging load,
 primary key, swap). ``peak_rss_mb`` is this process's peak resident set (``ru_maxrss``), which includes
-DuckDB's memory; the PostgreSQL server's own memory is a separate process and not counted.
+DuckDB's memory; the PostgreSQL server's own memory is a separate process and not counted. CPU seconds
+and the load average are printed too: on a shared machine the wall-clock rates fall with the load.
 Last line: one JSON object.
 
 Usage: ``make bench-publish`` (env ``BENCH_PUBLISH_ROWS`` overrides the row count).
@@ -43,6 +44,12 @@ NAIVE_ROWS = 2000
 def peak_rss_mb() -> float:
     """Peak resident set size of this process in MiB (Linux reports ``ru_maxrss`` in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process (all its threads, DuckDB's included)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def start_pg() -> tuple[str, str | None]:
@@ -111,13 +118,18 @@ def main() -> None:
         layout = RunLayout(str(work / "out"), "bench")
         print(f"generated {ROWS:,} rows x {DIM} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
 
+        load_before = os.getloadavg()[0]
+        cpu0 = cpu_seconds()
         duck = publish_run(layout.run_dir, PublishTarget(backend="duckdb", table="embeddings",
                                                          duckdb_path=str(work / "bench.duckdb")))
+        duck_cpu = cpu_seconds() - cpu0
         duck_rps = duck["rows_published"] / duck["publish_seconds"]
         print(f"duckdb: {json.dumps(duck)}", file=sys.stderr)
 
         dsn, pg_dir = start_pg()
+        cpu0 = cpu_seconds()
         pg = publish_run(layout.run_dir, PublishTarget(backend="postgres", table="embeddings", dsn=dsn))
+        pg_cpu = cpu_seconds() - cpu0
         pg_rps = pg["rows_published"] / pg["publish_seconds"]
         print(f"postgres: {json.dumps(pg)}", file=sys.stderr)
 
@@ -136,6 +148,10 @@ def main() -> None:
             "naive_postgres_rows_per_s": round(naive_pg, 1),
             "duckdb_speedup_vs_naive": round(duck_rps / naive_duck, 1),
             "postgres_speedup_vs_naive": round(pg_rps / naive_pg, 1),
+            "duckdb_process_cpu_seconds": round(duck_cpu, 1),
+            "postgres_client_cpu_seconds": round(pg_cpu, 1),
+            "load_avg_1m_at_start": round(load_before, 1),
+            "cpu_cores": os.cpu_count(),
             "targets_met": duck_rps >= 200_000 and pg_rps >= 30_000 and peak_rss_mb() <= 2048,
         }
     finally:

@@ -269,3 +269,17 @@ def test_cli_publish_and_rollback(tmp_path: Path, input_path: str, capsys: pytes
     missing = RunLayout(str(tmp_path / "out"), "nope").run_dir
     assert cli_main(["publish", "--run-dir", missing, "--duckdb-path", db, "--table", "emb"]) == 1
     assert "no manifest" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["emb", "_x1", "a" * 39, "a" * 40, "Emb", "9a", "a-b", "é"])
+def test_table_name_pattern_matches_target_validation(tmp_path: Path, name: str) -> None:
+    import re
+
+    from batch_inference.publish.target import TABLE_NAME_PATTERN
+
+    try:
+        PublishTarget(backend="duckdb", table=name, duckdb_path=str(tmp_path / "w.duckdb"))
+        accepted = True
+    except ValueError:
+        accepted = False
+    assert accepted == bool(re.match(TABLE_NAME_PATTERN, name))

@@ -22,6 +22,12 @@ MAX_TABLE_LEN = 39
 
 MAX_SCHEMA_LEN = 63
 
+TABLE_NAME_PATTERN = r"^[a-z_][a-z0-9_]{0,38}$"
+"""The table-name rule as one regular expression (for a DAG ``Param(pattern=...)`` or JSON schema), so a
+bad name fails on the trigger form instead of at publish time. The reserved suffixes are checked only
+by :class:`PublishTarget`."""
+SCHEMA_NAME_PATTERN = r"^[a-z_][a-z0-9_]{0,62}$"
+
 SUFFIX_STAGING = "__staging"
 SUFFIX_PREVIOUS = "__previous"
 SUFFIX_DEAD_LETTERS = "__dead_letters"
