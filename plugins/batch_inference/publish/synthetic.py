@@ -137,7 +137,8 @@ def _read_ids(input_path: str) -> list[str | None]:
         raw = [json.loads(line).get("id") for line in Path(input_path).read_text("utf-8").splitlines()
                if line.strip()]
         return [None if v is None else str(v) for v in raw]
-    col = pq.read_table(input_path, columns=["id"]).column("id").combine_chunks()
+    fs, path = storage.arrow_filesystem(input_path)
+    col = pq.read_table(path, columns=["id"], filesystem=fs).column("id").combine_chunks()
     return col.cast(pa.string()).to_pylist()
 
 
