@@ -283,3 +283,20 @@ def test_table_name_pattern_matches_target_validation(tmp_path: Path, name: str)
     except ValueError:
         accepted = False
     assert accepted == bool(re.match(TABLE_NAME_PATTERN, name))
+
+
+def test_republish_after_missing_rows_are_committed(tmp_path: Path, input_path: str) -> None:
+    target = _target(tmp_path)
+    partial = build_run(tmp_path / "a", "run1", input_path, RunSpec(shards=2, chunk_rows=50, drop_rows={10, 11}))
+    complete = build_run(tmp_path / "b", "run1", input_path, RunSpec(shards=2, chunk_rows=50))
+    first = publish_run(partial.run_dir, target, min_success_ratio=0.99)
+    assert first["rows_missing"] == 2
+    assert publish_run(partial.run_dir, target, min_success_ratio=0.99)["noop"] is True
+    # the missing rows get committed later (a re-run chunk): the file set changes, so publish runs again
+    redo = next(storage.local_path(complete.shard_dir("00000")).glob("part-00000-*.parquet"))
+    dest = storage.local_path(partial.shard_dir("00000")) / part_name(PART_PREFIX, 0)
+    dest.write_bytes(redo.read_bytes())
+    second = publish_run(partial.run_dir, target)
+    assert second["noop"] is False and second["rows_missing"] == 0 and second["rows_published"] == 300
+    assert second["duplicates_removed"] == 48
+    assert publish_run(partial.run_dir, target)["noop"] is True

@@ -34,6 +34,7 @@ def _record_maker(inv: RunInventory, min_success_ratio: float) -> Callable[[Cove
             success_ratio=cov.success_ratio,
             min_success_ratio=min_success_ratio,
             published_at=utc_now(),
+            files_digest=inv.files_digest,
         )
 
     return make
@@ -49,7 +50,8 @@ def publish_run(
     """Publish every committed result of a run into ``target`` atomically.
 
     Steps: read manifest + markers (every shard must have one, all with the same fingerprint); if the
-    live table already holds this run id + fingerprint, return at once (``noop``); else check coverage
+    live table already holds this run id + fingerprint + committed file set, return at once (``noop``);
+    else check coverage
     (every manifest id exactly once across results and dead letters, duplicates from retried chunks
     dropped deterministically), load ``<table>__staging`` and ``<table>__dead_letters__staging`` with the
     primary key built, then in ONE transaction move the live tables to ``__previous`` (dropping the

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from batch_contract import storage
+from batch_contract.jsonutil import sha256_hex
 from batch_contract.layout import (
     DEAD_LETTER_PREFIX,
     PARQUET_SUFFIX,
@@ -45,6 +46,13 @@ class RunInventory:
     @property
     def run_id(self) -> str:
         return self.layout.run_id
+
+    @property
+    def files_digest(self) -> str:
+        """SHA-256 (32 hex chars) of the committed ``<shard_id>/<name>`` of every part and dead-letter
+        file: the same for a local and a ``gs://`` copy of a run, different once any file is added."""
+        names = sorted("/".join(uri.rsplit("/", 2)[-2:]) for uri in self.part_files + self.dead_letter_files)
+        return sha256_hex("\n".join(names))[:32]
 
     @property
     def rows_input(self) -> int:

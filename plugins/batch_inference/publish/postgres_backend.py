@@ -116,6 +116,17 @@ def _drain(q: queue.Queue) -> Iterator[pa.RecordBatch]:
         yield batch
 
 
+def _put(q: queue.Queue, item: pa.RecordBatch | None, threads: list[threading.Thread]) -> bool:
+    """Put ``item`` unless every consumer thread has died (then ``False``; never blocks forever)."""
+    while True:
+        try:
+            q.put(item, timeout=0.5)
+            return True
+        except queue.Full:
+            if not any(t.is_alive() for t in threads):
+                return False
+
+
 def _parallel_copy(dsn: str, table: sql.Composable, reader: pa.RecordBatchReader, columns: list[PgColumn],
                    workers: int) -> int:
     """COPY the batches of ``reader`` into the committed, empty ``table`` over ``workers`` connections.
@@ -143,20 +154,17 @@ def _parallel_copy(dsn: str, table: sql.Composable, reader: pa.RecordBatchReader
                 conn.commit()
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
             errors.append(exc)
-            for _ in _drain(q):  # keep the producer from blocking on a full queue
-                pass
 
     threads = [threading.Thread(target=work, args=(i,), name=f"publish-copy-{i}") for i in range(workers)]
     for t in threads:
         t.start()
     try:
         for batch in reader:
-            if errors:
+            if errors or not _put(q, batch, threads):
                 break
-            q.put(batch)
     finally:
         for _ in threads:
-            q.put(None)
+            _put(q, None, threads)
         for t in threads:
             t.join()
     if errors:
@@ -247,7 +255,7 @@ def publish(
     """
     with _connect(target) as conn:
         live = read_record(conn, target)
-        if live and live.run_id == inv.run_id and live.fingerprint == inv.fingerprint:
+        if live and live.matches(inv.run_id, inv.fingerprint, inv.files_digest):
             return live, True
         with tempfile.TemporaryDirectory(prefix="publish-") as work:
             parts = localize(inv.part_files, Path(work) / "parts")

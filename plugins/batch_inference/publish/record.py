@@ -41,6 +41,7 @@ class PublishRecord:
         rows_*: counts from the coverage check (rows).
         success_ratio / min_success_ratio: covered fraction and the threshold it was published under.
         published_at: UTC ISO time of the swap.
+        files_digest: :attr:`RunInventory.files_digest` of the published run (the committed file set).
     """
 
     run_id: str
@@ -53,7 +54,18 @@ class PublishRecord:
     success_ratio: float
     min_success_ratio: float
     published_at: str
+    files_digest: str = ""
     kind: str = RECORD_KIND
+
+    def matches(self, run_id: str, fingerprint: str, files_digest: str) -> bool:
+        """Whether this record is the same publish: run id, fingerprint and committed file set.
+
+        A shard re-run after a partial publish (``min_success_ratio`` < 1) commits new files, so the
+        digest differs and publish runs again; a retried publish task finds everything equal (no-op).
+        An empty digest (record written without one) compares on run id and fingerprint only.
+        """
+        same_files = not self.files_digest or self.files_digest == files_digest
+        return self.run_id == run_id and self.fingerprint == fingerprint and same_files
 
     def to_comment(self) -> str:
         """Compact JSON for a table comment."""
