@@ -183,3 +183,20 @@ def test_cli_against_postgres(pg_dsn: str, input_path: str, tmp_path: Path,  # n
     assert json.loads(capsys.readouterr().out)["rows_published"] == 400
     assert cli_main(["rollback", "--backend", "postgres", "--table", "cli_t"]) == 1
     assert "no cli_t__previous" in capsys.readouterr().err
+
+
+def test_copy_error_in_a_worker_fails_cleanly(pg_dsn: str, input_path: str, tmp_path: Path) -> None:  # noqa: F811
+    target = PublishTarget(backend="postgres", table="nul_text", dsn=pg_dsn)
+    good = build_run(tmp_path / "good", "run1", input_path, RunSpec(task="classification"))
+    publish_run(good.run_dir, target)
+    bad = build_run(tmp_path / "bad", "run2", input_path, RunSpec(task="classification", fingerprint="b" * 32))
+    path = next(storage.local_path(bad.shard_dir("00001")).glob("part-*.parquet"))
+    table = pq.read_table(path)
+    labels = table.column("label").to_pylist()
+    labels[0] = "bad\x00label"  # PostgreSQL text cannot hold NUL: the COPY connection fails
+    broken = table.set_column(table.schema.get_field_index("label"), "label", pa.array(labels, pa.string()))
+    path.unlink()
+    pq.write_table(broken, path)
+    with pytest.raises(psycopg.Error):
+        publish_run(bad.run_dir, target)
+    assert _q(pg_dsn, "SELECT count(*), min(fingerprint) FROM nul_text")[0] == (400, "f" * 32)
