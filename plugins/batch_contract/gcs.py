@@ -153,6 +153,17 @@ def _errors() -> Any:
     return exceptions
 
 
+def _failures() -> tuple[type[BaseException], ...]:
+    """Exceptions turned into :class:`StorageError`: HTTP errors that are not retried, retries that ran
+    out of time (``RetryError``), transport errors and credential errors."""
+    import requests
+    from google.api_core import exceptions
+    from google.auth import exceptions as auth_exceptions
+
+    return (exceptions.GoogleAPICallError, exceptions.RetryError, requests.RequestException,
+            auth_exceptions.GoogleAuthError)
+
+
 def _json_key_credentials() -> tuple[Any, str | None] | None:
     """Credentials and project from ``BATCH_GCS_CREDENTIALS_JSON``, or ``None`` when unset."""
     text = os.environ.get(CREDENTIALS_JSON_ENV, "").strip()
@@ -205,7 +216,16 @@ def client() -> Any:
         credentials, key_project = loaded
         made = storage.Client(project=project or key_project, credentials=credentials)
     else:
-        made = storage.Client(project=project)  # Application Default Credentials
+        from google.auth.exceptions import DefaultCredentialsError
+
+        try:
+            made = storage.Client(project=project)  # Application Default Credentials
+        except DefaultCredentialsError:
+            raise StorageError(
+                "gs:// access needs credentials: none found by Application Default Credentials; set "
+                f"GOOGLE_APPLICATION_CREDENTIALS or {CREDENTIALS_JSON_ENV}, run on GKE with Workload Identity, "
+                f"or set {EMULATOR_ENV} for an emulator"
+            ) from None
     with _lock:
         return _clients.setdefault(key, made)
 
@@ -230,9 +250,19 @@ def _content_type(uri: str) -> str:
     return _CONTENT_TYPES.get(uri[dot:].lower(), "application/octet-stream") if dot > 0 else "application/octet-stream"
 
 
-def _api_error(uri: str, action: str, exc: Exception) -> StorageError:
+def _api_error(uri: str, action: str, exc: BaseException) -> StorageError:
+    """A :class:`StorageError` naming the URI, the action and the HTTP status (nothing else is quoted,
+    so no header, token or key can leak into logs)."""
+    prefix = ""
+    cause = getattr(exc, "cause", None)  # RetryError: the last error before the retry deadline
+    if isinstance(cause, BaseException):
+        prefix = f"gave up retrying after {RETRY_TIMEOUT_S:g} s; last error "
+        exc = cause
     code = getattr(exc, "code", None)
-    return StorageError(f"{uri}: {action} failed ({type(exc).__name__}{f' HTTP {code}' if code else ''})")
+    if not isinstance(code, int):  # google-resumable-media's InvalidResponse carries the response
+        code = getattr(getattr(exc, "response", None), "status_code", None)
+    status = f" HTTP {code}" if isinstance(code, int) else ""
+    return StorageError(f"{uri}: {action} failed ({prefix}{type(exc).__name__}{status})")
 
 
 def _same_content(blob: Any, data: bytes) -> bool:
@@ -270,11 +300,11 @@ def write_create_only(uri: str, data: bytes) -> None:
         return
     except gexc.PreconditionFailed:
         pass
-    except gexc.GoogleAPICallError as exc:
+    except _failures() as exc:
         raise _api_error(uri, "create-only upload", exc) from exc
     try:
         same = _same_content(blob, data)
-    except gexc.GoogleAPICallError as exc:
+    except _failures() as exc:
         raise _api_error(uri, "read-back after 412", exc) from exc
     if not same:
         raise AlreadyExistsError(f"{uri} already exists with other content")
@@ -299,12 +329,12 @@ def write_replace(uri: str, data: bytes) -> None:
     Raises:
         StorageError: the upload failed after retries.
     """
-    gexc = _errors()
+    _errors()  # install check first: the except clause below imports google libraries
     blob = _blob(uri)
     _wait_rewrite_slot(uri)
     try:
         blob.upload_from_string(data, content_type=_content_type(uri), retry=_retry(), timeout=REQUEST_TIMEOUT_S)
-    except gexc.GoogleAPICallError as exc:
+    except _failures() as exc:
         raise _api_error(uri, "upload", exc) from exc
     finally:
         with _lock:
@@ -323,16 +353,16 @@ def read_bytes(uri: str) -> bytes:
         return _blob(uri).download_as_bytes(retry=_retry(), timeout=REQUEST_TIMEOUT_S)
     except gexc.NotFound:
         raise FileNotFoundError(uri) from None
-    except gexc.GoogleAPICallError as exc:
+    except _failures() as exc:
         raise _api_error(uri, "download", exc) from exc
 
 
 def exists(uri: str) -> bool:
     """Whether the object ``uri`` exists (``False`` also for a missing bucket)."""
-    gexc = _errors()
+    _errors()  # install check first: the except clause below imports google libraries
     try:
         return bool(_blob(uri).exists(retry=_retry(), timeout=REQUEST_TIMEOUT_S))
-    except gexc.GoogleAPICallError as exc:
+    except _failures() as exc:
         raise _api_error(uri, "exists", exc) from exc
 
 
@@ -366,7 +396,7 @@ def list_names(dir_uri: str, page_size: int | None = None) -> list[str]:
         names.extend(sub[len(prefix) :].rstrip("/") for sub in pages.prefixes)
     except gexc.NotFound:
         raise StorageError(f"{dir_uri}: bucket {bucket!r} not found") from None
-    except gexc.GoogleAPICallError as exc:
+    except _failures() as exc:
         raise _api_error(dir_uri, "list", exc) from exc
     return [name for name in names if name]
 
@@ -378,7 +408,7 @@ def delete(uri: str) -> None:
         _blob(uri).delete(retry=_retry(), timeout=REQUEST_TIMEOUT_S)
     except gexc.NotFound:
         pass
-    except gexc.GoogleAPICallError as exc:
+    except _failures() as exc:
         raise _api_error(uri, "delete", exc) from exc
 
 

@@ -183,3 +183,12 @@ def test_gcs_multi_mb_parquet_through_arrow(gcs_bucket: str) -> None:
     pf = pq.ParquetFile(path, filesystem=fs)
     assert pf.metadata.num_rows == n and pf.metadata.num_row_groups == 3
     assert pq.read_table(path, filesystem=fs).equals(table)
+
+
+def test_gcs_retries_give_up_with_a_storage_error(fault_proxy, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gcs, "RETRY_INITIAL_S", 0.05)
+    monkeypatch.setattr(gcs, "RETRY_TIMEOUT_S", 0.6)
+    fault_proxy.faults += [Fault(method="GET", path_contains="/o/", mode="status", status=503)] * 200
+    with pytest.raises(storage.StorageError, match=r"gs://any-bucket/x.json: download failed \(gave up .*503"):
+        storage.read_bytes("gs://any-bucket/x.json")
+    assert sum(o == "injected 503" for _, _, o in fault_proxy.seen) >= 2

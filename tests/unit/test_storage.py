@@ -126,3 +126,12 @@ def test_contract_imports_without_google_cloud_storage(tmp_path: Path) -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=plugins
     ).stdout
     assert "ERR gs:// URIs need google-cloud-storage" in out
+
+
+def test_missing_adc_is_a_clear_storage_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in (gcs.EMULATOR_ENV, gcs.CREDENTIALS_JSON_ENV, "GOOGLE_APPLICATION_CREDENTIALS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NO_GCE_CHECK", "True")  # no metadata-server probe
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path))  # no gcloud user credentials
+    with pytest.raises(storage.StorageError, match="needs credentials.*GOOGLE_APPLICATION_CREDENTIALS"):
+        storage.exists("gs://bucket/x.json")
