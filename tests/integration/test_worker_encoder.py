@@ -121,9 +121,12 @@ def test_sigkill_at_random_points_then_rerun_gives_every_id_once(reference_run, 
     rng = random.Random(1234)
     kills = 0
     for _ in range(3):
+        started = len(list((shard / "attempts").glob("*.json")))
         proc = subprocess.Popen(_worker_cmd(run_dir), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _wait_for_part(shard, proc)  # past model load; then kill at a random point of the inference loop
-        time.sleep(rng.uniform(0.0, 1.5))
+        deadline = time.monotonic() + 120
+        while len(list((shard / "attempts").glob("*.json"))) == started and time.monotonic() < deadline:
+            time.sleep(0.05)  # the attempt record exists: kill somewhere in model load, inference or commit
+        time.sleep(rng.uniform(0.5, 8.0))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             kills += 1
