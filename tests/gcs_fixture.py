@@ -19,8 +19,10 @@ from __future__ import annotations
 import http.client
 import http.server
 import os
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -49,6 +51,16 @@ def server_binary() -> Path:
     return _server._get_binary_path()
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux to SIGTERM it when the test process dies (no orphan servers
+    after a killed pytest run). A no-op elsewhere."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 class FakeGcsServer:
     """One fake-gcs-server process (in-memory backend, plain HTTP) on 127.0.0.1.
 
@@ -66,7 +78,7 @@ class FakeGcsServer:
         """Start the process and wait until it answers; raises ``RuntimeError`` with its log if not."""
         cmd = [str(server_binary()), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
                "-port", str(self.port), "-external-url", self.url, "-log-level", "error"]
-        self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=self._log)
+        self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=self._log, preexec_fn=_die_with_parent)
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
@@ -243,8 +255,6 @@ def main(argv: list[str] | None = None) -> int:
     prints the ``export STORAGE_EMULATOR_HOST=...`` line and serves until Ctrl-C (in-memory: data is lost).
     """
     import argparse
-    import signal
-    import sys
 
     parser = argparse.ArgumentParser(description="fake-gcs-server on 127.0.0.1 for manual runs")
     parser.add_argument("--port", type=int, default=4443)
