@@ -105,29 +105,31 @@ def make_chaos_input(path: Path, rows: int, seed: int = 0, source: Path | None =
     return out
 
 
-def write_manifest(output_root: Path, run_id: str, input_path: Path, *, chunk_rows: int,
+def write_manifest(output_root: Path | str, run_id: str, input_path: Path, *, chunk_rows: int,
                    dtype: str = "float32", worker: dict[str, Any] | None = None,
-                   engine: dict[str, Any] | None = None) -> RunLayout:
+                   engine: dict[str, Any] | None = None, input_uri: str | None = None) -> RunLayout:
     """Write a one-shard run over all rows of ``input_path`` (Parquet, ``id``/``text``); return its layout.
 
     Args:
-        output_root: local output root.
+        output_root: output root (local path or ``gs://bucket/prefix``).
         run_id: run id (safe path segment).
-        input_path: the Parquet input.
+        input_path: the Parquet input (a local copy: row counts are read from it).
+        input_uri: where the worker reads the input (default ``input_path``; e.g. the same file
+            uploaded to ``gs://``).
         chunk_rows: rows per committed chunk (``WorkerSettings.chunk_rows``).
         dtype: encoder dtype (``float32`` keeps results batch-independent up to rounding).
         worker: extra ``WorkerSettings`` fields.
         engine: extra encoder config fields.
     """
     meta = pq.ParquetFile(input_path).metadata
-    f = InputFile(uri=str(input_path), rows=meta.num_rows,
+    f = InputFile(uri=input_uri or str(input_path), rows=meta.num_rows,
                   row_group_rows=[meta.row_group(g).num_rows for g in range(meta.num_row_groups)],
                   size_bytes=input_path.stat().st_size)
     settings = {"chunk_rows": chunk_rows, "progress_interval_seconds": 0.05, "grace_seconds": 20.0,
                 "token_budget": 2048, **(worker or {})}
     manifest = Manifest(
         run_id=run_id,
-        input=InputSpec(uri=str(input_path), format="parquet", id_column="id", text_column="text", files=[f]),
+        input=InputSpec(uri=f.uri, format="parquet", id_column="id", text_column="text", files=[f]),
         shards=[ShardSpec(shard_id=SHARD, segments=[Segment(0, 0, f.rows)])],
         engine={"kind": "encoder", "dtype": dtype, **(engine or {})},
         worker=WorkerSettings(**settings),
@@ -135,6 +137,20 @@ def write_manifest(output_root: Path, run_id: str, input_path: Path, *, chunk_ro
     layout = RunLayout(output_root=str(output_root), run_id=run_id)
     storage.write_replace(layout.manifest_uri, manifest.to_json_bytes())
     return layout
+
+
+def run_worker(layout: RunLayout, env: dict[str, str] | None = None, timeout: float = 600.0) -> subprocess.CompletedProcess:
+    """Run the shard once, uninterrupted, as a subprocess (``python -m batch_worker run``); output captured.
+
+    Args:
+        layout: the run.
+        env: extra environment (e.g. ``STORAGE_EMULATOR_HOST``) on top of :func:`worker_env`.
+        timeout: seconds before ``subprocess.TimeoutExpired``.
+    """
+    return subprocess.run(
+        [sys.executable, "-m", "batch_worker", "run", "--run-dir", layout.run_dir, "--shard", SHARD],
+        env={**worker_env(), **(env or {})}, capture_output=True, text=True, cwd=REPO_ROOT, timeout=timeout,
+    )
 
 
 # -- reading a shard's committed outputs ----------------------------------------------------------------
@@ -207,8 +223,10 @@ def committed_rows(shard_dir: str) -> dict[str, int]:
     for name in storage.list_names(shard_dir):
         if chunk_of(name) is not None:
             uri = join_uri(shard_dir, name)
-            rows[name] = pq.ParquetFile(storage.local_path(uri)).metadata.num_rows if not storage.is_gcs(uri) \
-                else _read_parquet(uri).num_rows
+            if storage.is_gcs(uri):
+                rows[name] = _read_parquet(uri).num_rows
+            else:
+                rows[name] = pq.ParquetFile(storage.local_path(uri)).metadata.num_rows
     return rows
 
 
@@ -460,10 +478,7 @@ def run_reference(root: Path, input_path: Path, chunk_rows: int, run_id: str = "
     """
     layout = write_manifest(root, run_id, input_path, chunk_rows=chunk_rows, dtype=dtype)
     t0 = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "batch_worker", "run", "--run-dir", layout.run_dir, "--shard", SHARD],
-        env=worker_env(), capture_output=True, text=True, cwd=REPO_ROOT,
-    )
+    proc = run_worker(layout)
     seconds = time.monotonic() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"reference run exited {proc.returncode}: {proc.stderr[-2000:]}")
