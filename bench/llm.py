@@ -136,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefix-tokens", type=int, default=300)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.92,
+                        help="GPU only: engine fraction of GPU memory (lower it so two engines fit at once)")
+    parser.add_argument("--hidden", type=int, default=128, help="tiny model hidden size (GPU smoke: larger)")
+    parser.add_argument("--layers", type=int, default=2, help="tiny model layers (GPU smoke: more)")
     args = parser.parse_args(argv)
 
     import build_tiny_llm
@@ -145,14 +149,14 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="bench-llm-") as tmp:
         tmp_path = Path(tmp)
-        model = build_tiny_llm.build(tmp_path / "model")
+        model = build_tiny_llm.build(tmp_path / "model", hidden=args.hidden, layers=args.layers)
         tokenizer = AutoTokenizer.from_pretrained(str(model))
         table = pq.read_table(SAMPLE).slice(0, args.prompts)
         table = table.set_column(table.column_names.index("text"), "text",
                                  pa.array([t[:600] for t in table.column("text").to_pylist()]))
         engine = {"kind": "llm", "model_path": str(model), "dtype": "bfloat16", "max_model_len": 1024,
                   "max_tokens": args.max_tokens, "system_prompt": system_prompt(tokenizer, args.prefix_tokens),
-                  "user_template": TEMPLATE}
+                  "user_template": TEMPLATE, "gpu_memory_utilization": args.gpu_memory_utilization}
         config = LLMConfig.from_dict(engine)
         renderer = PromptRenderer(config, tokenizer)
         prompts = [renderer.render_text(renderer.parts(row_context(r, str(r["id"]), r["text"])))
@@ -181,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         "prompts": len(prompts),
         "prefix_tokens": prefix_tokens,
         "max_tokens": args.max_tokens,
+        "model": {"hidden": args.hidden, "layers": args.layers},
         "direct_output_tokens_per_s": round(direct_tps, 1),
         "output_tokens_per_s": round(worker_tps, 1),
         "worker_output_tokens_per_s_with_load": round(best_w["output_tokens"] / best_w["wall"], 1),

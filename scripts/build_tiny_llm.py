@@ -68,19 +68,25 @@ def build_tokenizer(vocab_size: int, texts: list[str]):
     )
 
 
+def head_dim_for(hidden: int) -> int:
+    """Attention head size: 32 up to hidden 256 (4 heads at the default 128), else 64."""
+    return 32 if hidden <= 256 else 64
+
+
 def build_model(vocab_size: int, hidden: int, layers: int, seed: int, bos_id: int, eos_id: int, pad_id: int):
     """A randomly initialised ``LlamaForCausalLM`` (float32 weights, seeded)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
+    heads = hidden // head_dim_for(hidden)
     config = LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=hidden,
         intermediate_size=hidden * 4,
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 2),
         max_position_embeddings=2048,
         bos_token_id=bos_id,
         eos_token_id=eos_id,
@@ -95,10 +101,10 @@ def build(out_dir: Path, hidden: int = 128, layers: int = 2, vocab: int = 2048, 
     """Build tokenizer + model into ``out_dir`` (created) and return it.
 
     Raises:
-        ValueError: hidden size not a multiple of 4 (the head count) or a vocabulary too small.
+        ValueError: hidden size not a multiple of the head size, or a vocabulary too small.
     """
-    if hidden % 4 or hidden < 16:
-        raise ValueError(f"--hidden {hidden} must be a multiple of 4 and >= 16")
+    if hidden < 64 or hidden % head_dim_for(hidden):
+        raise ValueError(f"--hidden {hidden} must be >= 64 and a multiple of {head_dim_for(hidden)} (the head size)")
     if vocab < 300:
         raise ValueError(f"--vocab {vocab} must be >= 300 (256 bytes + special tokens + merges)")
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -424,6 +424,7 @@ class LLMEngine(Engine):
         finished: dict[str, _Finished] = {}
         interrupted = False
         while engine.has_unfinished_requests():
+            done_before = len(finished)
             for out in engine.step():
                 if not out.finished:
                     continue
@@ -438,6 +439,8 @@ class LLMEngine(Engine):
                     output_tokens=len(comp.token_ids),
                     finish_reason=str(comp.finish_reason),
                 )
+            if self.on_rows_done is not None and len(finished) > done_before:
+                self.on_rows_done(len(finished) - done_before)  # live progress between commits
             if should_stop() and len(finished) < len(row_of):
                 pending = [req for req, rid in row_of.items() if rid not in finished]
                 engine.abort_request(pending)
