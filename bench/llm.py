@@ -106,6 +106,7 @@ def direct(config: LLMConfig, engine_kwargs: dict, prompts: list[str]) -> dict:
     prompt_tokens = sum(len(o.prompt_token_ids) for o in outputs)
     cached = sum(int(o.num_cached_tokens or 0) for o in outputs)
     out_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    llm.llm_engine.engine_core.shutdown()
     del llm, outputs
     gc.collect()
     return {"seconds": seconds, "output_tokens": out_tokens, "prompt_tokens": prompt_tokens, "cached": cached}

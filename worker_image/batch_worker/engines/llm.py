@@ -297,10 +297,16 @@ class LLMEngine(Engine):
         return self._loaded
 
     def close(self) -> None:
-        """Drop the vLLM engine and free its memory."""
-        self.llm = None
+        """Shut the vLLM engine down and free its (GPU) memory, so another engine can start in this
+        process (the quality gate runs two configs one after the other)."""
+        if self.llm is not None:
+            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+            self.llm.llm_engine.engine_core.shutdown()
+            self.llm = None
+            gc.collect()
+            cleanup_dist_env_and_memory()
         self._loaded = None
-        gc.collect()
 
     # -- per chunk -------------------------------------------------------------------------------
 
