@@ -506,3 +506,60 @@ def summary_json(verdicts: list[TrialVerdict], reference_seconds: float, extra: 
         "time_ratio_vs_uninterrupted": round(float(np.mean(chaos_seconds)) / reference_seconds, 3) if verdicts else None,
         **extra,
     })
+
+
+# -- kill-once wrapper (orchestrator-level chaos) ---------------------------------------------------------
+
+
+def kill_once_main(argv: list[str]) -> int:
+    """``python bench/chaos_lib.py kill-once --flag-dir D [--after-commits N] [--signal KILL|TERM] -- ARGS``.
+
+    A stand-in for a preempted pod, used as the local runner's ``BATCH_WORKER_COMMAND``: runs
+    ``python -m batch_worker ARGS`` (``ARGS`` = ``run --run-dir R --shard S``, appended by the runner) and,
+    the first time it sees this run + shard (no flag file in ``D``), kills the worker with the signal
+    once N new part/dead-letter files are committed, exiting ``128 + signal`` like a killed container.
+    Later calls run the worker untouched.
+
+    Returns:
+        The worker's exit code (``128 + n`` when it died of signal ``n``).
+    """
+    import argparse
+
+    if "--" not in argv:
+        raise SystemExit("usage: chaos_lib.py kill-once --flag-dir D [--after-commits N] [--signal KILL|TERM] -- ARGS")
+    split = argv.index("--")
+    parser = argparse.ArgumentParser(prog="chaos_lib.py kill-once")
+    parser.add_argument("--flag-dir", type=Path, required=True)
+    parser.add_argument("--after-commits", type=int, default=1)
+    parser.add_argument("--signal", choices=["KILL", "TERM"], default="KILL")
+    opts = parser.parse_args(argv[:split])
+    rest = argv[split + 1:]
+    run_dir, shard_id = rest[rest.index("--run-dir") + 1], rest[rest.index("--shard") + 1]
+    layout = RunLayout.from_run_dir(run_dir)
+    flag = opts.flag_dir / f"{layout.run_id}-{shard_id}.killed"
+    cmd = [sys.executable, "-m", "batch_worker", *rest]
+    if flag.exists():
+        return subprocess.call(cmd, env=worker_env())
+    opts.flag_dir.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(cmd, env=worker_env())
+    shard_dir = layout.shard_dir(shard_id)
+    before = len(committed_rows(shard_dir)) if storage.exists(shard_dir) else 0
+    killed = False
+    while proc.poll() is None:
+        if storage.exists(shard_dir) and len(committed_rows(shard_dir)) - before >= opts.after_commits:
+            proc.send_signal(getattr(signal, f"SIG{opts.signal}"))
+            killed = True
+            break
+        time.sleep(0.05)
+    code = proc.wait()
+    # counted after the process is gone: exactly what the killed attempt (and earlier ones) committed
+    at_kill = sum(committed_rows(shard_dir).values()) if storage.exists(shard_dir) else 0
+    flag.write_text(json.dumps({"killed": killed, "exit_code": code, "files_before": before,
+                                "rows_committed_at_exit": at_kill}))
+    return 128 - code if code < 0 else code
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "kill-once":
+        sys.exit(kill_once_main(sys.argv[2:]))
+    raise SystemExit("usage: chaos_lib.py kill-once ... (see kill_once_main)")
