@@ -1,0 +1,212 @@
+"""Security: trigger-form values are validated, templates are sandboxed, credentials never leak.
+
+* **SQL injection**: table names from the trigger form are checked by the form's JSON schema, by
+  ``resolve_run_config`` and again by ``PublishTarget`` before any SQL text is built.
+* **Paths**: run ids and shard ids are single safe path segments (no ``..``, no ``/``), so nothing a
+  form or a manifest says can make a worker write outside ``<output_root>/runs/<run_id>/``.
+* **Templates**: templated params render in Airflow's sandboxed Jinja environment (attribute access
+  to dunder internals raises ``SecurityError``).
+* **Credentials**: a real DAG run with a planted fake service-account key (``BATCH_GCS_CREDENTIALS_JSON``),
+  a planted secret env var and a PostgreSQL connection whose URI carries a planted password publishes
+  to a real PostgreSQL server; then every file under the run directory, the Airflow home (task logs)
+  and the run's console output is grepped for the planted strings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from batch_contract.engine_config import ConfigError
+from batch_contract.layout import RunLayout
+from pg_fixture import pg_dsn  # noqa: F401 - pytest fixture
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench"))
+
+import chaos_lib  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+INJECTIONS = [
+    'emb"; DROP TABLE users; --',
+    "emb; DELETE FROM x",
+    "emb' OR '1'='1",
+    "emb/*comment*/",
+    "main.emb",
+    "emb\nDROP",
+    "",
+    "1emb",
+    "emb name",
+]
+
+
+def _backfill_dag():
+    from batch_inference.dag_factory import build_all
+
+    return build_all()["batch_inference_backfill"]
+
+
+def _params(**kw) -> dict:
+    from batch_inference.params import base_params
+
+    values = {k: (v.value if hasattr(v, "value") else v) for k, v in base_params().items()}
+    values.update(kw)
+    return values
+
+
+@pytest.mark.parametrize("name", INJECTIONS)
+def test_sql_injection_in_table_name_is_rejected_everywhere(name: str) -> None:
+    from airflow.sdk.definitions.param import ParamValidationError
+    from batch_inference.params import resolve_run_config
+    from batch_inference.publish.target import PublishTarget
+
+    with pytest.raises(ParamValidationError):
+        _backfill_dag().params.get_param("output_table").resolve(name)
+    with pytest.raises(ConfigError, match="params.output_table"):
+        resolve_run_config(_params(output_table=name))
+    with pytest.raises(ValueError, match="table"):
+        PublishTarget(backend="duckdb", table=name, duckdb_path="/tmp/unused.duckdb")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "params.IDENTIFIER_PATTERN (^[A-Za-z_][A-Za-z0-9_]{0,62}$, the form and resolve_run_config) accepts "
+    "upper-case and 40..63-character table names that publish.target.PublishTarget rejects "
+    "([a-z_][a-z0-9_]*, <= 39 chars): the run does all its inference and then fails in publish"))
+@pytest.mark.parametrize("name", ["Embeddings", "e" * 50])
+def test_every_table_name_the_form_accepts_can_be_published(name: str) -> None:
+    from batch_inference.params import resolve_run_config
+    from batch_inference.publish.target import PublishTarget
+
+    _backfill_dag().params.get_param("output_table").resolve(name)
+    cfg = resolve_run_config(_params(output_table=name))
+    PublishTarget(backend="duckdb", table=cfg.output_table, duckdb_path="/tmp/unused.duckdb")
+
+
+@pytest.mark.parametrize("run_id", ["../escape", "a/b", "..", "x/../../etc", "with space", "", "/abs"])
+def test_run_id_cannot_leave_the_output_root(run_id: str, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="run_id"):
+        RunLayout(str(tmp_path), run_id)
+
+
+@pytest.mark.parametrize("shard_id", ["../00000", "00000/..", "0000", "../../etc", "00000 "])
+def test_shard_id_cannot_leave_the_run_dir(shard_id: str, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="shard id"):
+        RunLayout(str(tmp_path), "run").shard_dir(shard_id)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "params.resolve_run_config has no allow-list of storage roots: input_uri/output_root/duckdb_path from "
+    "the trigger form may name any local path (e.g. /etc) or bucket; expected a ConfigError naming the "
+    "field unless the path is under configured roots (e.g. an Airflow Variable / env allow-list)"))
+@pytest.mark.parametrize("field", ["output_root", "input_uri", "duckdb_path"])
+def test_paths_outside_configured_roots_are_rejected(field: str) -> None:
+    from batch_inference.params import resolve_run_config
+
+    with pytest.raises(ConfigError, match=f"params.{field}"):
+        resolve_run_config(_params(**{field: "/etc/cron.d/evil"}))
+
+
+@pytest.mark.parametrize("template", [
+    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+    "{{ self.__init__.__globals__ }}",
+    "{{ cycler.__init__.__globals__.os.popen('id').read() }}",
+])
+def test_templated_params_render_in_a_sandbox(template: str) -> None:
+    from batch_inference.tasks import render_param
+    from jinja2.exceptions import SecurityError, UndefinedError
+    from jinja2.sandbox import SandboxedEnvironment
+
+    dag = _backfill_dag()
+    assert isinstance(dag.get_template_env(), SandboxedEnvironment)
+    task = dag.task_dict["plan"]
+    assert render_param("data/dt={{ ds }}", {"task": task, "ds": "2026-11-30"}) == "data/dt=2026-11-30"
+    with pytest.raises((SecurityError, UndefinedError)):
+        render_param(template, {"task": task, "ds": "2026-11-30"})
+
+
+# ------------------------------------------------------------------------------- planted credentials
+
+FAKE_KEY_MARK = "PLANTEDPRIVATEKEYb64Zm9vYmFy"
+FAKE_KEY_ID = "planted0key0id0f00dfeedbeef"
+FAKE_ENV_SECRET = "planted-env-secret-7c1a9e"
+FAKE_PG_PASSWORD = "PlantedPgPassw0rd-93kq"
+FAKE_SERVICE_ACCOUNT = json.dumps({
+    "type": "service_account", "project_id": "planted-project", "private_key_id": FAKE_KEY_ID,
+    "private_key": f"-----BEGIN PRIVATE KEY-----\n{FAKE_KEY_MARK}\n-----END PRIVATE KEY-----\n",
+    "client_email": "planted@planted-project.iam.gserviceaccount.com", "client_id": "1",
+    "token_uri": "https://oauth2.googleapis.com/token",
+})
+SECRETS = [FAKE_KEY_MARK, FAKE_KEY_ID, FAKE_ENV_SECRET, FAKE_PG_PASSWORD]
+
+RUN_DAG = textwrap.dedent("""
+    import json, sys
+    from airflow.dag_processing.dagbag import DagBag
+    bag = DagBag(dag_folder=sys.argv[2])
+    assert not bag.import_errors, bag.import_errors
+    dr = bag.dags["batch_inference_backfill"].test(run_conf=json.loads(sys.argv[1]))
+    print("RESULT " + json.dumps({"state": str(dr.state), "run_id": dr.run_id}))
+""")
+
+
+def _files_containing(root: Path, needles: list[str]) -> dict[str, list[str]]:
+    hits: dict[str, list[str]] = {}
+    for path in root.rglob("*"):
+        if not path.is_file():
+            continue
+        data = path.read_bytes()
+        found = [n for n in needles if n.encode() in data]
+        if found:
+            hits[str(path)] = found
+    return hits
+
+
+def test_planted_credentials_never_reach_logs_manifests_or_reports(tmp_path: Path, pg_dsn: str) -> None:  # noqa: F811
+    home = tmp_path / "airflow_home"
+    dsn_with_password = pg_dsn.replace("postgresql://postgres@", f"postgresql://postgres:{FAKE_PG_PASSWORD}@", 1)
+    assert FAKE_PG_PASSWORD in dsn_with_password, f"unexpected DSN shape {pg_dsn}"
+    env = dict(os.environ)
+    env.update({
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(home / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "PYTHONPATH": os.pathsep.join([str(REPO / "plugins"), str(REPO / "worker_image")]),
+        "PATH": str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", ""),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "BATCH_GCS_CREDENTIALS_JSON": FAKE_SERVICE_ACCOUNT,
+        "MY_SERVICE_TOKEN": FAKE_ENV_SECRET,
+        "AIRFLOW_CONN_BI_SECRET_PG": dsn_with_password,
+    })
+    env.pop("STORAGE_EMULATOR_HOST", None)
+    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True,
+                   capture_output=True, timeout=600)
+    src = tmp_path / "in" / "rows.parquet"
+    chaos_lib.make_chaos_input(src, 12, seed=4, max_chars=200)
+    out = tmp_path / "out"
+    conf = {"input_uri": str(src), "output_root": str(out), "runner": "local", "rows_per_shard": 1000,
+            "publish_backend": "postgres", "postgres_conn_id": "bi_secret_pg", "output_table": "secret_test",
+            "duckdb_path": str(out / "unused.duckdb")}
+    proc = subprocess.run([sys.executable, "-c", RUN_DAG, json.dumps(conf), str(REPO / "dags")], env=env,
+                          capture_output=True, text=True, timeout=900)
+    console = proc.stdout + proc.stderr
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, console[-6000:]
+    assert json.loads(lines[-1][7:])["state"].endswith("success"), console[-6000:]
+    run_dir = out / "runs" / json.loads(lines[-1][7:])["run_id"]
+    assert (run_dir / "manifest.json").is_file() and (run_dir / "report.json").is_file()
+    import psycopg
+
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM secret_test").fetchone()[0] == 12, "published for real"
+    assert [s for s in SECRETS if s in console] == [], "a planted secret reached the run's console/task output"
+    leaks = {**_files_containing(out, SECRETS), **_files_containing(home / "logs", SECRETS)}
+    assert leaks == {}, f"planted secrets found in run outputs or task logs: {leaks}"
+    assert (home / "logs").is_dir() or "Marking task as SUCCESS" in console, "task logs were produced and checked"
