@@ -453,7 +453,10 @@ def check_trial(trial: int, sig: str, outputs: ShardOutputs, reference: ShardOut
     unexpected = len(set(outputs.id_counts) - exp_ids) + len(set(outputs.dead_counts) - exp_dead)
     cos = min_cosine(reference.vectors, outputs.vectors)
     rework_chunks = max((math.ceil(o.rework_rows / chunk_rows) for o in outcomes if o.signal), default=0)
-    mismatches = sum(1 for o in outcomes if o.skipped_resume is not None and o.skipped_resume != o.committed_before)
+    # an attempt killed before its first chunk never reports a skip count (it stays 0): only attempts
+    # that committed something or completed are checked
+    mismatches = sum(1 for o in outcomes if o.skipped_resume is not None and (o.committed_rows or o.exit_code == 0)
+                     and o.skipped_resume != o.committed_before)
     m = outputs.marker
     marker_ok = m is not None and m.rows_ok == len(outputs.id_counts) and m.rows_dead_letter == len(outputs.dead_counts)
     exact = (lost == 0 and dup == 0 and unexpected == 0 and cos >= COSINE_TOLERANCE and rework_chunks <= 1
