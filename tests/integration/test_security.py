@@ -209,4 +209,6 @@ def test_planted_credentials_never_reach_logs_manifests_or_reports(tmp_path: Pat
     assert [s for s in SECRETS if s in console] == [], "a planted secret reached the run's console/task output"
     leaks = {**_files_containing(out, SECRETS), **_files_containing(home / "logs", SECRETS)}
     assert leaks == {}, f"planted secrets found in run outputs or task logs: {leaks}"
-    assert (home / "logs").is_dir() or "Marking task as SUCCESS" in console, "task logs were produced and checked"
+    # positive controls: the grep does see the manifest/report and the worker's own log lines
+    assert _files_containing(out, ["secret_test"]), "the table name (a form value) is recorded in run outputs"
+    assert "[shard 00000]" in console, "the worker's log lines are part of the grepped task output"
