@@ -35,6 +35,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rows", type=int, default=60, help="good rows in the shard (default 60)")
     parser.add_argument("--chunk-rows", type=int, default=6, help="rows per committed chunk (default 6)")
     parser.add_argument("--max-kills", type=int, default=2, help="most kills per trial (default 2)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="encoder dtype for the reference and the trials (default float32)")
     parser.add_argument("--seed", type=int, default=0, help="seed for rows and kill moments (default 0)")
     parser.add_argument("--source", type=Path, default=None,
                         help="Parquet with id/text (default: data/sample/debian_descriptions_sample.parquet)")
@@ -51,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     input_path = work / "input.parquet"
     chaos_lib.make_chaos_input(input_path, args.rows, seed=args.seed, source=args.source)
-    reference, ref_seconds = chaos_lib.run_reference(work / "ref", input_path, args.chunk_rows)
+    reference, ref_seconds = chaos_lib.run_reference(work / "ref", input_path, args.chunk_rows, dtype=args.dtype)
     marker = reference.marker
     assert marker is not None
     chunks = -(-marker.rows_input // args.chunk_rows)
@@ -68,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             break
         sig = signal.SIGKILL if trial % 2 == 0 else signal.SIGTERM
         root = work / f"trial-{trial:03d}"
-        layout = chaos_lib.write_manifest(root, "chaos", input_path, chunk_rows=args.chunk_rows)
+        layout = chaos_lib.write_manifest(root, "chaos", input_path, chunk_rows=args.chunk_rows, dtype=args.dtype)
         outcomes = chaos_lib.run_with_kills(layout, sig, rng, max_kills=args.max_kills, chunk_seconds=chunk_seconds,
                                             startup_seconds=startup_seconds)
         outputs = chaos_lib.read_shard(layout.shard_dir(chaos_lib.SHARD))
@@ -81,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(root, ignore_errors=True)
     if args.details:
         args.details.write_text(json.dumps([asdict(v) for v in verdicts], indent=1))
-    extra = {"trials_requested": args.trials, "rows": args.rows + len(chaos_lib.BAD_ROWS), "chunk_rows": args.chunk_rows,
+    extra = {"trials_requested": args.trials, "dtype": args.dtype, "rows": args.rows + len(chaos_lib.BAD_ROWS), "chunk_rows": args.chunk_rows,
              "reference_seconds": round(ref_seconds, 2), "chaos_seconds": round(time.monotonic() - t0, 1)}
     print(chaos_lib.summary_json(verdicts, ref_seconds, extra))
     if args.work_dir is None:
