@@ -502,6 +502,7 @@ def summary_json(verdicts: list[TrialVerdict], reference_seconds: float, extra: 
         "kills_sigkill": sum(v.kills for v in verdicts if v.signal == "SIGKILL"),
         "kills_sigterm": sum(v.kills for v in verdicts if v.signal == "SIGTERM"),
         "kills_mid_shard": sum(v.kills_mid_shard for v in verdicts),
+        "trials_without_kill": sum(1 for v in verdicts if v.kills == 0),
         "resume_mismatches": sum(v.resume_mismatches for v in verdicts),
         "min_cosine": min((v.min_cosine for v in verdicts), default=1.0),
         "max_abs_diff": max((v.max_abs_diff for v in verdicts), default=0.0),
