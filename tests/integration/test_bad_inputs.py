@@ -371,11 +371,6 @@ def test_empty_input_plans_no_shards(tmp_path: Path) -> None:
     assert manifest.rows == 0 and refs == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "publish.coverage.check_coverage: the same id on two input rows that land in different shards gets a "
-    "result in each shard; publish keeps one and counts the other in duplicates_removed "
-    "(rows_input 4, rows_published 3, rows_dead_letter 0, rows_missing 0, success_ratio 1.0): the second "
-    "row is lost silently. Expected: a duplicate_id dead letter for it, or an error naming the id"))
 def test_duplicate_id_across_shards_is_not_lost_silently(tmp_path: Path) -> None:
     from batch_inference.publish.api import publish_run
     from batch_inference.publish.errors import PublishError

@@ -114,6 +114,56 @@ def test_duplicates_keep_row_of_first_sorted_part_file(tmp_path: Path, input_pat
         assert got == pytest.approx(row["embedding"])
 
 
+def test_same_id_in_two_shards_dead_letters_the_higher_shard_row(tmp_path: Path, input_path: str,
+                                                                    real_ids: list[str]) -> None:
+    """Rows 3 (shard 00000) and 301 (shard 00001) share an id and the worker de-duplicates within a shard
+    only, so both shards commit a result for it. Shard 00000's first chunk is also committed twice (a
+    retried chunk). The retried copy is dropped silently; the shard-00001 row becomes a duplicate_id dead
+    letter naming shard 00000; no input row is lost."""
+    layout = build_run(tmp_path / "out", "run1", input_path,
+                       RunSpec(shards=2, chunk_rows=40, duplicate_chunk=True, dedupe_per_shard=True))
+    shard1 = storage.local_path(layout.shard_dir("00001"))
+    assert real_ids[3] in {r for p in shard1.glob("part-*.parquet") for r in pq.read_table(p)["id"].to_pylist()}
+    summary = publish_run(layout.run_dir, _target(tmp_path))
+    assert (summary["rows_input"], summary["rows_published"], summary["rows_dead_letter"]) == (302, 300, 2)
+    assert summary["rows_published"] + summary["rows_dead_letter"] == summary["rows_input"]
+    assert summary["rows_missing"] == 0 and summary["success_ratio"] == 1.0
+    assert summary["duplicates_removed"] == 40  # shard 00000's retried first chunk, same shard: silent
+    assert summary["duplicate_ids_across_shards"] == 1
+    dead = _query(tmp_path, "SELECT id, reason, detail, source_uri, source_row, fingerprint "
+                            "FROM emb__dead_letters ORDER BY source_row")
+    assert [(d[0], d[1], d[4]) for d in dead] == [(None, "null_id", 300), (real_ids[3], "duplicate_id", 301)]
+    assert "shard 00000" in dead[1][2] and dead[1][3] == input_path and dead[1][5] == "f" * 32
+    # the lowest shard's result is published (row 3's values, from the first sorted part file of the two)
+    chunk0 = sorted(storage.local_path(layout.shard_dir("00000")).glob("part-00000-*.parquet"))
+    kept = next(r for r in pq.read_table(chunk0[0]).to_pylist() if r["id"] == real_ids[3])
+    emb = _query(tmp_path, f"SELECT embedding FROM emb WHERE id = '{real_ids[3]}'")[0][0]
+    assert emb == pytest.approx(kept["embedding"])
+    assert publish_run(layout.run_dir, _target(tmp_path))["noop"] is True
+
+
+def test_dead_letter_in_lower_shard_is_kept_beside_result_of_same_id_in_higher_shard(
+        tmp_path: Path, input_path: str, real_ids: list[str]) -> None:
+    """Row 3 (shard 00000) is dead-lettered, row 301 (shard 00001, same id) gets a result: two input rows,
+    one result and one dead letter (a dead letter is superseded only by a result in its own shard)."""
+    layout = build_run(tmp_path / "out", "run1", input_path,
+                       RunSpec(shards=2, chunk_rows=64, dead_rows={3}, dedupe_per_shard=True))
+    summary = publish_run(layout.run_dir, _target(tmp_path))
+    assert (summary["rows_published"], summary["rows_dead_letter"], summary["rows_missing"]) == (300, 2, 0)
+    assert summary["duplicate_ids_across_shards"] == 0
+    assert _query(tmp_path, "SELECT id, reason, source_row FROM emb__dead_letters ORDER BY source_row") == [
+        (real_ids[3], "empty_text", 3), (None, "null_id", 300)]
+
+
+def test_repeated_id_with_a_lost_row_counts_as_missing(tmp_path: Path, input_path: str) -> None:
+    """Coverage counts rows: row 301 repeats row 3's id; dropping it (no result, no dead letter) is a
+    missing row even though the id itself has a result."""
+    layout = build_run(tmp_path / "out", "run1", input_path, RunSpec(shards=2, chunk_rows=64, drop_rows={301}))
+    with pytest.raises(CoverageError) as err:
+        publish_run(layout.run_dir, _target(tmp_path))
+    assert err.value.missing == 1
+
+
 def test_ids_outside_manifest_are_refused(tmp_path: Path, input_path: str) -> None:
     layout = build_run(tmp_path / "out", "run1", input_path, RunSpec())
     table = pq.read_table(next(storage.local_path(layout.shard_dir("00001")).glob("part-*.parquet")))

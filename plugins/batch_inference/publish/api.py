@@ -35,6 +35,7 @@ def _record_maker(inv: RunInventory, min_success_ratio: float) -> Callable[[Cove
             min_success_ratio=min_success_ratio,
             published_at=utc_now(),
             files_digest=inv.files_digest,
+            duplicate_ids_across_shards=cov.duplicate_ids_across_shards,
         )
 
     return make
@@ -67,6 +68,8 @@ def publish_run(
     Returns:
         Summary dict: ``table``, ``backend``, ``run_id``, ``fingerprint``, ``rows_input``,
         ``rows_published``, ``rows_dead_letter``, ``rows_missing``, ``duplicates_removed``,
+        ``duplicate_ids_across_shards`` (input rows dead-lettered as ``duplicate_id`` because a lower
+        shard kept a result for their id; included in ``rows_dead_letter``),
         ``publish_seconds`` (wall seconds of this call), ``noop``, ``success_ratio``,
         ``min_success_ratio``, ``dead_letters_table``, ``previous_table``, ``published_at``,
         ``stage_seconds`` (wall seconds of ``coverage``, ``load`` (staging + primary key), ``swap``;
@@ -103,6 +106,7 @@ def _summary(target: PublishTarget, record: PublishRecord, noop: bool, seconds: 
         "rows_dead_letter": record.rows_dead_letter,
         "rows_missing": record.rows_missing,
         "duplicates_removed": record.duplicates_removed,
+        "duplicate_ids_across_shards": record.duplicate_ids_across_shards,
         "publish_seconds": round(seconds, 3),
         "noop": noop,
         "success_ratio": record.success_ratio,

@@ -4,16 +4,24 @@ Set logic runs in DuckDB (which spills to disk), not in Python sets, so it scale
 ids. Only key columns are read for the checks (``id``, ``fingerprint``, file name, row number); the wide
 columns (embeddings) are read once, when the staging table is loaded, through :meth:`Coverage.results_sql`.
 
-De-duplication rule (deterministic): for an id present in several part files (a chunk re-done after a
-lost commit reply), the row kept is the one from the part file whose URI sorts first, then the lowest row
-number within that file. Dead letters are de-duplicated by ``(source_uri, source_row)`` the same way; a
-dead letter whose id also has a result is superseded by the result unless its reason is
-``duplicate_id`` (a second input row carrying an id already seen).
+De-duplication rule (deterministic): for an id with several result rows, the row kept is the one from
+the lowest shard id, then the part file whose URI sorts first, then the lowest row number within that file.
+Result rows of the same id in the same shard are one input row committed twice (a chunk re-done after a
+lost commit reply; the worker de-duplicates ids within a shard): they are dropped silently and counted in
+``duplicates_removed``. A result of the same id in another shard is a distinct input row sharing the id:
+it becomes a ``duplicate_id`` dead letter at that shard's input row, naming the shard that kept the id.
+Dead letters are de-duplicated by ``(source_uri, source_row)`` the same way; a dead letter whose id also
+has a result in the same shard is superseded by the result unless its reason is ``duplicate_id`` (a second
+input row carrying an id already seen).
+
+Coverage counts input rows, not ids: an id occurring ``n`` times in the input needs ``n`` rows between its
+result (at most one) and its dead letters.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import duckdb
 import pyarrow as pa
@@ -45,11 +53,14 @@ class Coverage:
         rows_published: result rows after de-duplication (one per id).
         rows_dead_letter: dead-letter rows after de-duplication.
         rows_missing: input rows with neither a result nor a dead letter.
-        duplicates_removed: result rows dropped as duplicates of an id (retried chunks), plus dead letters
-            dropped as duplicates or superseded by a result.
+        duplicates_removed: result rows dropped as duplicates of an id within a shard (retried chunks),
+            plus dead letters dropped as duplicates or superseded by a result.
         missing_sample: up to 10 missing ids (``<source_uri>#<row>`` for null ids).
         part_files / dead_letter_files: local paths of the files read.
         columns: ``(name, duckdb_type)`` of the published result columns, in file order.
+        duplicate_ids_across_shards: input rows whose id has a result in a lower shard too: their own
+            result is not published, they are ``duplicate_id`` dead letters (counted in
+            ``rows_dead_letter``).
     """
 
     rows_input: int
@@ -61,6 +72,7 @@ class Coverage:
     part_files: list[str]
     dead_letter_files: list[str]
     columns: list[tuple[str, str]]
+    duplicate_ids_across_shards: int = 0
 
     @property
     def success_ratio(self) -> float:
@@ -76,7 +88,7 @@ class Coverage:
         if not self.part_files:
             return f"SELECT {cols} FROM _pub_empty_results p"
         scan = "read_parquet($parts, filename=true, file_row_number=true, union_by_name=true)"
-        if self.duplicates_removed == 0:
+        if self.duplicates_removed == 0 and self.duplicate_ids_across_shards == 0:
             return f"SELECT {cols} FROM {scan} p"
         return (
             f"SELECT {cols} FROM {scan} p ANTI JOIN _pub_drop d "
@@ -93,13 +105,33 @@ def _q(name: str) -> str:
 
 
 def _load_expected(con: duckdb.DuckDBPyConnection, inv: RunInventory) -> None:
-    """Expected ids into ``_pub_expected`` and null-id positions into ``_pub_expected_null``.
+    """Expected ids (one row per input row, with its position) into ``_pub_expected``, null-id positions
+    into ``_pub_expected_null``, the input files into ``_pub_input_files`` and the shards' segments into
+    ``_pub_segments``.
 
     Local Parquet inputs are read by DuckDB itself (id column only, row ranges filtered on
     ``file_row_number``); JSONL and ``gs://`` inputs stream through :func:`iter_expected`.
     """
-    con.execute("CREATE OR REPLACE TEMP TABLE _pub_expected (id VARCHAR)")
+    con.execute("CREATE OR REPLACE TEMP TABLE _pub_expected (id VARCHAR, file_index INTEGER, source_row BIGINT)")
     con.execute("CREATE OR REPLACE TEMP TABLE _pub_expected_null (source_uri VARCHAR, source_row BIGINT)")
+    files = inv.manifest.input.files
+    con.register("_pub_input_files_src", pa.table({
+        "file_index": pa.array(range(len(files)), pa.int32()),
+        "uri": pa.array([f.uri for f in files], pa.string()),
+    }))
+    segs = [(spec.shard_id, seg) for spec in inv.manifest.shards for seg in spec.segments]
+    con.register("_pub_segments_src", pa.table({
+        "shard": pa.array([shard for shard, _ in segs], pa.string()),
+        "file_index": pa.array([seg.file_index for _, seg in segs], pa.int32()),
+        "row_start": pa.array([seg.row_start for _, seg in segs], pa.int64()),
+        "row_stop": pa.array([seg.row_stop for _, seg in segs], pa.int64()),
+    }))
+    try:
+        con.execute("CREATE OR REPLACE TEMP TABLE _pub_input_files AS SELECT * FROM _pub_input_files_src")
+        con.execute("CREATE OR REPLACE TEMP TABLE _pub_segments AS SELECT * FROM _pub_segments_src")
+    finally:
+        con.unregister("_pub_input_files_src")
+        con.unregister("_pub_segments_src")
     column = inv.manifest.input.id_column
     streamed: set[int] = set()
     for file_index, ranges in merged_ranges(inv.manifest).items():
@@ -107,12 +139,12 @@ def _load_expected(con: duckdb.DuckDBPyConnection, inv: RunInventory) -> None:
         if inv.manifest.input.format != InputFormat.PARQUET.value or storage.is_gcs(info.uri):
             streamed.add(file_index)
             continue
-        _load_expected_parquet(con, info.uri, column, ranges)
+        _load_expected_parquet(con, info.uri, file_index, column, ranges)
     if streamed:
         _load_expected_streamed(con, inv, streamed)
 
 
-def _load_expected_parquet(con: duckdb.DuckDBPyConnection, uri: str, column: str,
+def _load_expected_parquet(con: duckdb.DuckDBPyConnection, uri: str, file_index: int, column: str,
                            ranges: list[tuple[int, int]]) -> None:
     path = str(storage.local_path(uri).resolve())
     meta = pq.read_metadata(path)
@@ -128,8 +160,8 @@ def _load_expected_parquet(con: duckdb.DuckDBPyConnection, uri: str, column: str
         cond = " OR ".join(f"(file_row_number >= {int(lo)} AND file_row_number < {int(hi)})" for lo, hi in ranges)
     scan = f"read_parquet($path, file_row_number=true) WHERE ({cond})"
     col = _q(column)
-    con.execute(f"INSERT INTO _pub_expected SELECT CAST({col} AS VARCHAR) FROM {scan} AND {col} IS NOT NULL",
-                {"path": path})
+    con.execute(f"INSERT INTO _pub_expected SELECT CAST({col} AS VARCHAR), {int(file_index)}, file_row_number "
+                f"FROM {scan} AND {col} IS NOT NULL", {"path": path})
     con.execute(f"INSERT INTO _pub_expected_null SELECT $uri, file_row_number FROM {scan} AND {col} IS NULL",
                 {"path": path, "uri": uri})
 
@@ -146,7 +178,7 @@ def _load_expected_streamed(con: duckdb.DuckDBPyConnection, inv: RunInventory, f
     reader = pa.RecordBatchReader.from_batches(ID_BATCH_SCHEMA, ids())
     con.register("_pub_expected_src", reader)
     try:
-        con.execute("INSERT INTO _pub_expected SELECT id FROM _pub_expected_src")
+        con.execute("INSERT INTO _pub_expected SELECT id, file_index, source_row FROM _pub_expected_src")
     finally:
         con.unregister("_pub_expected_src")
     if null_batches:
@@ -180,17 +212,43 @@ def _fixed_array_type(schema: pa.Schema, name: str) -> str | None:
     return None
 
 
+def _shard_of(path: str) -> str:
+    """Shard id of a committed file: its parent directory (``.../shards/<shard_id>/<name>``; ``gs://``
+    copies keep ``<shard_id>/<name>``, see :func:`~batch_inference.publish.files.localize`)."""
+    return Path(path).parent.name
+
+
+def _register_file_shards(con: duckdb.DuckDBPyConnection, table: str, paths: list[str]) -> None:
+    """``table(filename, shard)`` for the given local file paths."""
+    con.register("_pub_file_shards_src", pa.table({
+        "filename": pa.array(paths, pa.string()),
+        "shard": pa.array([_shard_of(p) for p in paths], pa.string()),
+    }))
+    try:
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT * FROM _pub_file_shards_src")
+    finally:
+        con.unregister("_pub_file_shards_src")
+
+
 def _load_part_keys(con: duckdb.DuckDBPyConnection, inv: RunInventory, parts: list[str]) -> int:
-    """Key columns of every result row into ``_pub_keys``; duplicates to drop into ``_pub_drop``.
+    """Key columns (and shard) of every result row into ``_pub_keys``; result rows to drop into
+    ``_pub_drop``; ids with results in several shards into ``_pub_xshard`` (one row per id and shard
+    other than the lowest, ``kept_shard`` naming the lowest).
 
     Returns:
-        Number of duplicate result rows.
+        Number of result rows dropped as duplicates within a shard (retried chunks); the rows of
+        ``_pub_xshard`` are not counted (they become dead letters).
     """
+    _register_file_shards(con, "_pub_part_shards", parts)
     con.execute(
-        "CREATE OR REPLACE TEMP TABLE _pub_keys AS SELECT id, fingerprint, filename, file_row_number "
-        "FROM read_parquet($parts, filename=true, file_row_number=true, union_by_name=true)",
+        "CREATE OR REPLACE TEMP TABLE _pub_keys AS SELECT k.id, k.fingerprint, k.filename, k.file_row_number, "
+        "s.shard FROM read_parquet($parts, filename=true, file_row_number=true, union_by_name=true) k "
+        "LEFT JOIN _pub_part_shards s ON s.filename = k.filename",
         {"parts": parts},
     )
+    unmapped = con.execute("SELECT min(filename) FROM _pub_keys WHERE shard IS NULL").fetchall()[0][0]
+    if unmapped is not None:
+        raise PublishError(f"{unmapped}: part file path not in the run's file list")
     nulls = con.execute("SELECT filename, count(*) FROM _pub_keys WHERE id IS NULL GROUP BY 1 LIMIT 1").fetchall()
     if nulls:
         raise PublishError(f"{nulls[0][0]}: {nulls[0][1]} result row(s) with a null id")
@@ -198,11 +256,19 @@ def _load_part_keys(con: duckdb.DuckDBPyConnection, inv: RunInventory, parts: li
     total, distinct = con.execute("SELECT count(*), count(DISTINCT id) FROM _pub_keys").fetchall()[0]
     where = "" if total != distinct else "WHERE false"  # skip the window when there are no duplicates
     con.execute(
-        "CREATE OR REPLACE TEMP TABLE _pub_drop AS SELECT filename, file_row_number FROM ("
-        " SELECT filename, file_row_number, row_number() OVER (PARTITION BY id ORDER BY filename,"
-        f" file_row_number) AS rn FROM _pub_keys {where}) WHERE rn > 1"
+        "CREATE OR REPLACE TEMP TABLE _pub_drop AS SELECT id, shard, kept_shard, filename, file_row_number "
+        "FROM (SELECT id, shard, filename, file_row_number, row_number() OVER w AS rn, "
+        f" first_value(shard) OVER w AS kept_shard FROM _pub_keys {where}"
+        " WINDOW w AS (PARTITION BY id ORDER BY shard, filename, file_row_number)) WHERE rn > 1"
     )
-    return con.execute("SELECT count(*) FROM _pub_drop").fetchall()[0][0]
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE _pub_xshard AS SELECT id, shard, min(kept_shard) AS kept_shard "
+        "FROM _pub_drop WHERE shard <> kept_shard GROUP BY id, shard"
+    )
+    dropped, across = con.execute(
+        "SELECT (SELECT count(*) FROM _pub_drop), (SELECT count(*) FROM _pub_xshard)"
+    ).fetchall()[0]
+    return int(dropped) - int(across)
 
 
 def _check_fingerprint(con: duckdb.DuckDBPyConnection, table: str, expected: str, what: str) -> None:
@@ -220,7 +286,11 @@ def _check_fingerprint(con: duckdb.DuckDBPyConnection, table: str, expected: str
 
 
 def _load_dead_letters(con: duckdb.DuckDBPyConnection, inv: RunInventory, dead: list[str]) -> int:
-    """De-duplicated dead letters into ``_pub_dead`` (column ``keep``); returns rows dropped."""
+    """De-duplicated dead letters into ``_pub_dead`` (column ``keep``); returns rows dropped.
+
+    A dead letter is superseded by a result of its id in the same shard only (the same input row
+    reprocessed); a result in another shard belongs to a different input row.
+    """
     cols = ", ".join(f"{_q(f.name)}::{_duck_type(f.type)} AS {_q(f.name)}" for f in DEAD_LETTER_SCHEMA)
     if dead:
         source = "read_parquet($dead, filename=true, file_row_number=true, union_by_name=true)"
@@ -234,31 +304,81 @@ def _load_dead_letters(con: duckdb.DuckDBPyConnection, inv: RunInventory, dead: 
         params,
     )
     _check_fingerprint(con, "_pub_dead_raw", inv.fingerprint, "dead-letter")
+    _register_file_shards(con, "_pub_dead_shards", dead)
     con.execute(
         "CREATE OR REPLACE TEMP TABLE _pub_dead AS SELECT d.*, "
         " (rn = 1 AND (d.id IS NULL OR d.reason = $dup OR k.id IS NULL)) AS keep FROM ("
-        "  SELECT *, row_number() OVER (PARTITION BY source_uri, source_row ORDER BY filename,"
-        "  file_row_number) AS rn FROM _pub_dead_raw) d"
-        " LEFT JOIN (SELECT DISTINCT id FROM _pub_keys) k ON k.id = d.id",
+        "  SELECT r.*, s.shard, row_number() OVER (PARTITION BY r.source_uri, r.source_row ORDER BY r.filename,"
+        "  r.file_row_number) AS rn FROM _pub_dead_raw r LEFT JOIN _pub_dead_shards s ON s.filename = r.filename) d"
+        " LEFT JOIN (SELECT DISTINCT id, shard FROM _pub_keys) k ON k.id = d.id AND k.shard = d.shard",
         {"dup": DeadLetterReason.DUPLICATE_ID.value},
     )
+    unmapped = con.execute("SELECT min(filename) FROM _pub_dead WHERE shard IS NULL").fetchall()[0][0]
+    if unmapped is not None:
+        raise PublishError(f"{unmapped}: dead-letter file path not in the run's file list")
     return con.execute("SELECT count(*) FROM _pub_dead WHERE NOT keep").fetchall()[0][0]
+
+
+def _add_cross_shard_dead_letters(con: duckdb.DuckDBPyConnection, inv: RunInventory) -> int:
+    """Turn each result of ``_pub_xshard`` (an id whose result a lower shard kept) into a kept
+    ``duplicate_id`` dead letter in ``_pub_dead`` at the input row of that shard carrying the id (the
+    lowest such row without a dead letter of its own). Returns the number added.
+
+    Raises:
+        PublishError: a shard has a result for an id that none of its remaining input rows carries.
+    """
+    n = con.execute("SELECT count(*) FROM _pub_xshard").fetchall()[0][0]
+    if not n:
+        return 0
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE _pub_xshard_rows AS SELECT id, shard, kept_shard, uri, source_row FROM ("
+        " SELECT x.id, x.shard, x.kept_shard, f.uri, e.source_row, row_number() OVER ("
+        "  PARTITION BY x.id, x.shard ORDER BY e.file_index, e.source_row) AS rn"
+        " FROM _pub_xshard x JOIN _pub_expected e ON e.id = x.id"
+        " JOIN _pub_segments s ON s.shard = x.shard AND s.file_index = e.file_index"
+        "  AND e.source_row >= s.row_start AND e.source_row < s.row_stop"
+        " JOIN _pub_input_files f ON f.file_index = e.file_index"
+        " WHERE NOT EXISTS (SELECT 1 FROM _pub_dead d WHERE d.keep AND d.source_uri = f.uri"
+        "  AND d.source_row = e.source_row)"
+        ") WHERE rn = 1"
+    )
+    unmatched = con.execute(
+        "SELECT x.id, x.shard FROM _pub_xshard x ANTI JOIN _pub_xshard_rows r ON r.id = x.id AND r.shard = x.shard "
+        f"ORDER BY 1, 2 LIMIT {SAMPLE_SIZE}"
+    ).fetchall()
+    if unmatched:
+        raise PublishError(
+            f"run {inv.run_id}: result(s) for id(s) also published from a lower shard, with no input row of "
+            f"their own shard left to dead-letter (id, shard): {unmatched}; the run directory does not "
+            "match its manifest"
+        )
+    con.execute(
+        "INSERT INTO _pub_dead BY NAME SELECT id, $dup AS reason, "
+        " 'id ' || id || ' also occurs in shard ' || kept_shard || ', which kept it (lowest shard id); the '"
+        " || 'result of this row (shard ' || shard || ') is not published' AS detail,"
+        " uri AS source_uri, source_row, $fp AS fingerprint, shard, 1 AS rn, true AS keep FROM _pub_xshard_rows",
+        {"dup": DeadLetterReason.DUPLICATE_ID.value, "fp": inv.fingerprint},
+    )
+    return int(n)
 
 
 def _duck_type(t: pa.DataType) -> str:
     return {pa.string(): "VARCHAR", pa.int64(): "BIGINT"}[t]
 
 
-_COVERED = "(SELECT id FROM _pub_keys UNION SELECT id FROM _pub_dead WHERE keep AND id IS NOT NULL)"
+_COVERED = ("(SELECT id, count(*) AS n FROM (SELECT DISTINCT id FROM _pub_keys "
+            "UNION ALL SELECT id FROM _pub_dead WHERE keep AND id IS NOT NULL) GROUP BY id)")
 _EXPECTED = "(SELECT id, count(*) AS n FROM _pub_expected GROUP BY id)"
 _NULL_COVERED = "(SELECT source_uri, source_row FROM _pub_dead WHERE keep AND id IS NULL)"
 
 
 def _coverage_counts(con: duckdb.DuckDBPyConnection) -> tuple[int, int]:
-    """``(rows_missing, unexpected)`` in one full outer join of expected and covered ids (+ null ids)."""
+    """``(rows_missing, unexpected)`` in one full outer join of expected and covered ids (+ null ids).
+
+    Rows, not ids: an id expected ``n`` times and covered ``c`` times misses ``n - c`` rows."""
     missing, unexpected = con.execute(
-        f"SELECT coalesce(sum(e.n) FILTER (WHERE c.id IS NULL), 0), count(*) FILTER (WHERE e.id IS NULL) "
-        f"FROM {_EXPECTED} e FULL OUTER JOIN {_COVERED} c ON e.id = c.id"
+        "SELECT coalesce(sum(greatest(e.n - coalesce(c.n, 0), 0)) FILTER (WHERE e.id IS NOT NULL), 0), "
+        f"count(*) FILTER (WHERE e.id IS NULL) FROM {_EXPECTED} e FULL OUTER JOIN {_COVERED} c ON e.id = c.id"
     ).fetchall()[0]
     null_missing, null_unexpected = con.execute(
         f"SELECT count(*) FILTER (WHERE c.source_row IS NULL), count(*) FILTER (WHERE e.source_row IS NULL) "
@@ -270,10 +390,12 @@ def _coverage_counts(con: duckdb.DuckDBPyConnection) -> tuple[int, int]:
 
 def _sample(con: duckdb.DuckDBPyConnection, *, missing: bool) -> list[str]:
     """Up to 10 missing (or unexpected) ids, then ``<source_uri>#<row>`` of null-id positions."""
-    left, right = (_EXPECTED, _COVERED) if missing else (_COVERED, _EXPECTED)
-    ids = [r[0] for r in con.execute(
-        f"SELECT a.id FROM {left} a ANTI JOIN {right} b ON a.id = b.id ORDER BY 1 LIMIT {SAMPLE_SIZE}"
-    ).fetchall()]
+    if missing:  # ids with fewer covered rows than input rows
+        query = (f"SELECT e.id FROM {_EXPECTED} e LEFT JOIN {_COVERED} c ON e.id = c.id "
+                 f"WHERE coalesce(c.n, 0) < e.n ORDER BY 1 LIMIT {SAMPLE_SIZE}")
+    else:
+        query = f"SELECT a.id FROM {_COVERED} a ANTI JOIN {_EXPECTED} b ON a.id = b.id ORDER BY 1 LIMIT {SAMPLE_SIZE}"
+    ids = [r[0] for r in con.execute(query).fetchall()]
     left, right = ("_pub_expected_null", _NULL_COVERED) if missing else (_NULL_COVERED, "_pub_expected_null")
     nulls = con.execute(
         f"SELECT a.source_uri, a.source_row FROM {left} a ANTI JOIN {right} b "
@@ -317,10 +439,12 @@ def check_coverage(
     else:
         columns = [("id", "VARCHAR"), ("fingerprint", "VARCHAR")]
         con.execute("CREATE OR REPLACE TEMP TABLE _pub_keys (id VARCHAR, fingerprint VARCHAR, "
-                    "filename VARCHAR, file_row_number BIGINT)")
+                    "filename VARCHAR, file_row_number BIGINT, shard VARCHAR)")
+        con.execute("CREATE OR REPLACE TEMP TABLE _pub_xshard (id VARCHAR, shard VARCHAR, kept_shard VARCHAR)")
         con.execute("CREATE OR REPLACE TEMP TABLE _pub_empty_results (id VARCHAR, fingerprint VARCHAR)")
         dup_results = 0
     dup_dead = _load_dead_letters(con, inv, dead)
+    across = _add_cross_shard_dead_letters(con, inv)
     rows_missing, n_unexpected = _coverage_counts(con)
     if n_unexpected:
         unexpected_sample = _sample(con, missing=False)
@@ -342,6 +466,7 @@ def check_coverage(
         part_files=parts,
         dead_letter_files=dead,
         columns=columns,
+        duplicate_ids_across_shards=across,
     )
     if rows_missing and cov.success_ratio < min_success_ratio:
         raise CoverageError(

@@ -15,6 +15,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -24,8 +25,11 @@ from batch_contract.manifest import InputFile, Manifest, Segment
 
 from batch_inference.publish.errors import PublishError
 
-ID_BATCH_SCHEMA = pa.schema([pa.field("id", pa.string())])
-"""Batches of expected non-null ids (strings)."""
+ID_BATCH_SCHEMA = pa.schema([pa.field("id", pa.string()), pa.field("file_index", pa.int32()),
+                             pa.field("source_row", pa.int64())])
+"""Batches of expected non-null ids (strings) with their input position (``file_index`` in the manifest's
+input files, row number within that file): the position names the input row of an id that occurs in
+several shards."""
 
 NULL_ROW_SCHEMA = pa.schema([pa.field("source_uri", pa.string()), pa.field("source_row", pa.int64())])
 """Batches of input positions whose id is null: expected as dead letters with a null id."""
@@ -33,7 +37,8 @@ NULL_ROW_SCHEMA = pa.schema([pa.field("source_uri", pa.string()), pa.field("sour
 
 @dataclass(frozen=True)
 class ExpectedBatch:
-    """One batch of expected rows: ``ids`` (schema :data:`ID_BATCH_SCHEMA`) and ``null_rows``
+    """One batch of expected rows: ``ids`` (schema :data:`ID_BATCH_SCHEMA`, one row per input row, so
+    an id repeated in the input appears as often as it occurs) and ``null_rows``
     (schema :data:`NULL_ROW_SCHEMA`); either may have zero rows."""
 
     ids: pa.RecordBatch
@@ -45,10 +50,16 @@ def _ids_to_string(col: pa.Array, column: str, uri: str) -> pa.Array:
     return pc.cast(col, pa.string())
 
 
-def _split(ids: pa.Array, uri: str, first_row: int) -> ExpectedBatch:
-    """Split one id array (rows ``first_row..``) into non-null ids and null positions."""
+def _split(ids: pa.Array, uri: str, first_row: int, file_index: int) -> ExpectedBatch:
+    """Split one id array (rows ``first_row..`` of input file ``file_index``) into non-null ids with
+    their rows and null positions."""
     valid = pc.is_valid(ids)
     kept = pc.filter(ids, valid) if ids.null_count else ids
+    if ids.null_count:
+        kept_rows = pc.add(pc.cast(pc.indices_nonzero(valid), pa.int64()), first_row)
+    else:
+        kept_rows = pa.array(np.arange(first_row, first_row + len(ids), dtype=np.int64))
+    file_col = pa.array(np.full(len(kept), file_index, dtype=np.int32))
     if ids.null_count:
         positions = pc.indices_nonzero(pc.invert(valid))
         rows = pc.add(pc.cast(positions, pa.int64()), first_row)
@@ -56,7 +67,7 @@ def _split(ids: pa.Array, uri: str, first_row: int) -> ExpectedBatch:
         null_batch = pa.record_batch([uris, rows], schema=NULL_ROW_SCHEMA)
     else:
         null_batch = pa.RecordBatch.from_pylist([], schema=NULL_ROW_SCHEMA)
-    return ExpectedBatch(pa.record_batch([kept], schema=ID_BATCH_SCHEMA), null_batch)
+    return ExpectedBatch(pa.record_batch([kept, file_col, kept_rows], schema=ID_BATCH_SCHEMA), null_batch)
 
 
 def _parquet_segment(pf: pq.ParquetFile, seg: Segment, column: str, uri: str) -> Iterator[ExpectedBatch]:
@@ -68,7 +79,7 @@ def _parquet_segment(pf: pq.ParquetFile, seg: Segment, column: str, uri: str) ->
         if lo < hi:
             col = pf.read_row_group(g, columns=[column]).column(0).combine_chunks()
             ids = _ids_to_string(col.slice(lo - group_start, hi - lo), column, uri)
-            yield _split(ids, uri, lo)
+            yield _split(ids, uri, lo, seg.file_index)
         group_start += n
         if group_start >= seg.row_stop:
             break
@@ -76,7 +87,8 @@ def _parquet_segment(pf: pq.ParquetFile, seg: Segment, column: str, uri: str) ->
         raise PublishError(f"{uri}: has {group_start} rows but the manifest asks for rows up to {seg.row_stop}")
 
 
-def _jsonl_ids(uri: str, segments: list[Segment], column: str, batch_rows: int) -> Iterator[ExpectedBatch]:
+def _jsonl_ids(uri: str, file_index: int, segments: list[Segment], column: str,
+               batch_rows: int) -> Iterator[ExpectedBatch]:
     """Yield ids of the wanted non-blank lines of a JSONL file (one pass over the file)."""
     wanted = sorted((s.row_start, s.row_stop) for s in segments)
     fs, path = storage.arrow_filesystem(uri)
@@ -86,7 +98,7 @@ def _jsonl_ids(uri: str, segments: list[Segment], column: str, batch_rows: int) 
     seg_i = 0
 
     def flush() -> ExpectedBatch:
-        batch = _split(pa.array(ids, pa.string()), uri, first)
+        batch = _split(pa.array(ids, pa.string()), uri, first, file_index)
         ids.clear()
         return batch
 
@@ -195,7 +207,7 @@ def iter_expected(
         info: InputFile = manifest.input.files[file_index]
         segments = sorted(by_file[file_index], key=lambda s: s.row_start)
         if manifest.input.format == InputFormat.JSONL.value:
-            yield from _jsonl_ids(info.uri, segments, column, batch_rows)
+            yield from _jsonl_ids(info.uri, file_index, segments, column, batch_rows)
             continue
         fs, path = storage.arrow_filesystem(info.uri)
         pf = pq.ParquetFile(path, filesystem=fs)

@@ -42,6 +42,8 @@ class PublishRecord:
         success_ratio / min_success_ratio: covered fraction and the threshold it was published under.
         published_at: UTC ISO time of the swap.
         files_digest: :attr:`RunInventory.files_digest` of the published run (the committed file set).
+        duplicate_ids_across_shards: input rows dead-lettered as ``duplicate_id`` because a lower shard
+            kept a result for their id (included in ``rows_dead_letter``; 0 in records written before).
     """
 
     run_id: str
@@ -56,6 +58,7 @@ class PublishRecord:
     published_at: str
     files_digest: str = ""
     kind: str = RECORD_KIND
+    duplicate_ids_across_shards: int = 0
 
     def matches(self, run_id: str, fingerprint: str, files_digest: str) -> bool:
         """Whether this record is the same publish: run id, fingerprint and committed file set.

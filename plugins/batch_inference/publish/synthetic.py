@@ -52,6 +52,8 @@ class RunSpec:
         skip_markers: shard ids that get no ``_SUCCESS.json``.
         stale_fingerprint_shards: shard ids whose rows and marker carry another fingerprint.
         row_limit: plan only the first ``row_limit`` input rows (the manifest covers part of the file).
+        dedupe_per_shard: de-duplicate ids within each shard only, as the real worker does (an id repeated
+            in another shard gets a result there too); default: across the whole run.
     """
 
     task: str = "embedding"
@@ -66,6 +68,7 @@ class RunSpec:
     skip_markers: set[str] = field(default_factory=set)
     stale_fingerprint_shards: set[str] = field(default_factory=set)
     row_limit: int | None = None
+    dedupe_per_shard: bool = False
 
 
 def _results_table(ids: list[str], rows: np.ndarray, spec: RunSpec, fp: str, offset: float) -> pa.Table:
@@ -147,7 +150,8 @@ def build_run(output_root: str | Path, run_id: str, input_path: str, spec: RunSp
 
     ``input_path`` ending in ``.jsonl`` gives a JSONL manifest, anything else Parquet. Input rows are
     split into ``spec.shards`` contiguous shards. Null ids become ``null_id`` dead
-    letters, repeated ids ``duplicate_id`` dead letters (first occurrence wins), like the worker.
+    letters, repeated ids ``duplicate_id`` dead letters (first occurrence wins; within each shard only
+    with ``spec.dedupe_per_shard``, like the worker).
 
     Returns:
         The run's :class:`RunLayout`.
@@ -169,6 +173,8 @@ def build_run(output_root: str | Path, run_id: str, input_path: str, spec: RunSp
     storage.write_create_only(layout.manifest_uri, manifest.to_json_bytes())
     seen: set[str] = set()
     for shard in shards:
+        if spec.dedupe_per_shard:
+            seen = set()
         _build_shard(layout, shard, all_ids, input_path, spec, seen)
     return layout
 
