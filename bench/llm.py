@@ -9,10 +9,15 @@ executor), greedy decoding with ``max_tokens`` 32:
     (prompts pre-rendered with the chat template, untimed; vLLM tokenises them inside the timed call);
 (b) the worker: ``batch_worker.runtime.run_shard`` over a one-shard run of the same rows (read Parquet,
     validate, render the template in the sandbox, tokenise, generate, validate outputs, commit part
-    files, write the marker), manifest worker settings at their defaults.
+    files, write the marker), manifest worker settings at their defaults;
+(c) diagnostic: the engine alone (``LLMEngine.prepare`` + ``process`` over one chunk of all rows), to
+    split the engine's overhead from the runtime's (``engine_only_vs_direct_generate``).
 
-Both are run ``--repeats`` times, interleaved (direct, worker, direct, worker, ...) and the best of each
-is kept, because the development machine is shared. Model start-up is excluded from both (the direct
+Both are run ``--repeats`` times (default 3), interleaved (direct, worker, direct, worker, ...) and the
+best of each is kept, because the development machine is shared: under load, wall-clock figures move by
+2x between identical runs. ``vs_direct_generate_cpu_time`` (direct CPU seconds over worker CPU seconds,
+process CPU time of all threads, the worker's minus the direct path's ``LLM(...)`` start-up CPU) is less
+sensitive to other processes and is printed beside it. Model start-up is excluded from both (the direct
 path's ``LLM(...)`` construction, the worker's ``model_load`` stage); the worker figure including its
 start-up is ``worker_output_tokens_per_s_with_load``.
 
@@ -98,18 +103,39 @@ def direct(config: LLMConfig, engine_kwargs: dict, prompts: list[str]) -> dict:
     import vllm
     from vllm import SamplingParams
 
+    c_load = time.process_time()
     llm = vllm.LLM(**engine_kwargs)
+    load_cpu = time.process_time() - c_load
     params = SamplingParams(temperature=config.temperature, max_tokens=config.max_tokens)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     outputs = llm.generate(prompts, params, use_tqdm=False)
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     prompt_tokens = sum(len(o.prompt_token_ids) for o in outputs)
     cached = sum(int(o.num_cached_tokens or 0) for o in outputs)
     out_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     llm.llm_engine.engine_core.shutdown()
     del llm, outputs
     gc.collect()
-    return {"seconds": seconds, "output_tokens": out_tokens, "prompt_tokens": prompt_tokens, "cached": cached}
+    return {"seconds": seconds, "cpu": cpu, "load_cpu": load_cpu, "output_tokens": out_tokens, "prompt_tokens": prompt_tokens,
+            "cached": cached}
+
+
+def engine_only(config: LLMConfig, table: pa.Table) -> dict:
+    """(c) diagnostic: ``LLMEngine.prepare`` + ``process`` on one chunk of all rows, without the runtime
+    (no reading, no commit, no threads); seconds exclude ``load()``."""
+    from batch_worker.engines.base import ChunkRows
+    from batch_worker.engines.llm import LLMEngine
+
+    engine = LLMEngine(config, WorkerSettings())
+    engine.load()
+    ids = [str(i) for i in table.column("id").to_pylist()]
+    rows = ChunkRows(ids=ids, texts=table.column("text").to_pylist(), text_repaired=[False] * len(ids),
+                     source_uri=["bench"] * len(ids), source_row=list(range(len(ids))), fields=table)
+    t0, c0 = time.perf_counter(), time.process_time()
+    out = engine.process(engine.prepare(rows), lambda: False)
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    engine.close()
+    return {"seconds": seconds, "cpu": cpu, "output_tokens": out.tokens_output}
 
 
 def worker(root: Path, table: pa.Table, engine: dict) -> dict:
@@ -117,16 +143,16 @@ def worker(root: Path, table: pa.Table, engine: dict) -> dict:
     from batch_worker.runtime import run_shard
 
     run_dir = write_run(root, table, engine)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     rc = run_shard(run_dir, "00000", install_signals=False)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     if rc != 0:
         raise RuntimeError(f"worker exited {rc}")
     layout = RunLayout.from_run_dir(run_dir)
     marker = ShardMarker.from_json_bytes(storage.read_bytes(layout.marker_uri("00000")))
     load = float(marker.stage_seconds.get("model_load", 0.0))
     gc.collect()
-    return {"seconds": wall - load, "wall": wall, "output_tokens": marker.tokens_output,
+    return {"seconds": wall - load, "wall": wall, "cpu_with_load": cpu, "output_tokens": marker.tokens_output,
             "prompt_tokens": marker.tokens_prompt, "cached": marker.tokens_cached, "rows_ok": marker.rows_ok,
             "hit_rate": marker.prefix_cache_hit_rate}
 
@@ -136,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=400)
     parser.add_argument("--prefix-tokens", type=int, default=300)
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.92,
                         help="GPU only: engine fraction of GPU memory (lower it so two engines fit at once)")
     parser.add_argument("--hidden", type=int, default=128, help="tiny model hidden size (GPU smoke: larger)")
@@ -169,16 +195,21 @@ def main(argv: list[str] | None = None) -> int:
         kwargs = LLMEngine(config, WorkerSettings()).engine_kwargs(on_cpu)
         log(f"{len(prompts)} prompts, shared prefix {prefix_tokens} tokens, engine {kwargs}")
 
-        directs, workers = [], []
+        directs, workers, engines = [], [], []
         for i in range(args.repeats):
             directs.append(direct(config, kwargs, prompts))
             log(f"direct #{i}: {directs[-1]}")
+            engines.append(engine_only(config, table))
+            log(f"engine #{i}: {engines[-1]}")
             workers.append(worker(tmp_path / f"w{i}", table, engine))
             log(f"worker #{i}: {workers[-1]}")
 
+    for d, w in zip(directs, workers, strict=True):  # the worker's start-up CPU ~ the direct path's LLM(...)
+        w["cpu"] = max(1e-9, w["cpu_with_load"] - d["load_cpu"])
     best_d = max(directs, key=lambda r: r["output_tokens"] / r["seconds"])
     best_w = max(workers, key=lambda r: r["output_tokens"] / r["seconds"])
     direct_tps = best_d["output_tokens"] / best_d["seconds"]
+    engine_tps = max(r["output_tokens"] / r["seconds"] for r in engines)
     worker_tps = best_w["output_tokens"] / best_w["seconds"]
     result = {
         "bench": "llm",
@@ -191,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         "output_tokens_per_s": round(worker_tps, 1),
         "worker_output_tokens_per_s_with_load": round(best_w["output_tokens"] / best_w["wall"], 1),
         "vs_direct_generate": round(worker_tps / direct_tps, 3),
+        "vs_direct_generate_cpu_time": round(min(d["cpu"] for d in directs) / min(w["cpu"] for w in workers), 3),
+        "engine_only_vs_direct_generate": round(engine_tps / direct_tps, 3),
         "prefix_cache_hit_rate": round(best_w["hit_rate"] or 0.0, 3),
         "direct_prefix_cache_hit_rate": round(best_d["cached"] / best_d["prompt_tokens"], 3),
         "direct_seconds": round(best_d["seconds"], 3),
