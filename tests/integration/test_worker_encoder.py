@@ -202,3 +202,45 @@ def test_rerun_after_changing_pooling_or_model_redoes_every_row(rows_parquet: Pa
         assert len(_embeddings(run_dir, marker.fingerprint)) == rows
     cls = _embeddings(run_dir, sorted(fingerprints - {first.fingerprint, marker.fingerprint})[0])
     assert _cosines(mean, cls).mean() < 0.99  # cls pooling really changed the outputs
+
+
+@pytest.fixture(scope="module")
+def classifier_dir(tmp_path_factory) -> Path:
+    """MiniLM with a (seeded, untrained) 3-label sequence-classification head, saved locally."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    torch.manual_seed(0)
+    labels = {0: "neg", 1: "neu", 2: "pos"}
+    model = AutoModelForSequenceClassification.from_pretrained(
+        default_model_path(), num_labels=3, id2label=labels, label2id={v: k for k, v in labels.items()}
+    )
+    out = tmp_path_factory.mktemp("classifier")
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(default_model_path()).save_pretrained(out)
+    return out
+
+
+def test_classification_model_gives_label_and_score_per_row(classifier_dir: Path, rows_parquet: Path, tmp_path) -> None:
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    rows = 40
+    engine = {"kind": "encoder", "task": "classification", "model_path": str(classifier_dir), "dtype": "float32"}
+    run_dir = write_run(tmp_path, rows_parquet, rows=rows, engine=engine, worker={"token_budget": 1024})
+    assert run_shard(run_dir, "00000") == 0
+    marker = _marker(run_dir)
+    table = pa.concat_tables([pq.read_table(p) for p in _shard_dir(run_dir).glob("part-*.parquet")])
+    assert table.num_rows == rows and marker.engine["task"] == "classification"
+    got = dict(zip(table.column("id").to_pylist(), zip(table.column("label").to_pylist(),
+                                                         table.column("score").to_pylist(), strict=True), strict=True))
+    source = pq.read_table(rows_parquet).slice(0, rows)
+    tok = AutoTokenizer.from_pretrained(classifier_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(classifier_dir).eval()
+    for rid, text in zip(source.column("id").to_pylist(), source.column("text").to_pylist(), strict=True):
+        with torch.inference_mode():
+            enc = tok(text, truncation=True, max_length=marker.engine["max_length"], return_tensors="pt")
+            probs = torch.softmax(model(**enc).logits, -1)[0]
+        label, score = got[str(rid)]
+        assert label == model.config.id2label[int(probs.argmax())]
+        assert score == pytest.approx(float(probs.max()), abs=1e-4)
