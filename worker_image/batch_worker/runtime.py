@@ -39,7 +39,7 @@ from batch_worker.ledger import Ledger, build_ledger, read_parquet_columns
 from batch_worker.pipeline import ChunkSizer, ChunkWork, Producer
 from batch_worker.progress import Counters, ProgressReporter, utc_now
 from batch_worker.signals import StopSignal
-from batch_worker.stats import GpuSampler, StageClock, cpu_seconds
+from batch_worker.stats import GpuSampler, StageClock, cpu_seconds, release_memory
 from batch_worker.validate import DeadLetter, Validator
 from batch_worker.writer import assemble_part, commit_table, dead_letter_table
 
@@ -237,6 +237,7 @@ class ShardRun:
             self._update_steady(chunks_done, len(work.rows))
             self.attempt.rows_skipped_resume = producer.rows_skipped
             self._write_attempt()
+            release_memory()
             if interrupted or self.stop.requested:
                 # a signal that arrives after the last chunk was committed still lets the shard complete
                 return not interrupted and producer.only_done_left()

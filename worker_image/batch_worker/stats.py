@@ -45,6 +45,17 @@ def cpu_seconds() -> float:
     return t.user + t.system
 
 
+def release_memory() -> None:
+    """Return freed heap pages to the OS (glibc ``malloc_trim``), so RSS tracks live memory between
+    chunks; a no-op where glibc is absent."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 class GpuSampler:
     """Samples NVML GPU utilisation (percent) and memory used (bytes) once per ``interval`` seconds.
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,12 @@ from batch_worker.engines.base import ChunkOutput, ChunkRows, Engine, LoadedMode
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_LENGTH = 512
+
+ONEDNN_CACHE_CAPACITY = "16"
+"""oneDNN primitive cache size for CPU inference (its default is 1024). Token-budget batches have many
+distinct shapes, and each cached bf16 primitive keeps its own buffers: the default cache let RSS grow by
+~60 MB per chunk; 16 kept the peak flat over three 500-row chunks (measured). Set before torch is imported (``setdefault``: the environment wins)."""
+os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", ONEDNN_CACHE_CAPACITY)
 """Truncation length when neither the config nor the model's sentence-transformers config gives one."""
 
 
