@@ -14,7 +14,7 @@ from batch_contract.engine_config import (
 )
 from batch_contract.enums import DeadLetterReason, EngineKind, ExitCode, InputFormat, ShardStatus
 from batch_contract.layout import RunLayout, shard_id_for
-from batch_contract.llm_config import LLMConfig  # noqa: F401  (registers engine kind 'llm')
+from batch_contract.llm_config import LLMConfig  # importing registers engine kind "llm"
 from batch_contract.manifest import InputFile, InputSpec, Manifest, Segment, ShardSpec
 from batch_contract.marker import STAGES, AttemptRecord, ShardMarker, ShardProgress
 from batch_contract.version import SCHEMA_VERSION
@@ -31,11 +31,13 @@ __all__ = [
     "InputFile",
     "InputFormat",
     "InputSpec",
+    "LLMConfig",
     "Manifest",
     "RunLayout",
     "Segment",
     "ShardMarker",
     "ShardProgress",
+    "ShardStatus",
     "ShardSpec",
     "WorkerSettings",
     "engine_config_from_dict",
