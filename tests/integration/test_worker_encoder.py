@@ -19,7 +19,7 @@ import pytest
 from batch_contract.marker import AttemptRecord, ShardMarker
 from batch_worker.engines.encoder import default_model_path
 from batch_worker.runtime import run_shard
-from conftest import REPO_ROOT, SAMPLE_PARQUET, write_run
+from run_helpers import REPO_ROOT, SAMPLE_PARQUET, write_run
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,7 @@ from batch_contract.marker import AttemptRecord, ShardMarker
 from batch_contract.schemas import part_schema
 from batch_worker import cli, runtime
 from batch_worker.engines.base import ChunkOutput, ChunkRows, Engine, LoadedModel, Reject
-from conftest import write_run
+from run_helpers import write_run
 
 
 def _vector(text: str) -> list[float]:

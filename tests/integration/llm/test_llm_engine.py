@@ -18,7 +18,7 @@ from batch_contract.llm_config import LLMConfig  # noqa: E402
 from batch_worker.engines.base import ChunkRows, check_chunk_output  # noqa: E402
 from batch_worker.engines.llm import LLMEngine  # noqa: E402
 from batch_worker.prompting import row_context  # noqa: E402
-from conftest import llm_engine_dict  # noqa: E402
+from llm_helpers import llm_engine_dict  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.llm]
 

@@ -12,7 +12,7 @@ pytest.importorskip("vllm")
 
 from batch_contract.layout import RunLayout  # noqa: E402
 from batch_worker.cli import main  # noqa: E402
-from conftest import llm_engine_dict, write_llm_run  # noqa: E402
+from llm_helpers import llm_engine_dict, write_llm_run  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.llm]
 

@@ -20,7 +20,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 from batch_contract.layout import RunLayout  # noqa: E402
 from batch_contract.marker import AttemptRecord, ShardMarker  # noqa: E402
-from conftest import REPO, llm_engine_dict, write_llm_run  # noqa: E402
+from llm_helpers import REPO, llm_engine_dict, write_llm_run  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.llm]
 

@@ -1,0 +1,75 @@
+"""Helpers shared by test modules (import them: ``from run_helpers import write_run``).
+
+Kept out of ``conftest.py`` because several directories have a ``conftest.py`` and a plain
+``from conftest import ...`` picks whichever was collected last.
+
+* ``REPO_ROOT``, ``SAMPLE_PARQUET`` (6,000 real rows: ``id``, ``section``, ``text``).
+* :func:`write_run` - write a small run's ``manifest.json`` and return its run dir.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+from batch_contract import storage
+from batch_contract.layout import RunLayout, shard_id_for
+from batch_contract.manifest import InputFile, InputSpec, Manifest, Segment, ShardSpec
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SAMPLE_PARQUET = REPO_ROOT / "data" / "sample" / "debian_descriptions_sample.parquet"
+
+
+def _input_file(path: Path, fmt: str) -> InputFile:
+    if fmt == "parquet":
+        meta = pq.ParquetFile(path).metadata
+        groups = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+        return InputFile(uri=str(path), rows=meta.num_rows, row_group_rows=groups, size_bytes=path.stat().st_size)
+    with open(path, "rb") as fh:
+        rows = sum(1 for line in fh if line.strip())
+    return InputFile(uri=str(path), rows=rows, size_bytes=path.stat().st_size)
+
+
+def write_run(
+    root: Path,
+    input_path: Path,
+    *,
+    rows: int | None = None,
+    shards: int = 1,
+    fmt: str = "parquet",
+    engine: dict[str, Any] | None = None,
+    worker: dict[str, Any] | None = None,
+    run_id: str = "test_run",
+    id_column: str = "id",
+    text_column: str = "text",
+) -> str:
+    """Write ``<root>/runs/<run_id>/manifest.json`` for one input file and return the run dir.
+
+    Args:
+        root: output root (e.g. ``tmp_path``).
+        input_path: one Parquet or JSONL file.
+        rows: use only the first ``rows`` rows (default: all).
+        shards: split those rows into this many contiguous shards (``00000``...).
+        fmt: ``parquet`` or ``jsonl``.
+        engine: engine config dict (default: the encoder with defaults, i.e. MiniLM embeddings).
+        worker: ``WorkerSettings`` fields (default: defaults).
+    """
+    from batch_contract.engine_config import WorkerSettings
+
+    f = _input_file(Path(input_path), fmt)
+    n = f.rows if rows is None else min(rows, f.rows)
+    bounds = [round(i * n / shards) for i in range(shards + 1)]
+    manifest = Manifest(
+        run_id=run_id,
+        input=InputSpec(uri=str(input_path), format=fmt, id_column=id_column, text_column=text_column, files=[f]),
+        shards=[
+            ShardSpec(shard_id=shard_id_for(i), segments=[Segment(0, bounds[i], bounds[i + 1])])
+            for i in range(shards)
+        ],
+        engine=engine or {"kind": "encoder"},
+        worker=WorkerSettings(**(worker or {})),
+    )
+    layout = RunLayout(output_root=str(root), run_id=run_id)
+    storage.write_replace(layout.manifest_uri, manifest.to_json_bytes())
+    return layout.run_dir
