@@ -4,11 +4,17 @@
   ``id`` int64, ``section`` string, ``text`` string).
 * :func:`write_run` - write a small run's ``manifest.json`` under ``tmp_path`` and return its run dir;
   usable from any test (``from conftest import write_run``) or through the ``make_run`` fixture.
+* ``allowed_storage_roots`` (autouse, session) - sets ``BATCH_INFERENCE_ALLOWED_ROOTS`` (the params'
+  allow-list of storage roots) to the repository's ``data/`` and ``output/``, this session's pytest
+  temporary directory and the placeholder bucket ``gs://b`` of the params unit tests, so DAG runs
+  (which copy ``os.environ`` into their Airflow subprocesses) may use ``tmp_path``. ``gcs_bucket`` adds
+  its fresh bucket for its test.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +29,26 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_PARQUET = REPO_ROOT / "data" / "sample" / "debian_descriptions_sample.parquet"
+ALLOWED_ROOTS_ENV = "BATCH_INFERENCE_ALLOWED_ROOTS"
+PLACEHOLDER_BUCKET = "gs://b"
+"""The bucket the params unit tests name in ``gs://`` URIs (never contacted)."""
+
+
+@pytest.fixture(scope="session", autouse=True)
+def allowed_storage_roots(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Allow the repository's data/output, this session's pytest temp dir and ``gs://b`` as storage
+    roots for the whole session (not the system temp dir as a whole); restores the previous value."""
+    roots = [str(REPO_ROOT / "data"), str(REPO_ROOT / "output"),
+             os.path.realpath(tmp_path_factory.getbasetemp()), PLACEHOLDER_BUCKET]
+    previous = os.environ.get(ALLOWED_ROOTS_ENV)
+    os.environ[ALLOWED_ROOTS_ENV] = ",".join(roots)
+    try:
+        yield os.environ[ALLOWED_ROOTS_ENV]
+    finally:
+        if previous is None:
+            os.environ.pop(ALLOWED_ROOTS_ENV, None)
+        else:
+            os.environ[ALLOWED_ROOTS_ENV] = previous
 
 
 @pytest.fixture(scope="session")

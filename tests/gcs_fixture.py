@@ -135,9 +135,13 @@ def fake_gcs() -> Iterator[FakeGcsServer]:
 
 @pytest.fixture
 def gcs_bucket(fake_gcs: FakeGcsServer, monkeypatch: pytest.MonkeyPatch) -> str:
-    """``gs://<fresh bucket>`` on the session's fake-gcs-server (env re-pointed at it for this test)."""
+    """``gs://<fresh bucket>`` on the session's fake-gcs-server (env re-pointed at it for this test; the
+    bucket is added to ``BATCH_INFERENCE_ALLOWED_ROOTS`` so DAG runs may read and write it)."""
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", fake_gcs.url)
-    return fake_gcs.create_bucket(f"test-{uuid.uuid4().hex[:12]}")
+    bucket = fake_gcs.create_bucket(f"test-{uuid.uuid4().hex[:12]}")
+    roots = os.environ.get("BATCH_INFERENCE_ALLOWED_ROOTS", "")
+    monkeypatch.setenv("BATCH_INFERENCE_ALLOWED_ROOTS", f"{roots},{bucket}" if roots else bucket)
+    return bucket
 
 
 @dataclass

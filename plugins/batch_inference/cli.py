@@ -4,7 +4,9 @@
 an Airflow home inside the repository (``airflow_home/``, SQLite), ``airflow db migrate`` on first use,
 then ``airflow dags test batch_inference_backfill`` with the run's conf. Airflow's own output goes to
 ``airflow_home/logs/make-run-<time>.log``; the terminal gets a short summary and, as its LAST line, the
-path of the run's ``report.json``.
+path of the run's ``report.json``. The operator running it is trusted: the input's directory, the output
+root and the DuckDB file's directory are added to ``BATCH_INFERENCE_ALLOWED_ROOTS`` for that run only
+(:func:`run_allowed_roots`).
 
 ``python -m batch_inference.cli render-k8s [--input URI] [--out build/k8s]``: plans a run (metadata
 only) and writes the pod manifests of the kubernetes runner, with no cluster and no Airflow run.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import posixpath
 import re
 import subprocess
 import sys
@@ -23,7 +26,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from batch_inference.params import REPO_ROOT, SAMPLE_INPUT
+from batch_contract.engine_config import ConfigError
+
+from batch_inference.params import ALLOWED_ROOTS_ENV, REPO_ROOT, SAMPLE_INPUT, allowed_roots_value
 
 AIRFLOW_HOME = REPO_ROOT / "airflow_home"
 REPORT_RE = re.compile(r"BATCH_INFERENCE_REPORT_JSON=(\S+)")
@@ -114,6 +119,23 @@ def _conf(args: argparse.Namespace) -> dict[str, Any]:
     return conf
 
 
+def _parent_of(uri: str) -> str:
+    """The directory holding ``uri``: a local directory itself, else the parent (``gs://b/in/x`` ->
+    ``gs://b/in``; a glob -> the directory the pattern is written in)."""
+    if "://" in uri and not uri.startswith("file://"):
+        return posixpath.dirname(uri.rstrip("/")) if uri.rstrip("/").count("/") > 2 else uri.rstrip("/")
+    path = Path(uri[len("file://"):] if uri.startswith("file://") else uri)
+    return str(path if path.is_dir() else path.parent)
+
+
+def run_allowed_roots(conf: dict[str, Any], env: dict[str, str]) -> str:
+    """``BATCH_INFERENCE_ALLOWED_ROOTS`` for one ``make run``: the roots already allowed (the variable,
+    or the defaults when unset) plus the input's directory, the output root and the DuckDB file's
+    directory from ``conf`` (the operator's own command line is trusted)."""
+    extra = [_parent_of(conf["input_uri"]), conf["output_root"], str(Path(conf["duckdb_path"]).parent)]
+    return allowed_roots_value(extra, env)
+
+
 def _timing(report_uri: str, wall_s: float) -> dict[str, Any]:
     """Share of wall time in worker inference and in whole worker processes, from the run's markers."""
     from batch_contract.layout import RunLayout
@@ -175,6 +197,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     log_path = AIRFLOW_HOME / "logs" / f"make-run-{stamp}.log"
     conf = _conf(args)
+    try:
+        env[ALLOWED_ROOTS_ENV] = run_allowed_roots(conf, env)
+    except ConfigError as exc:
+        print(f"run refused: {exc}", file=sys.stderr)
+        return 2
     print(f"batch_inference_backfill: {conf['input_uri']} -> {conf['output_root']} "
           f"(runner {conf['runner']}; Airflow log: {log_path})", flush=True)
     start = time.monotonic()

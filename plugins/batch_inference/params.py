@@ -4,12 +4,19 @@ Every Param carries a title, a description, a JSON-schema type and bounds, so th
 form and rejects bad values before a run starts. :func:`resolve_run_config` re-validates at run time
 (a CLI ``--conf`` or an Asset-triggered run bypasses the form) and raises :class:`ConfigError` naming
 the field.
+
+Table names follow the publish package's rule (:data:`batch_inference.publish.target.TABLE_NAME_PATTERN`
+and its reserved suffixes), so every name the form accepts can be published. The three path fields
+(``input_uri``, ``output_root``, ``duckdb_path``) must lie under the allowed storage roots
+(:func:`allowed_roots`, env ``BATCH_INFERENCE_ALLOWED_ROOTS``).
 """
 
 from __future__ import annotations
 
 import os
+import posixpath
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,11 +24,26 @@ from typing import Any
 from airflow.sdk import Param
 from batch_contract.engine_config import ConfigError
 
+from batch_inference.publish.target import (
+    MAX_TABLE_LEN,
+    RESERVED_SUFFIXES,
+    TABLE_NAME_PATTERN,
+    PublishTarget,
+)
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 """Repository root (``plugins/batch_inference/params.py`` -> two levels up)."""
 SAMPLE_INPUT = str(REPO_ROOT / "data" / "sample" / "debian_descriptions_sample.parquet")
 DEFAULT_OUTPUT_ROOT = os.environ.get("BATCH_OUTPUT_ROOT", str(REPO_ROOT / "output"))
-IDENTIFIER_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
+RESERVED_SUFFIX_PATTERN = "(" + "|".join(re.escape(s) for s in RESERVED_SUFFIXES) + ")$"
+"""Table names ending like this are refused (the publish package derives these tables from the name)."""
+_FORM_TABLE_NAME_REFUSED = RESERVED_SUFFIX_PATTERN + "|\n"
+"""The form's ``not`` pattern: a reserved suffix, or a newline anywhere (jsonschema checks ``pattern``
+with Python's ``re.search``, whose ``$`` also matches before a trailing newline)."""
+ALLOWED_ROOTS_ENV = "BATCH_INFERENCE_ALLOWED_ROOTS"
+"""Comma-separated local directories and/or ``gs://bucket[/prefix]`` under which ``input_uri``,
+``output_root`` and ``duckdb_path`` must lie (see :func:`allowed_roots`)."""
+PATH_FIELDS = ("input_uri", "output_root", "duckdb_path")
 RUNNERS = ("local", "kubernetes")
 ENGINES = ("encoder", "llm")
 
@@ -76,8 +98,10 @@ def base_params(*, input_uri: str = SAMPLE_INPUT, runner: str = "local",
                           minimum=1, maximum=256),
         "token_budget": _p(16384, "Token budget per batch", "Max padded tokens per batch (rows x padded "
                            "length); raise on large GPUs.", type="integer", minimum=64, maximum=4_194_304),
-        "output_table": _p(output_table, "Output table", "Table published atomically "
-                           "(letters, digits, underscore).", type="string", pattern=IDENTIFIER_PATTERN),
+        "output_table": _p(output_table, "Output table", "Table published atomically: lower-case "
+                           f"letters, digits and underscore, not starting with a digit, at most {MAX_TABLE_LEN} "
+                           f"characters, not ending in {', '.join(RESERVED_SUFFIXES)}.", type="string",
+                           pattern=TABLE_NAME_PATTERN, **{"not": {"pattern": _FORM_TABLE_NAME_REFUSED}}),
         "publish_backend": _p("duckdb", "Publish backend", "duckdb: embedded file; postgres: a "
                               "PostgreSQL server from an Airflow connection.", type="string",
                               enum=["duckdb", "postgres"]),
@@ -166,6 +190,114 @@ def _require(cond: bool, name: str, message: str) -> None:
         raise ConfigError(f"params.{name}: {message}")
 
 
+def _normalize_location(uri: str) -> str:
+    """Canonical form of a local path, ``file://`` URI or ``gs://`` URI, for the allowed-roots check.
+
+    Local paths (and ``file://`` URIs) become ``os.path.realpath`` (absolute, symlinks of existing parts
+    resolved, ``..`` collapsed); ``gs://bucket/a/../b`` becomes ``gs://bucket/b`` (no trailing slash).
+
+    Raises:
+        ValueError: another scheme, or a ``gs://`` URI without a bucket.
+    """
+    if uri.startswith("gs://"):
+        bucket, _, path = uri[len("gs://"):].partition("/")
+        if not bucket:
+            raise ValueError(f"{uri!r} has no bucket")
+        path = posixpath.normpath("/" + path).lstrip("/")
+        return f"gs://{bucket}/{path}".rstrip("/")
+    if uri.startswith("file://"):
+        uri = uri[len("file://"):]
+    elif "://" in uri:
+        raise ValueError(f"{uri!r} is not a local path, file:// or gs:// URI")
+    return os.path.realpath(uri)
+
+
+def _is_under(location: str, root: str) -> bool:
+    """Whether normalized ``location`` is ``root`` or inside it (whole path segments, same bucket)."""
+    if location.startswith("gs://") != root.startswith("gs://"):
+        return False
+    sep = "/" if root.startswith("gs://") else os.sep
+    return location == root or location.startswith(root.rstrip(sep) + sep)
+
+
+def _gs_literal(uri: str) -> str:
+    """``gs://bucket/path`` with the object path as written (GCS names are not normalized), no trailing
+    slash; for a ``gs://`` URI only."""
+    return uri.rstrip("/")
+
+
+def allowed_roots(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The storage roots the path params must lie under, normalized (see :func:`_normalize_location`).
+
+    ``BATCH_INFERENCE_ALLOWED_ROOTS`` (comma-separated local directories and/or ``gs://bucket[/prefix]``)
+    when set and not blank; else the repository's ``data/`` and ``output/`` directories plus
+    ``BATCH_OUTPUT_ROOT`` when that is set.
+
+    Args:
+        environ: environment to read (default ``os.environ``, read at call time).
+
+    Raises:
+        ConfigError: an entry is neither a local path, ``file://`` nor ``gs://bucket[/prefix]``.
+    """
+    env = os.environ if environ is None else environ
+    entries = [e.strip() for e in env.get(ALLOWED_ROOTS_ENV, "").split(",") if e.strip()]
+    if not entries:
+        entries = [str(REPO_ROOT / "data"), str(REPO_ROOT / "output")]
+        if env.get("BATCH_OUTPUT_ROOT", "").strip():
+            entries.append(env["BATCH_OUTPUT_ROOT"].strip())
+    roots: list[str] = []
+    for entry in entries:
+        try:
+            root = _normalize_location(entry)
+        except ValueError as exc:
+            raise ConfigError(f"{ALLOWED_ROOTS_ENV}: {exc}") from None
+        if root not in roots:
+            roots.append(root)
+    return roots
+
+
+def allowed_roots_value(extra: Iterable[str], environ: Mapping[str, str] | None = None) -> str:
+    """A ``BATCH_INFERENCE_ALLOWED_ROOTS`` value: the current roots (:func:`allowed_roots`, the defaults
+    when unset) plus ``extra`` (for a trusted caller such as the operator CLI).
+
+    Raises:
+        ConfigError: an entry is neither a local path, ``file://`` nor ``gs://bucket[/prefix]``.
+    """
+    roots = allowed_roots(environ)
+    for entry in extra:
+        try:
+            root = _normalize_location(entry)
+        except ValueError as exc:
+            raise ConfigError(f"{ALLOWED_ROOTS_ENV}: {exc}") from None
+        if root not in roots:
+            roots.append(root)
+    return ",".join(roots)
+
+
+def check_allowed_location(name: str, uri: str, roots: list[str] | None = None) -> None:
+    """Raise unless ``uri`` lies under one of ``roots`` (default :func:`allowed_roots`).
+
+    Local paths are compared after ``os.path.realpath``; ``gs://`` URIs by bucket and object prefix,
+    both as written and with ``.``/``..`` segments collapsed (whichever way the storage reads them, the
+    object stays under the root).
+
+    Raises:
+        ConfigError: ``params.<name>: ... outside the allowed roots [...]``.
+    """
+    roots = allowed_roots() if roots is None else roots
+    try:
+        location = _normalize_location(uri)
+    except ValueError as exc:
+        raise ConfigError(f"params.{name}: {exc}") from None
+    forms = [location, _gs_literal(uri)] if uri.startswith("gs://") else [location]
+    if all(any(_is_under(form, root) for root in roots) for form in forms):
+        return
+    shown = f"{uri!r}" if location == uri else f"{uri!r} (resolved {location!r})"
+    raise ConfigError(f"params.{name}: {shown} is outside the allowed roots {roots}; set "
+                      f"{ALLOWED_ROOTS_ENV} (comma-separated directories and/or gs://bucket[/prefix]) "
+                      "to allow it")
+
+
 def resolve_run_config(params: dict[str, Any]) -> RunConfig:
     """Build the :class:`RunConfig` from a run's params, re-checking what the form checks.
 
@@ -192,8 +324,13 @@ def resolve_run_config(params: dict[str, Any]) -> RunConfig:
     _require(cfg.pricing in ("spot", "on_demand"), "pricing", f"{cfg.pricing!r} is not 'spot' or 'on_demand'")
     _require(cfg.publish_backend in ("duckdb", "postgres"), "publish_backend",
              f"{cfg.publish_backend!r} is not 'duckdb' or 'postgres'")
-    _require(bool(re.match(IDENTIFIER_PATTERN, cfg.output_table)), "output_table",
-             f"{cfg.output_table!r} is not a SQL identifier (letters, digits, underscore; <= 63 chars)")
+    _require(isinstance(cfg.output_table, str) and re.fullmatch(TABLE_NAME_PATTERN, cfg.output_table) is not None,
+             "output_table", f"{cfg.output_table!r} is not a SQL identifier (lower-case letters, digits, "
+             f"underscore, not starting with a digit; <= {MAX_TABLE_LEN} chars)")
+    try:  # the publish step's own rule (reserved suffixes too), so a run never fails at publish on its name
+        PublishTarget(backend="duckdb", table=cfg.output_table, duckdb_path="(name check only)")
+    except ValueError as exc:
+        raise ConfigError(f"params.output_table: {exc}") from None
     _require(isinstance(cfg.engine_options, dict), "engine_options", "must be a JSON object")
     if cfg.runner == "kubernetes" and not cfg.dry_run:
         for name in ("output_root", "input_uri"):
@@ -202,6 +339,13 @@ def resolve_run_config(params: dict[str, Any]) -> RunConfig:
                      "(or dry_run=true to only render the pods)")
     if cfg.engine == "llm":
         _require(bool(cfg.model), "model", "the llm engine needs a model directory")
+    roots = allowed_roots()
+    for name in PATH_FIELDS:
+        value = getattr(cfg, name)
+        if name == "duckdb_path" and not value:
+            continue  # not given: the publish step has nothing to open
+        _require(isinstance(value, str), name, "must be a string")
+        check_allowed_location(name, value, roots)
     return cfg
 
 

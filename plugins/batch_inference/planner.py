@@ -325,8 +325,17 @@ def _jsonl_meta(uri: str, columns: dict[str, str]) -> tuple[_FileMeta, dict[str,
 
 
 def _sample_line(line: bytes, row: int, uri: str, columns: dict[str, str], seen: dict[str, set[str]]) -> None:
+    """Record the JSON types of the id/text columns on one sampled JSONL line.
+
+    Invalid UTF-8 is decoded with U+FFFD (``errors="replace"``), as the worker reads the same line (it
+    repairs the text and flags the row ``text_repaired``), so a bad byte in the first
+    ``JSONL_SAMPLE_LINES`` lines is planned like one on a later line instead of failing the plan.
+
+    Raises:
+        PlanError: the line is not valid JSON or not a JSON object.
+    """
     try:
-        obj = json.loads(line)
+        obj = json.loads(line.decode("utf-8", errors="replace"))
     except ValueError as exc:
         raise PlanError(f"input: {uri} line {row + 1} (non-blank) is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):

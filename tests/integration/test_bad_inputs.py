@@ -139,10 +139,6 @@ def test_upfront_error_names_file_and_column(case: str, build, message: str, tmp
     assert not (tmp_path / "out" / "runs" / f"bad_{case}" / "manifest.json").exists(), "no manifest for a bad plan"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "planner._sample_line json.loads()es raw bytes: a JSONL line with invalid UTF-8 among the first 200 "
-    "lines fails the whole plan ('is not valid JSON: utf-8 codec can't decode'), while the worker repairs "
-    "the same line with U+FFFD and flags text_repaired (after line 200 it is planned and repaired)"))
 def test_invalid_utf8_in_sampled_jsonl_lines_is_planned_like_later_lines(tmp_path: Path) -> None:
     src = _jsonl(tmp_path / "in" / "utf8.jsonl", [{"id": "a", "text": "fine"}, BAD_UTF8_LINE])
     manifest, _ = _plan(tmp_path, str(src), run_id="bad_utf8_early")

@@ -74,18 +74,25 @@ def test_sql_injection_in_table_name_is_rejected_everywhere(name: str) -> None:
         PublishTarget(backend="duckdb", table=name, duckdb_path="/tmp/unused.duckdb")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "params.IDENTIFIER_PATTERN (^[A-Za-z_][A-Za-z0-9_]{0,62}$, the form and resolve_run_config) accepts "
-    "upper-case and 40..63-character table names that publish.target.PublishTarget rejects "
-    "([a-z_][a-z0-9_]*, <= 39 chars): the run does all its inference and then fails in publish"))
-@pytest.mark.parametrize("name", ["Embeddings", "e" * 50])
+@pytest.mark.parametrize("name", ["Embeddings", "e" * 50, "e" * 40, "emb__staging", "emb__previous",
+                                  "emb__dead_letters", "emb__publish_log", "e" * 39, "emb__stagingx"])
 def test_every_table_name_the_form_accepts_can_be_published(name: str) -> None:
+    """The form and ``resolve_run_config`` accept exactly the names ``PublishTarget`` accepts, so a bad
+    name (upper case, 40+ characters, a reserved suffix) is refused before the run, not at publish."""
+    from airflow.sdk.definitions.param import ParamValidationError
     from batch_inference.params import resolve_run_config
     from batch_inference.publish.target import PublishTarget
 
-    _backfill_dag().params.get_param("output_table").resolve(name)
-    cfg = resolve_run_config(_params(output_table=name))
-    PublishTarget(backend="duckdb", table=cfg.output_table, duckdb_path="/tmp/unused.duckdb")
+    try:
+        PublishTarget(backend="duckdb", table=name, duckdb_path="/tmp/unused.duckdb")
+    except ValueError:
+        with pytest.raises(ParamValidationError):
+            _backfill_dag().params.get_param("output_table").resolve(name)
+        with pytest.raises(ConfigError, match="params.output_table"):
+            resolve_run_config(_params(output_table=name))
+    else:
+        _backfill_dag().params.get_param("output_table").resolve(name)
+        assert resolve_run_config(_params(output_table=name)).output_table == name
 
 
 @pytest.mark.parametrize("run_id", ["../escape", "a/b", "..", "x/../../etc", "with space", "", "/abs"])
@@ -100,10 +107,6 @@ def test_shard_id_cannot_leave_the_run_dir(shard_id: str, tmp_path: Path) -> Non
         RunLayout(str(tmp_path), "run").shard_dir(shard_id)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "params.resolve_run_config has no allow-list of storage roots: input_uri/output_root/duckdb_path from "
-    "the trigger form may name any local path (e.g. /etc) or bucket; expected a ConfigError naming the "
-    "field unless the path is under configured roots (e.g. an Airflow Variable / env allow-list)"))
 @pytest.mark.parametrize("field", ["output_root", "input_uri", "duckdb_path"])
 def test_paths_outside_configured_roots_are_rejected(field: str) -> None:
     from batch_inference.params import resolve_run_config
