@@ -11,6 +11,7 @@ from batch_contract.enums import ExitCode
 
 from batch_worker import quality_gate
 from batch_worker.errors import BadInputError
+from batch_worker.stats import limit_malloc_arenas
 
 EPILOG = f"""exit codes:
   {int(ExitCode.OK):<3} shard complete (also when it was already complete under the same fingerprint)
@@ -51,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     log = logging.getLogger("batch_worker")
     if args.command == "quality-gate":
         return quality_gate.cli_main(args)
+    limit_malloc_arenas()  # before torch starts its threads
     from batch_worker.runtime import run_shard  # after logging is set up
 
     try:

@@ -45,6 +45,29 @@ def cpu_seconds() -> float:
     return t.user + t.system
 
 
+M_ARENA_MAX = -8
+"""glibc ``mallopt`` parameter number of ``M_ARENA_MAX`` (``malloc.h``)."""
+DEFAULT_ARENA_MAX = 2
+
+
+def limit_malloc_arenas() -> None:
+    """Cap glibc malloc arenas (default 2; ``MALLOC_ARENA_MAX`` overrides) before threads start.
+
+    glibc gives each thread that allocates its own arena (up to 8 x cores); with torch's intra-op
+    threads and the producer thread, freed batch tensors of ever-changing shapes fragment across arenas
+    and RSS grows with time. Measured here on a 64,000-row MiniLM shard: 643 -> 1,369 MB over 135 s
+    with the default, 613 -> 784 MB over 90 s with 2 arenas. Must run before the threads exist;
+    a no-op where glibc is absent.
+    """
+    try:
+        import ctypes
+
+        arenas = int(os.environ.get("MALLOC_ARENA_MAX") or DEFAULT_ARENA_MAX)
+        ctypes.CDLL("libc.so.6").mallopt(M_ARENA_MAX, arenas)
+    except (OSError, AttributeError, ValueError):
+        pass
+
+
 def release_memory() -> None:
     """Return freed heap pages to the OS (glibc ``malloc_trim``), so RSS tracks live memory between
     chunks; a no-op where glibc is absent."""

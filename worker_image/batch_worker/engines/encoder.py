@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_LENGTH = 512
 
 ONEDNN_CACHE_CAPACITY = "16"
+TOKENIZE_BATCH_ROWS = 1024
+"""Rows per tokenizer call in :meth:`EncoderEngine.prepare` (bounds transient ``Encoding`` memory)."""
 """oneDNN primitive cache size for CPU inference (its default is 1024). Token-budget batches have many
 distinct shapes, and each cached bf16 primitive keeps its own buffers: the default cache let RSS grow by
 ~60 MB per chunk; 16 kept the peak flat over three 500-row chunks (measured). Set before torch is imported (``setdefault``: the environment wins)."""
@@ -118,10 +120,11 @@ def resolve_dtype(requested: str, device: str) -> str:
 
 @dataclass
 class Prepared:
-    """A tokenized chunk: token ids per row (no padding), lengths (int64, tokens), truncation flags."""
+    """A tokenized chunk: token ids per row (int32 arrays, no padding), lengths (int64, tokens),
+    truncation flags."""
 
     rows: ChunkRows
-    token_ids: list[list[int]]
+    token_ids: list[np.ndarray]
     lengths: np.ndarray
     truncated: np.ndarray
 
@@ -211,12 +214,20 @@ class EncoderEngine(Engine):
         return self.loaded
 
     def prepare(self, rows: ChunkRows) -> Prepared:
-        """Tokenize the chunk once (no padding; truncation at ``max_length``)."""
-        encodings = self._tok.encode_batch(rows.texts) if len(rows) else []
-        token_ids = [e.ids for e in encodings]
+        """Tokenize the chunk once (no padding; truncation at ``max_length``).
+
+        Tokenizes ``TOKENIZE_BATCH_ROWS`` rows at a time and keeps only int32 ids: a tokenizers
+        ``Encoding`` holds token strings, offsets and the overflowing remainder, several KB per row, so
+        encoding a 10k-row chunk at once costs hundreds of MB of transient memory.
+        """
+        token_ids: list[np.ndarray] = []
+        truncated: list[bool] = []
+        for start in range(0, len(rows), TOKENIZE_BATCH_ROWS):
+            for enc in self._tok.encode_batch(rows.texts[start : start + TOKENIZE_BATCH_ROWS]):
+                token_ids.append(np.asarray(enc.ids, dtype=np.int32))
+                truncated.append(bool(enc.overflowing))
         lengths = np.fromiter((len(t) for t in token_ids), dtype=np.int64, count=len(token_ids))
-        truncated = np.fromiter((bool(e.overflowing) for e in encodings), dtype=bool, count=len(token_ids))
-        return Prepared(rows=rows, token_ids=token_ids, lengths=lengths, truncated=truncated)
+        return Prepared(rows=rows, token_ids=token_ids, lengths=lengths, truncated=np.asarray(truncated, dtype=bool))
 
     def _forward(self, input_ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """Run one padded batch; returns float32 ``(rows, dim)`` embeddings or ``(rows, labels)`` probs."""
