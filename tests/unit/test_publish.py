@@ -281,6 +281,8 @@ def test_partial_manifest_over_integer_parquet_ids(tmp_path: Path) -> None:
         ("table", "a" * 40),
         ("table", "emb__previous"),
         ("table", "emb name"),
+        ("table", "emb\n"),
+        ("schema", "public\n"),
         ("schema", "public.emb"),
         ("schema", "x' OR '1'='1"),
     ],

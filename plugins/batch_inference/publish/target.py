@@ -48,7 +48,7 @@ def validate_identifier(value: object, field_name: str, max_len: int) -> str:
     """
     if not isinstance(value, str):
         raise ValueError(f"{field_name}: expected a string, got {type(value).__name__}")
-    if not IDENTIFIER_PATTERN.match(value) or len(value) > max_len:
+    if not IDENTIFIER_PATTERN.fullmatch(value) or len(value) > max_len:
         raise ValueError(
             f"{field_name}: {value!r} is not a valid identifier; use 1..{max_len} characters from "
             "a-z, 0-9 and _, not starting with a digit"
@@ -62,7 +62,7 @@ def quote_ident(name: str) -> str:
     Raises:
         ValueError: ``name`` does not match the identifier pattern (defence in depth).
     """
-    if not IDENTIFIER_PATTERN.match(name):
+    if not IDENTIFIER_PATTERN.fullmatch(name):
         raise ValueError(f"refusing to quote unvalidated identifier {name!r}")
     return f'"{name}"'
 
