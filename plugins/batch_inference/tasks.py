@@ -92,7 +92,20 @@ def plan_task(context: Mapping[str, Any], *, model_from_asset: bool = False) -> 
     Returns:
         The shard refs (:func:`batch_inference.planner.shard_refs`; one small dict per shard, at most
         ``max_shards``; ``[]`` for an empty input, which maps to zero worker tasks).
+
+    Raises:
+        AirflowFailException: a ``ConfigError`` / ``PlanError`` (bad params, missing column, ...): a retry
+            cannot fix it, so the task fails at once with the message naming the field.
     """
+    from airflow.sdk.exceptions import AirflowFailException
+
+    try:
+        return _plan(context, model_from_asset=model_from_asset)
+    except ConfigError as exc:
+        raise AirflowFailException(f"{type(exc).__name__}: {exc}") from None
+
+
+def _plan(context: Mapping[str, Any], *, model_from_asset: bool) -> list[dict[str, Any]]:
     overrides: dict[str, Any] = {}
     if model_from_asset:
         model, source = model_from_events(context.get("triggering_asset_events"), context["params"].get("model"))
