@@ -56,7 +56,7 @@ run: venv
 
 # Pod manifests the kubernetes runner would create for a planned run, via the provider (no cluster).
 render-k8s: venv
-	PYTHONPATH=plugins:worker_image $(PY) -m batch_inference.cli render-k8s --input "$(INPUT)" --output "$(OUTPUT)" --out build/k8s
+	PYTHONPATH=plugins:worker_image $(PY) -m batch_inference.cli render-k8s --input "$(INPUT)" --output "$(OUTPUT)" --rows-per-shard $(ROWS_PER_SHARD) --out build/k8s
 
 clean:
 	rm -rf build output airflow_home .pytest_cache

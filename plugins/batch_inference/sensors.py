@@ -78,6 +78,11 @@ class ShardMarkerSensor(BaseSensorOperator):
     def execute(self, context: Any) -> dict:
         if self._is_dry_run():
             raise AirflowSkipException("dry run: no shards were run, nothing to wait for")
+        if str(self.run_dir).strip() in {"", "None"}:
+            raise AirflowFailException(
+                "completion gate: the plan task produced no run directory (it failed: its log has the "
+                "reason), so there is nothing to wait for"
+            )
         status = check_completion(self.run_dir, float(self.min_success_ratio))
         self.log.info("%s", progress_line(self.run_dir, status))
         if status.satisfied:

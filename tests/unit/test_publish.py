@@ -78,6 +78,16 @@ def test_dead_letters_published_with_reasons(tmp_path: Path, input_path: str, re
                     (real_ids[3], "duplicate_id", 301)]
 
 
+def test_every_row_dead_lettered_never_swaps_in_an_empty_table(tmp_path: Path) -> None:
+    path = write_input(tmp_path / "in.parquet", ["a", "b", "c"])
+    good = build_run(tmp_path / "out", "good", path, RunSpec(shards=1))
+    publish_run(good.run_dir, _target(tmp_path))
+    bad = build_run(tmp_path / "out", "bad", path, RunSpec(shards=1, dead_rows={0, 1, 2}))
+    with pytest.raises(CoverageError, match="none of its 3 input row"):
+        publish_run(bad.run_dir, _target(tmp_path))
+    assert _query(tmp_path, "SELECT count(*) FROM emb")[0][0] == 3
+
+
 def test_missing_rows_fail_with_count_and_sample(tmp_path: Path, input_path: str, real_ids: list[str]) -> None:
     layout = build_run(tmp_path / "out", "run1", input_path, RunSpec(drop_rows={10, 11, 12, 300}))
     with pytest.raises(CoverageError) as err:

@@ -117,4 +117,5 @@ def test_id_to_str() -> None:
     assert id_to_str("x")[0] == "x"
     assert id_to_str(None)[1] is R.NULL_ID
     assert id_to_str(True)[1] is R.INVALID_ID
+    assert id_to_str(True)[0] is None  # matched by source position, as publish does
     assert id_to_str(1.0)[1] is R.INVALID_ID

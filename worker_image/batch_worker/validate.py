@@ -39,12 +39,15 @@ def id_to_str(value: object) -> tuple[str | None, DeadLetterReason | None, str]:
     """Convert a raw id to its string form.
 
     Returns:
-        ``(id, None, "")`` when valid, else ``(None or str(value), reason, detail)``.
+        ``(id, None, "")`` when valid, else ``(id or None, reason, detail)``. An id that is neither an
+        integer nor a string (bool, float, list, ...) has no canonical string form, so its dead letter
+        carries ``id=None`` and is matched by ``(source_uri, source_row)`` like a null id (publish's
+        coverage check does the same); the detail names the value.
     """
     if value is None:
         return None, DeadLetterReason.NULL_ID, "id is null"
     if isinstance(value, bool) or not isinstance(value, int | str):
-        return repr(value)[:200], DeadLetterReason.INVALID_ID, f"id {value!r} is a {type(value).__name__}, not an integer or string"
+        return None, DeadLetterReason.INVALID_ID, f"id {value!r:.200} is a {type(value).__name__}, not an integer or string"
     text = str(value)
     if isinstance(value, str) and not text.strip():
         return text, DeadLetterReason.INVALID_ID, "id is an empty or whitespace-only string"

@@ -426,8 +426,9 @@ def check_coverage(
         The :class:`Coverage` counts.
 
     Raises:
-        CoverageError: result/dead-letter ids that are not in the manifest (always fatal), or missing
-            rows pushing the success ratio below ``min_success_ratio``.
+        CoverageError: result/dead-letter ids that are not in the manifest (always fatal), missing
+            rows pushing the success ratio below ``min_success_ratio``, or a non-empty input whose every
+            row was dead-lettered (an empty table never replaces the current one).
         PublishError: stale fingerprints or null result ids.
     """
     if not 0.0 < min_success_ratio <= 1.0:
@@ -473,6 +474,13 @@ def check_coverage(
             f"run {inv.run_id}: {rows_missing} of {inv.rows_input} input row(s) have neither a result nor "
             f"a dead letter (success ratio {cov.success_ratio:.6f} < min_success_ratio "
             f"{min_success_ratio}); sample: {sample}",
+            missing=rows_missing, unexpected=0, sample=sample,
+        )
+    if inv.rows_input and not published:
+        raise CoverageError(
+            f"run {inv.run_id}: none of its {inv.rows_input} input row(s) has a result ({dead_rows} dead "
+            "letter(s)); refusing to swap an empty table over the current one. Read the dead letters in "
+            "the run's shard directories for the reasons",
             missing=rows_missing, unexpected=0, sample=sample,
         )
     return cov
