@@ -121,12 +121,20 @@ def test_sigkill_at_random_points_then_rerun_gives_every_id_once(reference_run, 
     rng = random.Random(1234)
     kills = 0
     for _ in range(3):
+        if (shard / "_SUCCESS.json").exists():
+            break
         started = len(list((shard / "attempts").glob("*.json")))
+        parts_before = len(list(shard.glob("part-*.parquet")))
         proc = subprocess.Popen(_worker_cmd(run_dir), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 120
         while len(list((shard / "attempts").glob("*.json"))) == started and time.monotonic() < deadline:
-            time.sleep(0.05)  # the attempt record exists: kill somewhere in model load, inference or commit
-        time.sleep(rng.uniform(0.5, 8.0))
+            time.sleep(0.02)  # the attempt record exists: the kill lands in model load, inference or commit
+        # a random point measured in committed chunks (0-2 more of the shard's 8), not in seconds, so the
+        # kill lands mid-shard however fast or loaded the machine is
+        target = parts_before + rng.randint(0, 2)
+        while proc.poll() is None and len(list(shard.glob("part-*.parquet"))) < target and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.0, 0.3))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             kills += 1
