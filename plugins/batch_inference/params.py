@@ -245,7 +245,15 @@ def allowed_roots(environ: Mapping[str, str] | None = None) -> list[str]:
         entries = [str(REPO_ROOT / "data"), str(REPO_ROOT / "output")]
         if env.get("BATCH_OUTPUT_ROOT", "").strip():
             entries.append(env["BATCH_OUTPUT_ROOT"].strip())
-    roots: list[str] = []
+    return _add_roots([], entries)
+
+
+def _add_roots(roots: list[str], entries: Iterable[str]) -> list[str]:
+    """Append each entry, normalised, to ``roots`` unless already there; returns ``roots``.
+
+    Raises:
+        ConfigError: an entry is neither a local path, ``file://`` nor ``gs://bucket[/prefix]``.
+    """
     for entry in entries:
         try:
             root = _normalize_location(entry)
@@ -263,15 +271,7 @@ def allowed_roots_value(extra: Iterable[str], environ: Mapping[str, str] | None 
     Raises:
         ConfigError: an entry is neither a local path, ``file://`` nor ``gs://bucket[/prefix]``.
     """
-    roots = allowed_roots(environ)
-    for entry in extra:
-        try:
-            root = _normalize_location(entry)
-        except ValueError as exc:
-            raise ConfigError(f"{ALLOWED_ROOTS_ENV}: {exc}") from None
-        if root not in roots:
-            roots.append(root)
-    return ",".join(roots)
+    return ",".join(_add_roots(allowed_roots(environ), extra))
 
 
 def check_allowed_location(name: str, uri: str, roots: list[str] | None = None) -> None:
