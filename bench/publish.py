@@ -1,7 +1,8 @@
 """Benchmark: publish 1,000,000 rows x 384-dim float32 embeddings into DuckDB and PostgreSQL.
 
-Builds a synthetic run following the data contract (10 shards, 100,000-row part files, a few dead
-letters), publishes it with :func:`batch_inference.publish.publish_run` into a DuckDB file and into a
+Builds a synthetic run following the data contract (10 shards, 100,000-row part files written with the
+worker's encodings from ``batch_contract.schemas.parquet_write_options``, embeddings that are random unit
+vectors like a normalised model output, a few dead letters), publishes it with :func:`batch_inference.publish.publish_run` into a DuckDB file and into a
 throwaway PostgreSQL cluster (``scripts/pg_test_cluster.sh``, or ``$PG_TEST_DSN`` if set), and compares
 with a naive baseline in the same process: row-by-row ``executemany`` INSERTs of Python lists on a
 small slice (the way a first version would load rows).
@@ -105,7 +106,7 @@ def generate(work: Path) -> None:
     ids = pa.array([f"row-{i:08d}" for i in range(ROWS)], pa.string())
     inp = write_input(work / "input.parquet", ids)
     build_run(work / "out", "bench", inp, RunSpec(task="embedding", dim=DIM, shards=10, chunk_rows=100_000,
-                                                  dead_rows={1, ROWS // 2 + 1}))
+                                                  dead_rows={1, ROWS // 2 + 1}, unit_embeddings=True))
 
 
 def main() -> None:
@@ -115,6 +116,9 @@ def main() -> None:
         t0 = time.perf_counter()
         # generated in a child process so peak_rss_mb measures publishing, not the fixture
         subprocess.run([sys.executable, __file__, "--generate", str(work)], check=True)
+        # the worker fsyncs every part file it commits; flush the generator's dirty pages the same way,
+        # or their write-back competes with the publish being timed
+        os.sync()
         layout = RunLayout(str(work / "out"), "bench")
         print(f"generated {ROWS:,} rows x {DIM} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
 

@@ -22,7 +22,7 @@ from batch_contract.manifest import (
     result_fingerprint,
 )
 from batch_contract.marker import STAGES, AttemptRecord, ShardMarker, ShardProgress
-from batch_contract.schemas import DEAD_LETTER_SCHEMA, part_schema
+from batch_contract.schemas import DEAD_LETTER_SCHEMA, parquet_write_options, part_schema
 from batch_contract.version import SCHEMA_VERSION
 
 
@@ -110,6 +110,27 @@ def test_part_and_dead_letter_schemas_survive_parquet() -> None:
         part_schema("embedding")
     with pytest.raises(ValueError):
         part_schema("regression")
+
+
+def test_part_write_options_keep_floats_plain_and_ids_compressed() -> None:
+    schema = part_schema("embedding", 16)
+    n = 3000
+    table = pa.table(
+        {"id": [f"id-{i}" for i in range(n)], "fingerprint": ["fp"] * n, "n_tokens": pa.array([3] * n, pa.int32()),
+         "truncated": [False] * n, "text_repaired": [False] * n,
+         "embedding": pa.FixedSizeListArray.from_arrays(pa.array([i / 7 for i in range(16 * n)], pa.float32()), 16)},
+        schema=schema,
+    )
+    buf = io.BytesIO()
+    pq.write_table(table, buf, **parquet_write_options(schema))
+    meta = pq.read_metadata(io.BytesIO(buf.getvalue()))
+    columns = {meta.row_group(0).column(i).path_in_schema: meta.row_group(0).column(i) for i in range(6)}
+    emb = columns["embedding.list.element"]
+    assert emb.compression == "UNCOMPRESSED" and "RLE_DICTIONARY" not in emb.encodings
+    assert columns["id"].compression == "ZSTD" and "RLE_DICTIONARY" in columns["fingerprint"].encodings
+    assert pq.read_table(io.BytesIO(buf.getvalue())).equals(table)
+    score = parquet_write_options(part_schema("classification"))
+    assert score["compression"]["score"] == "none" and score["compression"]["label"] == "zstd"
 
 
 def test_layout_uris_and_names() -> None:

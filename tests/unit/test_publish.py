@@ -51,6 +51,18 @@ def _tables(tmp_path: Path) -> set[str]:
     return {r[0] for r in _query(tmp_path, "SELECT table_name FROM duckdb_tables()")}
 
 
+def test_published_table_uses_the_bounded_row_group_size(tmp_path: Path) -> None:
+    from batch_inference.publish.duckdb_backend import TABLE_ROW_GROUP_ROWS
+
+    n = TABLE_ROW_GROUP_ROWS + 5000
+    inp = write_input(tmp_path / "input.parquet", [f"r{i}" for i in range(n)])
+    layout = build_run(tmp_path / "out", "rg", inp, RunSpec(shards=1, chunk_rows=n, dim=4))
+    assert publish_run(layout.run_dir, _target(tmp_path))["rows_published"] == n
+    counts = _query(tmp_path, "SELECT row_group_id, max(start + count) - min(start) FROM pragma_storage_info('emb') "
+                              "WHERE column_name = 'id' AND segment_type = 'VARCHAR' GROUP BY 1 ORDER BY 1")
+    assert len(counts) == 2 and counts[0][1] == TABLE_ROW_GROUP_ROWS
+
+
 def test_full_coverage_publishes_every_row(tmp_path: Path, input_path: str, real_ids: list[str]) -> None:
     layout = build_run(tmp_path / "out", "run1", input_path, RunSpec(shards=3, chunk_rows=50, dead_rows={5}))
     summary = publish_run(layout.run_dir, _target(tmp_path))

@@ -1,4 +1,8 @@
-"""Part-file and dead-letter writer: one zstd Parquet object per chunk, committed create-only."""
+"""Part-file and dead-letter writer: one Parquet object per chunk, committed create-only.
+
+Encodings come from the contract (:func:`batch_contract.schemas.parquet_write_options`): zstd and
+dictionary for ids and small columns, plain uncompressed floats for embeddings and scores.
+"""
 
 from __future__ import annotations
 
@@ -8,19 +12,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from batch_contract import storage
 from batch_contract.layout import DEAD_LETTER_PREFIX, PART_PREFIX, join_uri, part_name
-from batch_contract.schemas import DEAD_LETTER_SCHEMA
+from batch_contract.schemas import DEAD_LETTER_SCHEMA, parquet_write_options
 
 from batch_worker.engines.base import ChunkOutput, ChunkRows
 from batch_worker.validate import DeadLetter
 
-ROW_GROUP_ROWS = 16384
-"""Rows per Parquet row group in part files (a chunk of up to 100k rows gets a few row groups)."""
-
 
 def parquet_bytes(table: pa.Table) -> bytes:
-    """Serialise ``table`` as zstd Parquet (row groups of :data:`ROW_GROUP_ROWS` rows)."""
+    """Serialise ``table`` as Parquet with the contract's part-file encodings
+    (:func:`~batch_contract.schemas.parquet_write_options`)."""
     sink = io.BytesIO()
-    pq.write_table(table, sink, compression="zstd", row_group_size=ROW_GROUP_ROWS)
+    pq.write_table(table, sink, **parquet_write_options(table.schema))
     return sink.getvalue()
 
 

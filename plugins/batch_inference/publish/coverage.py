@@ -87,9 +87,9 @@ class Coverage:
         cols = ", ".join(f"CAST(p.{_q(n)} AS {t}) AS {_q(n)}" for n, t in self.columns)
         if not self.part_files:
             return f"SELECT {cols} FROM _pub_empty_results p"
-        scan = "read_parquet($parts, filename=true, file_row_number=true, union_by_name=true)"
         if self.duplicates_removed == 0 and self.duplicate_ids_across_shards == 0:
-            return f"SELECT {cols} FROM {scan} p"
+            return f"SELECT {cols} FROM read_parquet($parts, union_by_name=true) p"
+        scan = "read_parquet($parts, filename=true, file_row_number=true, union_by_name=true)"
         return (
             f"SELECT {cols} FROM {scan} p ANTI JOIN _pub_drop d "
             "ON d.filename = p.filename AND d.file_row_number = p.file_row_number"

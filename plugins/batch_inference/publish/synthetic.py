@@ -21,7 +21,7 @@ from batch_contract.enums import DeadLetterReason
 from batch_contract.layout import DEAD_LETTER_PREFIX, PART_PREFIX, RunLayout, part_name, shard_id_for
 from batch_contract.manifest import InputFile, InputSpec, Manifest, Segment, ShardSpec
 from batch_contract.marker import ShardMarker
-from batch_contract.schemas import DEAD_LETTER_SCHEMA, part_schema
+from batch_contract.schemas import DEAD_LETTER_SCHEMA, parquet_write_options, part_schema
 
 
 def write_input(path: str | Path, ids: Sequence[str | int | None] | pa.Array, *, row_group_rows: int = 100_000) -> str:
@@ -54,6 +54,8 @@ class RunSpec:
         row_limit: plan only the first ``row_limit`` input rows (the manifest covers part of the file).
         dedupe_per_shard: de-duplicate ids within each shard only, as the real worker does (an id repeated
             in another shard gets a result there too); default: across the whole run.
+        unit_embeddings: embeddings are seeded random unit vectors (the entropy of a real L2-normalised
+            model output, for benchmarks) instead of the default readable grid ``row * 1e-3 + j``.
     """
 
     task: str = "embedding"
@@ -69,6 +71,14 @@ class RunSpec:
     stale_fingerprint_shards: set[str] = field(default_factory=set)
     row_limit: int | None = None
     dedupe_per_shard: bool = False
+    unit_embeddings: bool = False
+
+
+def _unit_vectors(rows: np.ndarray, dim: int) -> np.ndarray:
+    """``(len(rows), dim)`` float32 random unit vectors, seeded by the first row number."""
+    rng = np.random.default_rng(int(rows[0]) if len(rows) else 0)
+    vectors = rng.standard_normal((len(rows), dim), dtype=np.float32)
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
 
 
 def _results_table(ids: list[str], rows: np.ndarray, spec: RunSpec, fp: str, offset: float) -> pa.Table:
@@ -83,7 +93,8 @@ def _results_table(ids: list[str], rows: np.ndarray, spec: RunSpec, fp: str, off
     }
     value = spec.version + offset
     if spec.task == "embedding":
-        grid = rows[:, None].astype(np.float32) * np.float32(1e-3) + np.arange(spec.dim, dtype=np.float32)
+        grid = _unit_vectors(rows, spec.dim) if spec.unit_embeddings else (
+            rows[:, None].astype(np.float32) * np.float32(1e-3) + np.arange(spec.dim, dtype=np.float32))
         flat = (grid + np.float32(value)).astype(np.float32).reshape(-1)
         cols["embedding"] = pa.FixedSizeListArray.from_arrays(pa.array(flat), spec.dim)
     elif spec.task == "classification":
@@ -117,7 +128,7 @@ def _write(shard_dir: str, prefix: str, chunk: int, table: pa.Table) -> str:
     name = part_name(prefix, chunk)
     path = storage.local_path(shard_dir) / name
     path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, path, row_group_size=100_000)
+    pq.write_table(table, path, **parquet_write_options(table.schema))
     return name
 
 
