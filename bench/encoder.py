@@ -108,7 +108,7 @@ def worker_run(rows: pa.Table, workdir: Path) -> dict:
     """(c) the worker end to end on one shard holding ``rows``; returns timing and marker figures."""
     from batch_contract.marker import ShardMarker
     from batch_worker.runtime import run_shard
-    from conftest import write_run
+    from run_helpers import write_run
 
     path = workdir / "bench_input.parquet"
     pq.write_table(rows, path)
@@ -135,7 +135,7 @@ def rss_run(n_rows: int, seconds: float, workdir: Path) -> tuple[float, int]:
     ``seconds`` if still going (exit 75), so the figure covers model load and steady-state chunks.
     """
     from batch_contract.marker import AttemptRecord
-    from conftest import write_run
+    from run_helpers import write_run
 
     base = load_rows(10**9)
     reps = -(-n_rows // base.num_rows)
@@ -163,7 +163,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=3000)
     parser.add_argument("--rss-rows", type=int, default=64000, help="rows of the RSS shard (0 skips it)")
-    parser.add_argument("--rss-seconds", type=float, default=240.0, help="stop the RSS run after this long")
+    parser.add_argument("--rss-seconds", type=float, default=900.0, help="stop the RSS run after this long")
     parser.add_argument("--skip-baselines", action="store_true", help="worker only (no ratios)")
     args = parser.parse_args()
     from batch_worker.engines.encoder import default_model_path

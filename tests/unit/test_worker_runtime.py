@@ -208,3 +208,29 @@ def test_cli_exit_codes(tmp_path: Path, input_parquet: Path, capsys) -> None:
     with pytest.raises(SystemExit):
         cli.main(["run", "--help"])
     assert "75" in capsys.readouterr().out
+
+
+def test_heap_trim_reports_glibc_free_bytes_and_trims_only_above_the_limit() -> None:
+    from batch_worker import stats
+
+    free = stats.heap_free_bytes()
+    if free is None:
+        pytest.skip("no glibc mallinfo2 here")
+    blocks = [bytearray(64 * 1024) for _ in range(512)]  # 32 MiB below the mmap threshold: heap memory
+    keep = blocks[1::2]  # free every other block: holes the heap cannot shrink past
+    del blocks
+    assert stats.heap_free_bytes() >= 16 << 20
+    assert stats.trim_heap_above(1 << 50) is False
+    assert stats.trim_heap_above(0) is True
+    assert len(keep) == 256
+
+
+def test_encoder_module_caps_torch_shape_caches_before_torch_loads() -> None:
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")}
+    code = ("import os, sys; import batch_worker.engines.encoder; "
+            "print(os.environ['LRU_CACHE_CAPACITY'], os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'], 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["16", "16", "False"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 import time
@@ -60,8 +61,6 @@ def limit_malloc_arenas() -> None:
     a no-op where glibc is absent.
     """
     try:
-        import ctypes
-
         arenas = int(os.environ.get("MALLOC_ARENA_MAX") or DEFAULT_ARENA_MAX)
         ctypes.CDLL("libc.so.6").mallopt(M_ARENA_MAX, arenas)
     except (OSError, AttributeError, ValueError):
@@ -72,11 +71,44 @@ def release_memory() -> None:
     """Return freed heap pages to the OS (glibc ``malloc_trim``), so RSS tracks live memory between
     chunks; a no-op where glibc is absent."""
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
+
+
+class _MallInfo2(ctypes.Structure):
+    """glibc ``struct mallinfo2`` (``malloc.h``, glibc >= 2.33): sizes in bytes."""
+
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def _libc_mallinfo2():
+    try:
+        fn = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return None
+    fn.restype = _MallInfo2
+    return fn
+
+
+_MALLINFO2 = _libc_mallinfo2()
+
+
+def heap_free_bytes() -> int | None:
+    """Bytes of freed memory glibc keeps in its heaps (``mallinfo2().fordblks``, all arenas); ``None``
+    without glibc >= 2.33."""
+    return None if _MALLINFO2 is None else int(_MALLINFO2().fordblks)
+
+
+def trim_heap_above(limit_bytes: int) -> bool:
+    """:func:`release_memory` when more than ``limit_bytes`` of the heap is free; returns whether it
+    trimmed. A no-op (``False``) where glibc's ``mallinfo2`` is absent."""
+    free = heap_free_bytes()
+    if free is None or free <= limit_bytes:
+        return False
+    release_memory()
+    return True
 
 
 class GpuSampler:
