@@ -74,13 +74,22 @@ class EncoderConfig:
         return cls(**_known_fields(cls, dict(data), "engine"))
 
 
+AUTO_TOKEN_BUDGET: dict[str, int] = {"cpu": 8192, "cuda": 65536}
+"""Token budget per batch when ``worker.token_budget`` is 0, by device. CPU: measured with MiniLM bf16
+on the 2-core development machine, where 4k-8k-token batches ran 10-20% faster than 16k ones
+(activations of a smaller batch stay in cache); ``bench/encoder.py``. CUDA: large batches amortise
+kernel launches; 64k tokens of a BERT-base-sized encoder are a few GB of activations. Not yet measured
+on a GPU (``bench/gpu_smoke.sh`` records the rows/s to check it against)."""
+
+
 @dataclass(frozen=True)
 class WorkerSettings:
     """Batching, chunking and signal settings. They change speed, never outputs, so they are not part
     of the fingerprint."""
 
-    token_budget: int = 16384
-    """Max padded tokens per batch (rows x padded length). 16k suits CPUs and small GPUs; raise on big GPUs."""
+    token_budget: int = 0
+    """Max padded tokens per batch (rows x padded length); 0 (default): chosen for the device by
+    :meth:`token_budget_for`."""
     max_batch_rows: int = 256
     """Max rows per batch whatever their length."""
     chunk_rows: int | None = None
@@ -97,7 +106,8 @@ class WorkerSettings:
     """Minimum seconds between progress-object writes and progress log lines."""
 
     def __post_init__(self) -> None:
-        _check(self.token_budget >= 64, "worker.token_budget", "must be >= 64 tokens")
+        _check(self.token_budget == 0 or self.token_budget >= 64, "worker.token_budget",
+               "must be 0 (auto) or >= 64 tokens")
         _check(self.max_batch_rows >= 1, "worker.max_batch_rows", "must be >= 1")
         _check(self.chunk_rows is None or self.chunk_rows >= 1, "worker.chunk_rows", "must be >= 1")
         _check(1 <= self.min_chunk_rows <= self.max_chunk_rows, "worker.min_chunk_rows",
@@ -106,6 +116,11 @@ class WorkerSettings:
         _check(self.read_batch_rows >= 1, "worker.read_batch_rows", "must be >= 1")
         _check(0 < self.grace_seconds <= 3600, "worker.grace_seconds", "must be in (0, 3600]")
         _check(self.progress_interval_seconds > 0, "worker.progress_interval_seconds", "must be > 0")
+
+    def token_budget_for(self, device: str) -> int:
+        """Padded tokens per batch on ``device`` (``cpu`` or ``cuda``): ``token_budget`` when set, else
+        :data:`AUTO_TOKEN_BUDGET` for the device (CPU for any device it does not name)."""
+        return self.token_budget or AUTO_TOKEN_BUDGET.get(device, AUTO_TOKEN_BUDGET["cpu"])
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

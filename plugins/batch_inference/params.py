@@ -96,8 +96,9 @@ def base_params(*, input_uri: str = SAMPLE_INPUT, runner: str = "local",
         "parallelism": _p(1, "Local parallelism", "Shards run at the same time by the local runner "
                           "(kubernetes: the DAG's max_active_tis_per_dagrun).", type="integer",
                           minimum=1, maximum=256),
-        "token_budget": _p(16384, "Token budget per batch", "Max padded tokens per batch (rows x padded "
-                           "length); raise on large GPUs.", type="integer", minimum=64, maximum=4_194_304),
+        "token_budget": _p(0, "Token budget per batch", "Max padded tokens per batch (rows x padded "
+                           "length); 0 picks one for the device (8,192 on CPU, 65,536 on a GPU).",
+                           type="integer", minimum=0, maximum=4_194_304),
         "output_table": _p(output_table, "Output table", "Table published atomically: lower-case "
                            f"letters, digits and underscore, not starting with a digit, at most {MAX_TABLE_LEN} "
                            f"characters, not ending in {', '.join(RESERVED_SUFFIXES)}.", type="string",
@@ -150,7 +151,7 @@ class RunConfig:
     shard_by: str = "tokens"
     max_shards: int = 1024
     parallelism: int = 1
-    token_budget: int = 16384
+    token_budget: int = 0
     output_table: str = "descriptions_embeddings"
     publish_backend: str = "duckdb"
     duckdb_path: str = ""

@@ -165,3 +165,16 @@ def test_storage_create_only_semantics(tmp_path: Path) -> None:
 
 def test_exit_codes_are_the_documented_values() -> None:
     assert [int(c) for c in ExitCode] == [0, 1, 2, 75]
+
+
+def test_token_budget_zero_means_the_device_default() -> None:
+    from batch_contract.engine_config import AUTO_TOKEN_BUDGET
+
+    auto = WorkerSettings()
+    assert auto.token_budget == 0
+    assert auto.token_budget_for("cpu") == AUTO_TOKEN_BUDGET["cpu"] == 8192
+    assert auto.token_budget_for("cuda") == AUTO_TOKEN_BUDGET["cuda"]
+    assert auto.token_budget_for("mps") == AUTO_TOKEN_BUDGET["cpu"]
+    assert WorkerSettings(token_budget=2048).token_budget_for("cuda") == 2048
+    with pytest.raises(ConfigError, match="worker.token_budget"):
+        WorkerSettings(token_budget=32)

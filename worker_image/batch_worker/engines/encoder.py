@@ -225,7 +225,9 @@ class EncoderEngine(Engine):
             "torch": torch.__version__,
             "transformers": transformers.__version__,
             "torch_threads": torch.get_num_threads(),
+            "token_budget": self.settings.token_budget_for(self.device),
         }
+        self.token_budget = info["token_budget"]
         digest = self.model_digest()
         info["model_digest"] = digest
         self.loaded = LoadedModel(model_digest=digest, info=info, part_schema=schema, max_length=self.max_length)
@@ -281,7 +283,7 @@ class EncoderEngine(Engine):
             raise RuntimeError("EncoderEngine.process called before load()")
         rows = prepared.rows
         batches = plan_batches(
-            prepared.lengths, self.settings.token_budget, self.settings.max_batch_rows, self.config.pad_to_multiple_of
+            prepared.lengths, self.token_budget, self.settings.max_batch_rows, self.config.pad_to_multiple_of
         )
         values = np.empty((len(rows), self._out_dim()), dtype=np.float32)
         order = np.empty(len(rows), dtype=np.int64)
