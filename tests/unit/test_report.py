@@ -313,3 +313,11 @@ def test_html_tables_are_capped_with_a_note(built, monkeypatch):
     shards_table = html.split('<table id="shards">', 1)[1].split("</table>", 1)[0]
     assert shards_table.count("<tr>") == 2  # header + the first shard only
     assert "00000" in shards_table and "00001" not in shards_table
+
+
+def test_cross_shard_duplicate_ids_from_publish_count_as_duplicate_id_dead_letters(tmp_path):
+    layout = make_run(tmp_path)
+    publish = {**PUBLISH, "rows_published": 8, "rows_dead_letter": 2, "duplicate_ids_across_shards": 1}
+    r = build_report(layout.run_dir, dag_id=DAG_ID, publish_summary=publish, cost_params=COST, write_html=False)
+    assert r["dead_letter_reasons"] == {"duplicate_id": 1, "empty_text": 1}
+    assert sum(r["dead_letter_reasons"].values()) == r["rows_dead_letter"] == 2

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+from batch_contract.enums import DeadLetterReason
 from batch_contract.marker import STAGES, ShardMarker
 
 
@@ -47,12 +48,18 @@ def ratio(num: float, den: float) -> float | None:
     return num / den if den else None
 
 
-def dead_letter_reasons(markers: list[ShardMarker]) -> dict[str, int]:
-    """Dead-lettered rows by reason code (``DeadLetterReason`` values), summed over shards."""
+def dead_letter_reasons(markers: list[ShardMarker], publish: dict[str, Any] | None = None) -> dict[str, int]:
+    """Dead-lettered rows by reason code (``DeadLetterReason`` values), summed over shards, plus the
+    ``duplicate_id`` dead letters publish adds for ids that have results in more than one shard (the
+    publish summary's ``duplicate_ids_across_shards``; no worker sees those)."""
     out: dict[str, int] = {}
     for m in markers:
         for reason, n in m.dead_letter_reasons.items():
             out[reason] = out.get(reason, 0) + int(n)
+    across = int((publish or {}).get("duplicate_ids_across_shards") or 0)
+    if across:
+        key = DeadLetterReason.DUPLICATE_ID.value
+        out[key] = out.get(key, 0) + across
     return dict(sorted(out.items()))
 
 
