@@ -162,6 +162,26 @@ def _secrets(settings: K8sSettings):
     return out
 
 
+WORKER_UID = 10001
+"""Numeric uid/gid of the ``worker`` user in ``worker_image/Dockerfile`` (``USER 10001:10001``)."""
+
+POD_SECURITY_CONTEXT: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": WORKER_UID,
+    "runAsGroup": WORKER_UID,
+    "fsGroup": WORKER_UID,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+"""Pod security context of shard pods (Kubernetes "restricted" Pod Security Standard)."""
+
+CONTAINER_SECURITY_CONTEXT: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+}
+"""Container security context of the worker (restricted profile; GPUs are exposed by the device plugin,
+which needs no capabilities)."""
+
+
 def kpo_partial_kwargs(settings: K8sSettings, worker: WorkerSettings | None = None) -> dict[str, Any]:
     """Kwargs shared by every shard pod, for ``KubernetesPodOperator.partial(task_id=..., **kwargs)``.
 
@@ -187,6 +207,8 @@ def kpo_partial_kwargs(settings: K8sSettings, worker: WorkerSettings | None = No
         "affinity": _affinity(settings),
         "secrets": _secrets(settings),
         "env_vars": {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"},
+        "security_context": dict(POD_SECURITY_CONTEXT),
+        "container_security_context": dict(CONTAINER_SECURITY_CONTEXT),
         "termination_grace_period": settings.termination_grace_seconds,
         "startup_timeout_seconds": settings.startup_timeout_seconds,
         "on_finish_action": "delete_succeeded_pod",

@@ -59,6 +59,16 @@ def test_manifest_carries_gpu_spot_identity_and_command(rendered: list[dict]) ->
         assert env["WANDB_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "wandb", "key": "api-key"}
 
 
+def test_pods_run_as_the_images_non_root_user_with_no_capabilities(rendered: list[dict]) -> None:
+    dockerfile = (Path(__file__).resolve().parents[2] / "worker_image" / "Dockerfile").read_text()
+    assert "USER 10001:10001" in dockerfile
+    for pod in rendered:
+        sec, container = pod["spec"]["securityContext"], pod["spec"]["containers"][0]
+        assert sec["runAsNonRoot"] is True and sec["runAsUser"] == sec["runAsGroup"] == 10001
+        assert sec["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert container["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
 def test_partial_kwargs_retry_and_lifecycle() -> None:
     kw = kpo_partial_kwargs(K8sSettings(image=IMAGE))
     assert kw["deferrable"] is True and kw["on_finish_action"] == "delete_succeeded_pod"
