@@ -48,6 +48,10 @@ RUNNERS = ("local", "kubernetes")
 ENGINES = ("encoder", "llm")
 
 
+MAX_TOKEN_BUDGET = 4_194_304
+"""Largest ``token_budget`` the form accepts (tokens per batch)."""
+
+
 def _p(default: Any, title: str, description: str, **schema: Any) -> Param:
     return Param(default, title=title, description=description, **schema)
 
@@ -98,7 +102,7 @@ def base_params(*, input_uri: str = SAMPLE_INPUT, runner: str = "local",
                           minimum=1, maximum=256),
         "token_budget": _p(0, "Token budget per batch", "Max padded tokens per batch (rows x padded "
                            "length); 0 picks one for the device (8,192 on CPU, 65,536 on a GPU).",
-                           type="integer", minimum=0, maximum=4_194_304),
+                           type="integer", minimum=0, maximum=MAX_TOKEN_BUDGET),
         "output_table": _p(output_table, "Output table", "Table published atomically: lower-case "
                            f"letters, digits and underscore, not starting with a digit, at most {MAX_TABLE_LEN} "
                            f"characters, not ending in {', '.join(RESERVED_SUFFIXES)}.", type="string",
@@ -316,6 +320,9 @@ def resolve_run_config(params: dict[str, Any]) -> RunConfig:
     _require(cfg.rows_per_shard >= 1, "rows_per_shard", "must be >= 1")
     _require(1 <= cfg.max_shards <= 1024, "max_shards", "must be in 1..1024")
     _require(cfg.parallelism >= 1, "parallelism", "must be >= 1")
+    budget = cfg.token_budget
+    _require(type(budget) is int and (budget == 0 or 64 <= budget <= MAX_TOKEN_BUDGET), "token_budget",
+             f"{budget!r} is not 0 (auto: chosen for the device) or an integer in 64..{MAX_TOKEN_BUDGET:,}")
     _require(0.0 <= cfg.min_success_ratio <= 1.0, "min_success_ratio", "must be in [0, 1]")
     _require(cfg.deadline_hours > 0, "deadline_hours", "must be > 0")
     _require(cfg.row_limit >= 0, "row_limit", "must be >= 0 (0: all rows)")

@@ -53,6 +53,17 @@ def test_run_time_resolution_names_the_field() -> None:
         resolve_run_config({**params, "engine": "llm", "model": None})
 
 
+@pytest.mark.parametrize("budget", [1, 63, -1, True, "100", 64.5, 5_000_000])
+def test_token_budget_is_zero_or_64_up_at_run_time(budget) -> None:
+    with pytest.raises(ConfigError, match=r"params.token_budget: .* is not 0 \(auto"):
+        resolve_run_config({**_validated(), "token_budget": budget})
+
+
+@pytest.mark.parametrize("budget", [0, 64, 8192, 4_194_304])
+def test_token_budget_accepts_auto_and_explicit_values(budget: int) -> None:
+    assert resolve_run_config({**_validated(), "token_budget": budget}).token_budget == budget
+
+
 def test_kubernetes_runner_needs_shared_storage() -> None:
     params = _validated()
     with pytest.raises(ConfigError, match=r"params.output_root: the kubernetes runner needs storage"):

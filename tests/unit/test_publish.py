@@ -307,12 +307,33 @@ def test_partial_manifest_over_integer_parquet_ids(tmp_path: Path) -> None:
         ("schema", "public\n"),
         ("schema", "public.emb"),
         ("schema", "x' OR '1'='1"),
+        ("schema", "temp"),
+        ("schema", "system"),
+        ("schema", "batch_inference_publish"),
     ],
 )
 def test_identifier_injection_rejected(tmp_path: Path, field: str, value: str) -> None:
     kwargs = {"backend": "duckdb", "table": "emb", "duckdb_path": str(tmp_path / "w.duckdb"), field: value}
     with pytest.raises(ValueError, match=f"^{field}:"):
         PublishTarget(**kwargs)
+
+
+def test_schema_named_memory_publishes_and_spills_beside_the_database(
+    tmp_path: Path, input_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from batch_inference.publish import duckdb_backend
+
+    layout = build_run(tmp_path / "out", "run1", input_path, RunSpec(shards=2, chunk_rows=50))
+    monkeypatch.chdir("/proc")  # a read-only working directory: nothing may be written under it
+    target = _target(tmp_path, schema="memory")
+    con = duckdb_backend.connect(target)
+    try:
+        temp_dir = con.execute("SELECT current_setting('temp_directory')").fetchall()[0][0]
+    finally:
+        con.close()
+    assert temp_dir == str(tmp_path / "w.duckdb") + ".tmp"
+    assert publish_run(layout.run_dir, target)["rows_published"] == 300
+    assert _query(tmp_path, 'SELECT count(*) FROM "memory"."emb"') == [(300,)]
 
 
 def test_target_requires_backend_settings() -> None:

@@ -21,6 +21,7 @@ from batch_inference.publish.inventory import RunInventory
 from batch_inference.publish.record import LOG_COLUMNS, PublishRecord, sql_string_literal
 from batch_inference.publish.stages import StageClock
 from batch_inference.publish.target import (
+    DUCKDB_ALIAS,
     SUFFIX_DEAD_LETTERS,
     SUFFIX_PREVIOUS,
     SUFFIX_PUBLISH_LOG,
@@ -60,23 +61,24 @@ embedding is 1.5 KiB, so a default row group is about 190 MB and DuckDB's bulk-i
 made the 1M x 384 staging load 15-25% faster and steadier on the 2-core development machine
 (``bench/publish.py``). Readers are unaffected: it is a write-time setting of this attachment."""
 
-TARGET_ALIAS = "publish_target"
-
-
 def connect(target: PublishTarget) -> duckdb.DuckDBPyConnection:
     """Open the target database file (created with its parent directory if missing).
 
-    The file is attached to an in-memory connection as ``publish_target`` (and made the default
-    catalog with ``USE``) so that the write-time ``ROW_GROUP_SIZE`` can be set; temp tables live in the
-    connection's own temp catalog as before.
+    The file is attached to an in-memory connection as :data:`~batch_inference.publish.target.DUCKDB_ALIAS`
+    and made the default catalog (``USE``), so that the write-time ``ROW_GROUP_SIZE`` can be set; the
+    in-memory ``memory`` catalog is then detached, so a schema of that name is not ambiguous. Spill
+    files go to ``<database file>.tmp`` beside the file, as with a direct ``duckdb.connect(path)``
+    (not to ``./.tmp`` under whatever directory the task runs in).
     """
-    path = Path(target.duckdb_path or "")
+    path = Path(target.duckdb_path or "").absolute()
     path.parent.mkdir(parents=True, exist_ok=True)
     con = configure(duckdb.connect())
     try:
-        con.execute(f"ATTACH {sql_string_literal(str(path))} AS {TARGET_ALIAS} "
+        con.execute(f"SET temp_directory = {sql_string_literal(str(path) + '.tmp')}")
+        con.execute(f"ATTACH {sql_string_literal(str(path))} AS {DUCKDB_ALIAS} "
                     f"(ROW_GROUP_SIZE {TABLE_ROW_GROUP_ROWS})")
-        con.execute(f"USE {TARGET_ALIAS}")
+        con.execute(f"USE {DUCKDB_ALIAS}")
+        con.execute("DETACH memory")
     except BaseException:
         con.close()
         raise

@@ -35,6 +35,14 @@ SUFFIX_PUBLISH_LOG = "__publish_log"
 RESERVED_SUFFIXES = (SUFFIX_STAGING, SUFFIX_PREVIOUS, SUFFIX_DEAD_LETTERS, SUFFIX_PUBLISH_LOG)
 
 
+DUCKDB_ALIAS = "batch_inference_publish"
+"""Catalog name the DuckDB backend attaches the target file under."""
+
+DUCKDB_RESERVED_SCHEMAS = ("temp", "system", DUCKDB_ALIAS)
+"""Schema names DuckDB publish refuses: DuckDB's built-in ``temp`` and ``system`` catalogs and the
+attach alias share the namespace of schema names, so ``"temp"."t"`` would be ambiguous."""
+
+
 def validate_identifier(value: object, field_name: str, max_len: int) -> str:
     """Return ``value`` if it is a safe SQL identifier, else raise ``ValueError`` naming the field.
 
@@ -102,6 +110,9 @@ class PublishTarget:
             validate_identifier(self.schema, "schema", MAX_SCHEMA_LEN)
         if self.backend == "duckdb" and not self.duckdb_path:
             raise ValueError("duckdb_path: required when backend is 'duckdb'")
+        if self.backend == "duckdb" and self.schema in DUCKDB_RESERVED_SCHEMAS:
+            raise ValueError(f"schema: {self.schema!r} names a DuckDB catalog, which makes table references "
+                             f"ambiguous; not one of {', '.join(DUCKDB_RESERVED_SCHEMAS)}")
         if self.backend == "postgres" and not self.dsn:
             raise ValueError("dsn: required when backend is 'postgres'")
 
