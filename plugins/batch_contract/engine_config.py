@@ -74,6 +74,9 @@ class EncoderConfig:
         return cls(**_known_fields(cls, dict(data), "engine"))
 
 
+MIN_TOKEN_BUDGET = 64
+"""Smallest explicit ``worker.token_budget`` (tokens per batch); 0 means auto."""
+
 AUTO_TOKEN_BUDGET: dict[str, int] = {"cpu": 8192, "cuda": 65536}
 """Token budget per batch when ``worker.token_budget`` is 0, by device. CPU: measured with MiniLM bf16
 on the 2-core development machine, where 4k-8k-token batches ran 10-20% faster than 16k ones
@@ -106,8 +109,8 @@ class WorkerSettings:
     """Minimum seconds between progress-object writes and progress log lines."""
 
     def __post_init__(self) -> None:
-        _check(self.token_budget == 0 or self.token_budget >= 64, "worker.token_budget",
-               "must be 0 (auto) or >= 64 tokens")
+        _check(self.token_budget == 0 or self.token_budget >= MIN_TOKEN_BUDGET, "worker.token_budget",
+               f"must be 0 (auto) or >= {MIN_TOKEN_BUDGET} tokens")
         _check(self.max_batch_rows >= 1, "worker.max_batch_rows", "must be >= 1")
         _check(self.chunk_rows is None or self.chunk_rows >= 1, "worker.chunk_rows", "must be >= 1")
         _check(1 <= self.min_chunk_rows <= self.max_chunk_rows, "worker.min_chunk_rows",

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow.sdk import Param
-from batch_contract.engine_config import ConfigError
+from batch_contract.engine_config import MIN_TOKEN_BUDGET, ConfigError
 
 from batch_inference.publish.target import (
     MAX_TABLE_LEN,
@@ -225,12 +225,6 @@ def _is_under(location: str, root: str) -> bool:
     return location == root or location.startswith(root.rstrip(sep) + sep)
 
 
-def _gs_literal(uri: str) -> str:
-    """``gs://bucket/path`` with the object path as written (GCS names are not normalized), no trailing
-    slash; for a ``gs://`` URI only."""
-    return uri.rstrip("/")
-
-
 def allowed_roots(environ: Mapping[str, str] | None = None) -> list[str]:
     """The storage roots the path params must lie under, normalized (see :func:`_normalize_location`).
 
@@ -294,7 +288,8 @@ def check_allowed_location(name: str, uri: str, roots: list[str] | None = None) 
         location = _normalize_location(uri)
     except ValueError as exc:
         raise ConfigError(f"params.{name}: {exc}") from None
-    forms = [location, _gs_literal(uri)] if uri.startswith("gs://") else [location]
+    # gs:// object names are not normalized: check the path as written too (no trailing slash)
+    forms = [location, uri.rstrip("/")] if uri.startswith("gs://") else [location]
     if all(any(_is_under(form, root) for root in roots) for form in forms):
         return
     shown = f"{uri!r}" if location == uri else f"{uri!r} (resolved {location!r})"
@@ -321,8 +316,9 @@ def resolve_run_config(params: dict[str, Any]) -> RunConfig:
     _require(1 <= cfg.max_shards <= 1024, "max_shards", "must be in 1..1024")
     _require(cfg.parallelism >= 1, "parallelism", "must be >= 1")
     budget = cfg.token_budget
-    _require(type(budget) is int and (budget == 0 or 64 <= budget <= MAX_TOKEN_BUDGET), "token_budget",
-             f"{budget!r} is not 0 (auto: chosen for the device) or an integer in 64..{MAX_TOKEN_BUDGET:,}")
+    _require(type(budget) is int and (budget == 0 or MIN_TOKEN_BUDGET <= budget <= MAX_TOKEN_BUDGET),
+             "token_budget", f"{budget!r} is not 0 (auto: chosen for the device) or an integer in "
+             f"{MIN_TOKEN_BUDGET}..{MAX_TOKEN_BUDGET:,}")
     _require(0.0 <= cfg.min_success_ratio <= 1.0, "min_success_ratio", "must be in [0, 1]")
     _require(cfg.deadline_hours > 0, "deadline_hours", "must be > 0")
     _require(cfg.row_limit >= 0, "row_limit", "must be >= 0 (0: all rows)")

@@ -51,6 +51,27 @@ M_ARENA_MAX = -8
 DEFAULT_ARENA_MAX = 2
 
 
+class _MallInfo2(ctypes.Structure):
+    """glibc ``struct mallinfo2`` (``malloc.h``, glibc >= 2.33): sizes in bytes."""
+
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def _load_libc() -> ctypes.CDLL | None:
+    """glibc, loaded once (the heap helpers run after every batch); ``None`` where it is absent."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+    if hasattr(libc, "mallinfo2"):
+        libc.mallinfo2.restype = _MallInfo2
+    return libc
+
+
+_LIBC = _load_libc()
+
+
 def limit_malloc_arenas() -> None:
     """Cap glibc malloc arenas (default 2; ``MALLOC_ARENA_MAX`` overrides) before threads start.
 
@@ -62,43 +83,25 @@ def limit_malloc_arenas() -> None:
     """
     try:
         arenas = int(os.environ.get("MALLOC_ARENA_MAX") or DEFAULT_ARENA_MAX)
-        ctypes.CDLL("libc.so.6").mallopt(M_ARENA_MAX, arenas)
-    except (OSError, AttributeError, ValueError):
+        if _LIBC is not None:
+            _LIBC.mallopt(M_ARENA_MAX, arenas)
+    except (AttributeError, ValueError):
         pass
 
 
 def release_memory() -> None:
     """Return freed heap pages to the OS (glibc ``malloc_trim``), so RSS tracks live memory between
     chunks; a no-op where glibc is absent."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
-class _MallInfo2(ctypes.Structure):
-    """glibc ``struct mallinfo2`` (``malloc.h``, glibc >= 2.33): sizes in bytes."""
-
-    _fields_ = [(name, ctypes.c_size_t) for name in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-
-def _libc_mallinfo2():
-    try:
-        fn = ctypes.CDLL("libc.so.6").mallinfo2
-    except (OSError, AttributeError):
-        return None
-    fn.restype = _MallInfo2
-    return fn
-
-
-_MALLINFO2 = _libc_mallinfo2()
+    if _LIBC is not None and hasattr(_LIBC, "malloc_trim"):
+        _LIBC.malloc_trim(0)
 
 
 def heap_free_bytes() -> int | None:
     """Bytes of freed memory glibc keeps in its heaps (``mallinfo2().fordblks``, all arenas); ``None``
     without glibc >= 2.33."""
-    return None if _MALLINFO2 is None else int(_MALLINFO2().fordblks)
+    if _LIBC is None or not hasattr(_LIBC, "mallinfo2"):
+        return None
+    return int(_LIBC.mallinfo2().fordblks)
 
 
 def trim_heap_above(limit_bytes: int) -> bool:

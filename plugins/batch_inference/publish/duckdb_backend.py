@@ -61,6 +61,7 @@ embedding is 1.5 KiB, so a default row group is about 190 MB and DuckDB's bulk-i
 made the 1M x 384 staging load 15-25% faster and steadier on the 2-core development machine
 (``bench/publish.py``). Readers are unaffected: it is a write-time setting of this attachment."""
 
+
 def connect(target: PublishTarget) -> duckdb.DuckDBPyConnection:
     """Open the target database file (created with its parent directory if missing).
 
