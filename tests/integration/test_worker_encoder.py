@@ -93,6 +93,9 @@ def test_each_embedding_equals_one_row_at_a_time_reference(reference_run, rows_p
     marker = _marker(run_dir)
     assert marker.rows_ok == N_ROWS and marker.rows_truncated >= 2  # the two padded-out texts, and more
     assert marker.engine["dtype"] == "float32" and marker.engine["pooling"] == "mean"
+    # the CPU fast path was on: batch-chunked attention and packed linears with GELU fused
+    assert marker.engine["attention"] == "batch_worker_chunked"
+    assert marker.engine["packed_linears"] == 37 and marker.engine["fused_gelu"] == 6
     assert all(abs(np.linalg.norm(v) - 1.0) < 1e-4 for v in got.values())
 
 

