@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from batch_worker.engines import cpu_attention, cpu_linear
-from batch_worker.engines.encoder import select_attention
+from batch_worker.engines.encoder import apply_fast_path, select_attention
 from torch import nn
 from transformers import BertConfig, BertModel
 
@@ -118,3 +118,13 @@ def test_failed_probe_means_unsupported(monkeypatch) -> None:
 
     monkeypatch.setattr(cpu_linear.PackedLinear, "forward", broken)
     assert not cpu_linear.fast_linear_supported(torch.float32)
+
+
+def test_apply_fast_path_reports_what_it_did_and_skips_compiled_models() -> None:
+    compiled = _tiny_bert()
+    assert apply_fast_path(compiled, "cpu", torch.float32, compiled=True) == {
+        "attention": "sdpa", "packed_linears": 0, "fused_gelu": 0}
+    assert isinstance(compiled.encoder.layer[0].intermediate.dense, nn.Linear)
+    eager = _tiny_bert()
+    assert apply_fast_path(eager, "cpu", torch.float32, compiled=False) == {
+        "attention": cpu_attention.ATTENTION_NAME, "packed_linears": 13, "fused_gelu": 2}

