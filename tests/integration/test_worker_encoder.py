@@ -93,10 +93,25 @@ def test_each_embedding_equals_one_row_at_a_time_reference(reference_run, rows_p
     marker = _marker(run_dir)
     assert marker.rows_ok == N_ROWS and marker.rows_truncated >= 2  # the two padded-out texts, and more
     assert marker.engine["dtype"] == "float32" and marker.engine["pooling"] == "mean"
-    # the CPU fast path was on: batch-chunked attention and packed linears with GELU fused
-    assert marker.engine["attention"] == "batch_worker_chunked"
+    # the CPU fast path's packed linears with GELU fused; fp32 keeps SDPA attention
+    assert marker.engine["attention"] == "sdpa"
     assert marker.engine["packed_linears"] == 37 and marker.engine["fused_gelu"] == 6
     assert all(abs(np.linalg.norm(v) - 1.0) < 1e-4 for v in got.values())
+
+
+def test_bf16_fast_path_matches_the_fp32_reference(reference_run, rows_parquet: Path, tmp_path: Path) -> None:
+    """The default dtype (bf16 where the CPU runs it natively) with the whole CPU fast path: chunked
+    attention over padded batches and packed linears, against the fp32 run row by row."""
+    from batch_worker.engines.encoder import cpu_supports_bf16
+
+    _, ref = reference_run
+    run_dir = write_run(tmp_path, rows_parquet, engine={"kind": "encoder"}, worker={"token_budget": 2048})
+    assert run_shard(run_dir, "00000") == 0
+    marker = _marker(run_dir)
+    got = _embeddings(run_dir, marker.fingerprint)
+    assert _cosines(got, ref).min() >= 0.999
+    if cpu_supports_bf16():
+        assert marker.engine["dtype"] == "bfloat16" and marker.engine["attention"] == "batch_worker_chunked"
 
 
 def _worker_cmd(run_dir: str) -> list[str]:

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from batch_worker.engines import cpu_attention, cpu_linear
-from batch_worker.engines.encoder import apply_fast_path, select_attention
+from batch_worker.engines.encoder import apply_fast_path, cpu_supports_bf16, select_attention
 from torch import nn
 from transformers import BertConfig, BertModel
 
@@ -40,7 +40,7 @@ def test_chunked_attention_equals_sdpa_with_padding(monkeypatch, chunk_bytes: in
     monkeypatch.setattr(cpu_attention, "CHUNK_BYTES", chunk_bytes)
     ref_model = _tiny_bert()
     model = copy.deepcopy(ref_model)
-    assert select_attention(model, "cpu") == cpu_attention.ATTENTION_NAME
+    model.set_attn_implementation(cpu_attention.register())  # in fp32, to compare tightly
     ids, mask = _batch([40, 33, 7, 1, 40], 40)
     torch.testing.assert_close(_mean_pool(model, ids, mask), _mean_pool(ref_model, ids, mask), atol=1e-5, rtol=1e-4)
     full = torch.ones_like(mask)  # no padding: the mask function returns None
@@ -75,9 +75,12 @@ def test_attention_outside_the_chunked_path_goes_to_sdpa() -> None:
     torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v).transpose(1, 2), atol=1e-5, rtol=1e-4)
 
 
-def test_select_attention_keeps_sdpa_off_cpu() -> None:
-    model = _tiny_bert()
-    assert select_attention(model, "cuda") == "sdpa"
+def test_select_attention_only_for_native_bf16_on_cpu() -> None:
+    assert select_attention(_tiny_bert(torch.bfloat16), "cuda", "bfloat16") == "sdpa"
+    assert select_attention(_tiny_bert(), "cpu", "float32") == "sdpa"  # measured no faster in fp32
+    native = cpu_supports_bf16()
+    want = cpu_attention.ATTENTION_NAME if native else "sdpa"
+    assert select_attention(_tiny_bert(torch.bfloat16), "cpu", "bfloat16") == want
 
 
 @pytest.mark.parametrize("activation", ["none", "gelu", "gelu_tanh"])
@@ -95,7 +98,7 @@ def test_packed_bert_matches_stock_bert(dtype: torch.dtype) -> None:
     assert cpu_linear.fast_linear_supported(dtype)
     ref_model = _tiny_bert(dtype)
     model = copy.deepcopy(ref_model)
-    select_attention(model, "cpu")
+    select_attention(model, "cpu", str(dtype).removeprefix("torch."))
     counts = cpu_linear.pack_for_cpu(model, "cpu", dtype)
     assert counts == {"packed": 2 * 6 + 1, "fused_gelu": 2}  # 6 linears per layer and the pooler
     assert isinstance(model.encoder.layer[0].intermediate.intermediate_act_fn, nn.Identity)
@@ -127,4 +130,12 @@ def test_apply_fast_path_reports_what_it_did_and_skips_compiled_models() -> None
     assert isinstance(compiled.encoder.layer[0].intermediate.dense, nn.Linear)
     eager = _tiny_bert()
     assert apply_fast_path(eager, "cpu", torch.float32, compiled=False) == {
-        "attention": cpu_attention.ATTENTION_NAME, "packed_linears": 13, "fused_gelu": 2}
+        "attention": "sdpa", "packed_linears": 13, "fused_gelu": 2}
+
+
+@pytest.mark.parametrize("act, kind", [("gelu", "gelu"), ("gelu_pytorch_tanh", "gelu_tanh"), ("gelu_new", None),
+                                       ("relu", None)])
+def test_gelu_fusion_only_for_activations_onednn_computes_the_same(act: str, kind: str | None) -> None:
+    from transformers.activations import ACT2FN
+
+    assert cpu_linear._fusable_gelu(ACT2FN[act]) == kind

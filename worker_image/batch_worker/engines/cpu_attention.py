@@ -12,7 +12,9 @@ So rows are taken :data:`CHUNK_BYTES` of scores at a time.
 
 Anything this path does not cover (causal or cross-length attention, grouped heads, boolean or
 per-query masks, dropout, very long rows) is handed to transformers' own SDPA function unchanged.
-GPUs keep SDPA: the engine selects this implementation only on CPU.
+GPUs keep SDPA, and so do float32 and emulated bf16 on CPU, where this form measured no faster (and
+slower from 512 tokens): the engine selects it only for bf16 on CPUs that run bf16 natively
+(:func:`batch_worker.engines.encoder.select_attention`).
 """
 
 from __future__ import annotations

@@ -40,6 +40,8 @@ class PackedLinear(nn.Module):
         activation: ``none``, ``gelu`` (exact, erf) or ``gelu_tanh``.
 
     Input ``(..., in_features)`` and output ``(..., out_features)`` in the layer's dtype (bf16 or fp32).
+    ``weight`` keeps the dtype and nominal shape ``(out_features, in_features)`` for code that inspects
+    them, but holds oneDNN's packed layout: its values are not ``W``.
     """
 
     def __init__(self, linear: nn.Linear, activation: str = "none") -> None:
@@ -85,8 +87,12 @@ def _fusable_gelu(act: nn.Module) -> str | None:
     """``gelu``/``gelu_tanh`` when ``act`` is a GELU that oneDNN's fused op computes identically."""
     if isinstance(act, nn.GELU):
         return {"none": "gelu", "tanh": "gelu_tanh"}.get(act.approximate)
-    if type(act).__name__ == "GELUActivation" and getattr(act, "act", None) is F.gelu:
+    fn = getattr(act, "act", None)
+    if type(act).__name__ == "GELUActivation" and fn is F.gelu:
         return "gelu"  # transformers' exact GELU (ACT2FN["gelu"])
+    if (type(act).__name__ == "GELUTanh" and getattr(fn, "func", None) is F.gelu
+            and getattr(fn, "keywords", None) == {"approximate": "tanh"}):
+        return "gelu_tanh"  # transformers' ACT2FN["gelu_pytorch_tanh"]
     return None
 
 
