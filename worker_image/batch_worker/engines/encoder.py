@@ -345,7 +345,7 @@ class EncoderEngine(Engine):
                 self.on_rows_done(n)
         seconds = time.perf_counter() - t0
         order = order[:n_done]
-        table = self._table(rows, prepared, order, values[order] if n_done else None)
+        table = self._table(rows, prepared, order, values[order])
         return ChunkOutput(
             table=table,
             interrupted=interrupted,
@@ -369,19 +369,20 @@ class EncoderEngine(Engine):
             mask[r, : len(toks)] = 1
         return input_ids, mask
 
-    def _table(self, rows: ChunkRows, prepared: Prepared, order: np.ndarray, values: np.ndarray | None) -> pa.Table:
+    def _table(self, rows: ChunkRows, prepared: Prepared, order: np.ndarray, values: np.ndarray) -> pa.Table:
+        """The part table of the rows at ``order``; ``values`` is their float32 ``(len(order), out_dim)``
+        output, in the same order."""
         cols: dict[str, pa.Array] = {
             "id": pa.array([rows.ids[i] for i in order], pa.string()),
             "n_tokens": pa.array(prepared.lengths[order].astype(np.int32), pa.int32()),
             "truncated": pa.array(prepared.truncated[order], pa.bool_()),
         }
         if self.config.task == "classification":
-            probs = values if values is not None else np.zeros((0, max(len(self.id2label), 1)), np.float32)
-            best = probs.argmax(axis=1) if len(probs) else np.zeros(0, dtype=np.int64)
+            best = values.argmax(axis=1)
             cols["label"] = pa.array([self.id2label.get(int(b), str(int(b))) for b in best], pa.string())
-            cols["score"] = pa.array(probs[np.arange(len(best)), best].astype(np.float32), pa.float32())
+            cols["score"] = pa.array(values[np.arange(len(best)), best], pa.float32())
         else:
-            flat = values.astype(np.float32).reshape(-1) if values is not None else np.zeros(0, np.float32)
+            flat = values.reshape(-1)
             cols["embedding"] = pa.FixedSizeListArray.from_arrays(pa.array(flat, pa.float32()), self.dim).cast(
                 embedding_type(self.dim)
             )
