@@ -29,6 +29,7 @@ from batch_contract.engine_config import ConfigError, WorkerSettings
 from batch_contract.enums import InputFormat
 from batch_contract.layout import RunLayout, shard_id_for
 from batch_contract.manifest import InputFile, InputSpec, Manifest, Segment, ShardSpec
+from batch_contract.rows import iter_jsonl_lines, repair_text
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,8 @@ BYTES_PER_TOKEN = 4.0
 """Rough UTF-8 bytes per tokenizer token for English text (BPE/WordPiece); used only to balance shards."""
 JSONL_BLOCK_LINES = 4096
 """Lines per weight block of the JSONL line index (bounds the index's memory)."""
+JSONL_READ_BYTES = 1 << 22
+"""Bytes per read when indexing a JSONL file (4 MiB)."""
 JSONL_SAMPLE_LINES = 200
 """Lines parsed per JSONL file to check the id/text column types."""
 PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
@@ -273,40 +276,25 @@ def _jsonl_type(value: Any) -> str:
 
 
 def _jsonl_meta(uri: str, columns: dict[str, str]) -> tuple[_FileMeta, dict[str, str]]:
-    """Line index of a JSONL file: counts non-blank lines in blocks, samples the first lines' types."""
+    """Line index of a JSONL file: counts rows (the contract's line rule,
+    :func:`batch_contract.rows.iter_jsonl_lines`) in blocks, samples the first lines' types."""
     fs, path = storage.arrow_filesystem(uri)
     rows = 0
     blocks: list[_Block] = []
     block_rows = 0
     block_bytes = 0
     seen: dict[str, set[str]] = {role: set() for role in columns}
+    size = fs.get_file_info(path).size or 0
     with fs.open_input_stream(path) as fh:
-        size = 0
-        pending = b""
-        while True:
-            buf = fh.read(1 << 22)
-            if not buf:
-                break
-            size += len(buf)
-            lines = (pending + buf).split(b"\n")
-            pending = lines.pop()
-            for line in lines:
-                if not line.strip():
-                    continue
-                if rows < JSONL_SAMPLE_LINES:
-                    _sample_line(line, rows, uri, columns, seen)
-                rows += 1
-                block_rows += 1
-                block_bytes += len(line)
-                if block_rows == JSONL_BLOCK_LINES:
-                    blocks.append(_Block(block_rows, max(1.0, block_bytes / block_rows / BYTES_PER_TOKEN)))
-                    block_rows, block_bytes = 0, 0
-        if pending.strip():
-            if rows < JSONL_SAMPLE_LINES:
-                _sample_line(pending, rows, uri, columns, seen)
-            rows += 1
+        for row, line in iter_jsonl_lines(fh, JSONL_READ_BYTES):
+            if row < JSONL_SAMPLE_LINES:
+                _sample_line(line, row, uri, columns, seen)
+            rows = row + 1
             block_rows += 1
-            block_bytes += len(pending)
+            block_bytes += len(line)
+            if block_rows == JSONL_BLOCK_LINES:
+                blocks.append(_Block(block_rows, max(1.0, block_bytes / block_rows / BYTES_PER_TOKEN)))
+                block_rows, block_bytes = 0, 0
     if block_rows:
         blocks.append(_Block(block_rows, max(1.0, block_bytes / block_rows / BYTES_PER_TOKEN)))
     classes = {}
@@ -335,7 +323,7 @@ def _sample_line(line: bytes, row: int, uri: str, columns: dict[str, str], seen:
         PlanError: the line is not valid JSON or not a JSON object.
     """
     try:
-        obj = json.loads(line.decode("utf-8", errors="replace"))
+        obj = json.loads(repair_text(line)[0])
     except ValueError as exc:
         raise PlanError(f"input: {uri} line {row + 1} (non-blank) is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from batch_contract import storage
 from batch_contract.layout import PART_PREFIX, RunLayout, part_name
+from batch_contract.rows import duplicate_detail
 from batch_contract.schemas import part_schema
 from batch_inference.publish import CoverageError, PublishError, PublishTarget, publish_run, rollback
 from batch_inference.publish.__main__ import main as cli_main
@@ -141,7 +142,7 @@ def test_same_id_in_two_shards_dead_letters_the_higher_shard_row(tmp_path: Path,
     """Rows 3 (shard 00000) and 301 (shard 00001) share an id and the worker de-duplicates within a shard
     only, so both shards commit a result for it. Shard 00000's first chunk is also committed twice (a
     retried chunk). The retried copy is dropped silently; the shard-00001 row becomes a duplicate_id dead
-    letter naming shard 00000; no input row is lost."""
+    letter naming row 3 (the first valid row with the id); no input row is lost."""
     layout = build_run(tmp_path / "out", "run1", input_path,
                        RunSpec(shards=2, chunk_rows=40, duplicate_chunk=True, dedupe_per_shard=True))
     shard1 = storage.local_path(layout.shard_dir("00001"))
@@ -155,7 +156,8 @@ def test_same_id_in_two_shards_dead_letters_the_higher_shard_row(tmp_path: Path,
     dead = _query(tmp_path, "SELECT id, reason, detail, source_uri, source_row, fingerprint "
                             "FROM emb__dead_letters ORDER BY source_row")
     assert [(d[0], d[1], d[4]) for d in dead] == [(None, "null_id", 300), (real_ids[3], "duplicate_id", 301)]
-    assert "shard 00000" in dead[1][2] and dead[1][3] == input_path and dead[1][5] == "f" * 32
+    assert dead[1][2] == duplicate_detail(input_path, 3), "names the winning row (row 3, shard 00000)"
+    assert dead[1][3] == input_path and dead[1][5] == "f" * 32
     # the lowest shard's result is published (row 3's values, from the first sorted part file of the two)
     chunk0 = sorted(storage.local_path(layout.shard_dir("00000")).glob("part-00000-*.parquet"))
     kept = next(r for r in pq.read_table(chunk0[0]).to_pylist() if r["id"] == real_ids[3])

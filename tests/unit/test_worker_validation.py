@@ -20,9 +20,9 @@ def _spec(path: Path, fmt: str, rows: int) -> InputSpec:
                      files=[InputFile(uri=str(path), rows=rows)])
 
 
-def _validate_all(spec: InputSpec, segments, batch_rows=3, validator=None):
+def _validate_all(spec: InputSpec, segments, batch_rows=3, validator=None, extra=()):
     v = validator or Validator("id")
-    out = [v.validate(b) for b in iter_shard_blocks(spec, segments, batch_rows)]
+    out = [v.validate(b) for b in iter_shard_blocks(spec, segments, batch_rows, extra)]
     ids = [i for vb in out for i in vb.rows.ids]
     dead = [d for vb in out for d in vb.dead]
     return out, ids, dead
@@ -48,7 +48,7 @@ def test_validation_dead_letters_every_bad_row_and_keeps_extra_fields(tmp_path: 
         "text": ["ok", "x", None, "dup", "", "   \n", "fine", "y"],
         "section": ["s0", "s1", "s2", "s3", "s4", "s5", "s6", "s7"],
     }), path)
-    out, ids, dead = _validate_all(_spec(path, "parquet", 8), [Segment(0, 0, 8)])
+    out, ids, dead = _validate_all(_spec(path, "parquet", 8), [Segment(0, 0, 8)], extra=["section"])
     assert ids == ["a", "e"]
     assert [(d.id, d.reason) for d in dead] == [
         (None, R.NULL_ID), ("b", R.NULL_TEXT), ("a", R.DUPLICATE_ID), ("c", R.EMPTY_TEXT), ("d", R.EMPTY_TEXT),

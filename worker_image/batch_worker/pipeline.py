@@ -126,7 +126,7 @@ class Producer:
                     return False
 
     def _blocks(self) -> Iterator:
-        it = iter_shard_blocks(self.spec, self.segments, self.settings.read_batch_rows)
+        it = iter_shard_blocks(self.spec, self.segments, self.settings.read_batch_rows, self.engine.extra_columns())
         while True:
             t0 = time.perf_counter()
             try:

@@ -103,6 +103,15 @@ def template_fields(source: str) -> set[str]:
         raise ConfigError(f"engine.user_template: template syntax error: {exc}") from None
 
 
+def template_columns(config: LLMConfig) -> list[str]:
+    """Input columns the user template reads, other than the ``id``/``text`` aliases (sorted).
+
+    Raises:
+        ConfigError: syntax error.
+    """
+    return sorted(template_fields(config.user_template) - {"id", "text"})
+
+
 def validate_template(config: LLMConfig, available_fields: Sequence[str]) -> None:
     """Plan-time check of the user template against the input's columns (Airflow side, no model).
 

@@ -25,7 +25,7 @@ import json
 import logging
 import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,8 @@ from batch_contract.jsonutil import pretty_json
 from batch_contract.layout import RunLayout
 from batch_contract.llm_config import LLMConfig
 from batch_contract.manifest import Manifest
+
+from batch_worker.prompting import template_columns
 
 log = logging.getLogger(__name__)
 
@@ -171,8 +173,9 @@ def merged_engine(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict
     return LLMConfig.from_dict(merged).to_dict()
 
 
-def sample_rows(manifest: Manifest, sample: int):
-    """The deterministic sample (see the module docstring) as ``ChunkRows``.
+def sample_rows(manifest: Manifest, sample: int, columns: Sequence[str] = ()):
+    """The deterministic sample (see the module docstring) as ``ChunkRows``, with the input columns
+    ``columns`` (template fields) besides id and text.
 
     Raises:
         BadInputError: unreadable input (from the reader).
@@ -184,9 +187,9 @@ def sample_rows(manifest: Manifest, sample: int):
     per_shard = math.ceil(sample / max(1, len(manifest.shards)))
     parts: list[ChunkRows] = []
     for spec in manifest.shards:
-        validator = Validator(manifest.input.id_column)
+        validator = Validator(manifest.input.id_column, text_column=manifest.input.text_column)
         taken = 0
-        for block in iter_shard_blocks(manifest.input, spec.segments, manifest.worker.read_batch_rows):
+        for block in iter_shard_blocks(manifest.input, spec.segments, manifest.worker.read_batch_rows, columns):
             rows = validator.validate(block).rows
             need = min(per_shard - taken, sample - sum(len(p) for p in parts))
             if need <= 0:
@@ -253,7 +256,8 @@ def run_quality_gate(
         raise ConfigError(f"quality-gate: run {manifest.run_id} has engine kind {manifest.engine.get('kind')!r}, not 'llm'")
     base_engine = merged_engine(manifest.engine, baseline or {})
     cand_engine = merged_engine(manifest.engine, candidate)
-    rows = sample_rows(manifest, sample)
+    columns = sorted({c for e in (base_engine, cand_engine) for c in template_columns(LLMConfig.from_dict(e))})
+    rows = sample_rows(manifest, sample, columns)
     log.info("quality gate: %d sample rows, baseline then candidate", len(rows))
     base_results, base_info = run_config(base_engine, rows, manifest.worker)
     cand_results, cand_info = run_config(cand_engine, rows, manifest.worker)

@@ -1,14 +1,17 @@
 """Read only one shard's rows (its segments) from Parquet or JSONL, in bounded memory.
 
-Parquet: only the row groups overlapping a segment are read, ``read_batch_rows`` rows at a time.
-JSONL: lines are streamed; row numbers count non-blank lines (as the planner does). Either way the
-reader yields :class:`RawBlock` s of at most ``read_batch_rows`` rows in shard order.
+Parquet: only the row groups overlapping a segment are read, ``read_batch_rows`` rows at a time, and
+only the columns the job uses (id, text, and the engine's extra columns). JSONL: lines are streamed by
+the contract's line rule (:func:`batch_contract.rows.iter_jsonl_lines`); only the used keys of each
+record are kept. Either way the reader yields :class:`RawBlock` s of at most ``read_batch_rows`` rows
+in shard order. Text that is not valid Unicode is repaired here (:func:`batch_contract.rows.repair_text`);
+ids are left raw for validation (:func:`batch_contract.rows.canonical_id`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +21,7 @@ import pyarrow.types as pat
 from batch_contract import storage
 from batch_contract.enums import InputFormat
 from batch_contract.manifest import InputSpec, Segment
+from batch_contract.rows import iter_jsonl_lines, repair_text, repair_value
 
 from batch_worker.errors import BadInputError
 
@@ -29,19 +33,21 @@ class RawBlock:
     Attributes:
         source_uri: the file the rows come from.
         source_rows: 0-based row number of each row in that file.
-        ids: raw id values (``int``, ``str``, ``None`` or anything a JSONL line held).
-        texts: raw text values (``str`` expected; ``None``/other types are dead-lettered later).
-        text_bad_utf8: the text held invalid UTF-8 and was decoded with U+FFFD replacements.
+        ids: raw id values (``int``, ``str``, ``bytes`` for a string id that is not valid UTF-8,
+            ``None`` or anything a JSONL line held).
+        texts: text values, strings already valid Unicode (``None``/other types are dead-lettered later).
+        text_repaired: the text was not valid Unicode and was repaired with U+FFFD.
+        extras: the engine's extra columns of the rows (zero columns for the encoder), same order,
+            strings valid Unicode.
         record_errors: per row, ``None`` or why the record itself is unreadable (bad JSON line).
-        fields: all input columns of the rows, same order (raw types).
     """
 
     source_uri: str
     source_rows: list[int]
     ids: list[Any]
     texts: list[Any]
-    text_bad_utf8: list[bool]
-    fields: pa.Table
+    text_repaired: list[bool]
+    extras: pa.Table
     record_errors: list[str | None] = field(default_factory=list)
 
     def __len__(self) -> int:
@@ -59,32 +65,63 @@ def _check_id_type(typ: pa.DataType, uri: str, column: str) -> None:
         )
 
 
-def _decode_text(values: list[Any]) -> tuple[list[Any], list[bool]]:
-    out: list[Any] = []
-    bad: list[bool] = []
-    for v in values:
-        if isinstance(v, bytes):
-            try:
-                out.append(v.decode("utf-8"))
-                bad.append(False)
-            except UnicodeDecodeError:
-                out.append(v.decode("utf-8", errors="replace"))
-                bad.append(True)
-        else:
-            out.append(v)
-            bad.append(False)
-    return out, bad
+def _values(col: pa.ChunkedArray | pa.Array) -> list[Any]:
+    """Python values of a column; a string column holding invalid UTF-8 comes back as ``bytes``
+    (``to_pylist`` would raise ``UnicodeDecodeError`` for the whole block)."""
+    try:
+        return col.to_pylist()
+    except UnicodeDecodeError:
+        binary = pa.large_binary() if pat.is_large_string(col.type) else pa.binary()
+        return col.view(binary).to_pylist()
 
 
-def _parquet_blocks(spec: InputSpec, uri: str, seg: Segment, batch_rows: int) -> Iterator[RawBlock]:
+def _repaired_texts(values: list[Any]) -> tuple[list[Any], list[bool]]:
+    pairs = [repair_text(v) for v in values]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def _sanitize(table: pa.Table) -> pa.Table:
+    """``table`` with every top-level string column made valid UTF-8 (U+FFFD replacements)."""
+    for i, f in enumerate(table.schema):
+        if not (pat.is_string(f.type) or pat.is_large_string(f.type)):
+            continue
+        try:
+            table.column(i).validate(full=True)
+        except pa.ArrowInvalid:
+            fixed = [repair_text(v)[0] for v in _values(table.column(i))]
+            table = table.set_column(i, f.name, pa.array(fixed, f.type))
+    return table
+
+
+def _parquet_columns(spec: InputSpec, schema: pa.Schema, uri: str, extra: Sequence[str]) -> list[str]:
+    for col in (spec.id_column, spec.text_column):
+        if schema.get_field_index(col) < 0:
+            raise BadInputError(f"{uri}: column {col!r} not found; columns are {schema.names}")
+    _check_id_type(schema.field(spec.id_column).type, uri, spec.id_column)
+    wanted = [spec.id_column, spec.text_column]
+    return wanted + [c for c in extra if c not in wanted and schema.get_field_index(c) >= 0]
+
+
+def _parquet_block(spec: InputSpec, uri: str, table: pa.Table, first_row: int) -> RawBlock:
+    texts, repaired = _repaired_texts(_values(table.column(spec.text_column)))
+    extras = _sanitize(table.drop_columns([spec.id_column, spec.text_column]))
+    return RawBlock(
+        source_uri=uri,
+        source_rows=list(range(first_row, first_row + table.num_rows)),
+        ids=_values(table.column(spec.id_column)),
+        texts=texts,
+        text_repaired=repaired,
+        extras=extras,
+        record_errors=[None] * table.num_rows,
+    )
+
+
+def _parquet_blocks(spec: InputSpec, uri: str, seg: Segment, batch_rows: int,
+                    extra: Sequence[str]) -> Iterator[RawBlock]:
     fs, path = storage.arrow_filesystem(uri)
     with fs.open_input_file(path) as fh:
         pf = pq.ParquetFile(fh)
-        schema = pf.schema_arrow
-        for col in (spec.id_column, spec.text_column):
-            if schema.get_field_index(col) < 0:
-                raise BadInputError(f"{uri}: column {col!r} not found; columns are {schema.names}")
-        _check_id_type(schema.field(spec.id_column).type, uri, spec.id_column)
+        columns = _parquet_columns(spec, pf.schema_arrow, uri, extra)
         meta = pf.metadata
         groups: list[int] = []
         first_row = None
@@ -100,104 +137,95 @@ def _parquet_blocks(spec: InputSpec, uri: str, seg: Segment, batch_rows: int) ->
         if not groups:
             return
         row = first_row
-        for rb in pf.iter_batches(batch_size=batch_rows, row_groups=groups):
+        for rb in pf.iter_batches(batch_size=batch_rows, row_groups=groups, columns=columns):
             lo = max(seg.row_start - row, 0)
             hi = min(seg.row_stop - row, rb.num_rows)
             if hi > lo:
-                table = pa.Table.from_batches([rb.slice(lo, hi - lo)])
-                texts, bad = _decode_text(table.column(spec.text_column).to_pylist())
-                n = table.num_rows
-                yield RawBlock(
-                    source_uri=uri,
-                    source_rows=list(range(row + lo, row + hi)),
-                    ids=table.column(spec.id_column).to_pylist(),
-                    texts=texts,
-                    text_bad_utf8=bad,
-                    fields=table,
-                    record_errors=[None] * n,
-                )
+                yield _parquet_block(spec, uri, pa.Table.from_batches([rb.slice(lo, hi - lo)]), row + lo)
             row += rb.num_rows
             if row >= seg.row_stop:
                 break
 
 
-def _fields_table(records: list[dict[str, Any]]) -> pa.Table:
+def _extras_table(records: list[dict[str, Any]], extra: Sequence[str]) -> pa.Table:
+    if not extra:
+        return pa.table({})
+    cols = {k: [repair_value(r.get(k)) for r in records] for k in extra}
     try:
-        return pa.Table.from_pylist(records)
+        return pa.table(cols)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
         # mixed types in a column across lines: keep every value, as its JSON text
-        names = sorted({k for r in records for k in r})
-        cols = {k: [None if k not in r else json.dumps(r[k], ensure_ascii=False) for r in records] for k in names}
-        return pa.table(cols) if names else pa.table({"_": [None] * len(records)}).drop(["_"])
+        return pa.table({k: [None if v is None else json.dumps(v, ensure_ascii=False) for v in vals]
+                         for k, vals in cols.items()})
 
 
-def _jsonl_block(spec: InputSpec, uri: str, lines: list[tuple[int, bytes]]) -> RawBlock:
+def _parse_line(raw: bytes) -> tuple[dict[str, Any], str | None, bool]:
+    """``(record, error, repaired)`` of one JSONL line (``{}`` and a reason when unreadable)."""
+    text, repaired = repair_text(raw)
+    try:
+        rec = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return {}, f"invalid JSON: {exc.msg} at column {exc.colno}", repaired
+    if not isinstance(rec, dict):
+        return {}, f"line is JSON {type(rec).__name__}, not an object", repaired
+    return rec, None, repaired
+
+
+def _jsonl_block(spec: InputSpec, uri: str, lines: list[tuple[int, bytes]], extra: Sequence[str]) -> RawBlock:
     records: list[dict[str, Any]] = []
     errors: list[str | None] = []
-    bad_utf8: list[bool] = []
+    texts: list[Any] = []
+    repaired: list[bool] = []
     for _rowno, raw in lines:
-        try:
-            text = raw.decode("utf-8")
-            bad = False
-        except UnicodeDecodeError:
-            text = raw.decode("utf-8", errors="replace")
-            bad = True
-        try:
-            rec = json.loads(text)
-            err = None if isinstance(rec, dict) else f"line is JSON {type(rec).__name__}, not an object"
-        except json.JSONDecodeError as exc:
-            rec, err = None, f"invalid JSON: {exc.msg} at column {exc.colno}"
-        records.append(rec if isinstance(rec, dict) else {})
+        rec, err, bad_bytes = _parse_line(raw)
+        text, bad_text = repair_text(rec.get(spec.text_column))
+        records.append(rec)
         errors.append(err)
-        bad_utf8.append(bad)
+        texts.append(text)
+        repaired.append(bad_bytes or bad_text)
     return RawBlock(
         source_uri=uri,
         source_rows=[r for r, _ in lines],
         ids=[r.get(spec.id_column) for r in records],
-        texts=[r.get(spec.text_column) for r in records],
-        text_bad_utf8=bad_utf8,
-        fields=_fields_table(records),
+        texts=texts,
+        text_repaired=repaired,
+        extras=_extras_table(records, [c for c in extra if c not in (spec.id_column, spec.text_column)]),
         record_errors=errors,
     )
 
 
-def _jsonl_blocks(spec: InputSpec, uri: str, seg: Segment, batch_rows: int) -> Iterator[RawBlock]:
+def _jsonl_blocks(spec: InputSpec, uri: str, seg: Segment, batch_rows: int,
+                  extra: Sequence[str]) -> Iterator[RawBlock]:
     fs, path = storage.arrow_filesystem(uri)
-    row = 0
+    rows = 0
     pending: list[tuple[int, bytes]] = []
     with fs.open_input_stream(path) as fh:
-        buf = b""
-        while row < seg.row_stop:
-            block = fh.read(1 << 20)
-            data = buf + block
-            parts = data.split(b"\n")
-            buf = parts.pop() if block else b""
-            for raw in parts:
-                if not raw.strip():
-                    continue
-                if seg.row_start <= row < seg.row_stop:
-                    pending.append((row, raw))
-                    if len(pending) >= batch_rows:
-                        yield _jsonl_block(spec, uri, pending)
-                        pending = []
-                row += 1
-                if row >= seg.row_stop:
-                    break
-            if not block:
+        for row, raw in iter_jsonl_lines(fh):
+            if row >= seg.row_stop:
                 break
+            rows = row + 1
+            if row < seg.row_start:
+                continue
+            pending.append((row, raw))
+            if len(pending) >= batch_rows:
+                yield _jsonl_block(spec, uri, pending, extra)
+                pending = []
     if pending:
-        yield _jsonl_block(spec, uri, pending)
-    if row < seg.row_stop:
-        raise BadInputError(f"{uri}: segment rows {seg.row_start}..{seg.row_stop} beyond the file's {row} rows")
+        yield _jsonl_block(spec, uri, pending, extra)
+    if rows < seg.row_stop:
+        raise BadInputError(f"{uri}: segment rows {seg.row_start}..{seg.row_stop} beyond the file's {rows} rows")
 
 
-def iter_shard_blocks(spec: InputSpec, segments: list[Segment], batch_rows: int) -> Iterator[RawBlock]:
+def iter_shard_blocks(spec: InputSpec, segments: list[Segment], batch_rows: int,
+                      extra_columns: Sequence[str] = ()) -> Iterator[RawBlock]:
     """Yield the shard's rows as :class:`RawBlock` s, segment by segment, in file row order.
 
     Args:
         spec: the manifest's input spec (format, id/text columns, files).
         segments: the shard's segments.
         batch_rows: max rows per block (``WorkerSettings.read_batch_rows``).
+        extra_columns: input columns the engine reads besides id and text (LLM template fields;
+            see ``Engine.extra_columns``); no other column is read. Absent ones are skipped.
 
     Raises:
         BadInputError: missing id/text column, id column of a type other than integer/string, or a
@@ -208,6 +236,6 @@ def iter_shard_blocks(spec: InputSpec, segments: list[Segment], batch_rows: int)
             raise BadInputError(f"segment file_index {seg.file_index} is not in input.files (0..{len(spec.files) - 1})")
         uri = spec.files[seg.file_index].uri
         if spec.format == InputFormat.PARQUET.value:
-            yield from _parquet_blocks(spec, uri, seg, batch_rows)
+            yield from _parquet_blocks(spec, uri, seg, batch_rows, extra_columns)
         else:
-            yield from _jsonl_blocks(spec, uri, seg, batch_rows)
+            yield from _jsonl_blocks(spec, uri, seg, batch_rows, extra_columns)

@@ -216,7 +216,8 @@ class ShardRun:
     def _process_all(self, loaded: LoadedModel, ledger: Ledger) -> bool:
         """Run the producer/engine/commit loop; True when every row was handed over and committed."""
         sizer = ChunkSizer(self.settings)
-        validator = Validator(self.ctx.manifest.input.id_column, ledger.done_ids, ledger.done_dead)
+        validator = Validator(self.ctx.manifest.input.id_column, ledger.done_ids, ledger.done_dead,
+                              text_column=self.ctx.manifest.input.text_column)
         producer = Producer(
             self.ctx.engine, self.ctx.manifest.input, self.spec.segments, self.settings,
             validator, sizer, self.clock, self.stop,

@@ -1,16 +1,20 @@
 """Validation: turn raw input rows into engine-ready rows or dead letters; nothing is silently lost.
 
-Rules, applied to every row of the shard in shard order (so a rerun classifies rows identically):
+Rules (the row rules of :mod:`batch_contract.rows`), applied to every row of the shard in shard order
+(so a rerun classifies rows identically):
 
-1. unreadable record (bad JSONL line) -> ``invalid_record``; null id -> ``null_id``; an id that is not an
-   integer or non-empty string -> ``invalid_id``;
-2. an id seen earlier in the shard -> ``duplicate_id`` (the first occurrence is the one processed);
-3. null text -> ``null_text``; non-string text -> ``non_string_text``; empty or whitespace-only text ->
-   ``empty_text``; invalid UTF-8 -> repaired with U+FFFD and flagged ``text_repaired`` (kept);
-4. rows already committed under the current fingerprint (the resume ledger) are skipped: results by id,
+1. a row's own problems first: unreadable record (bad JSONL line) -> ``invalid_record``; null id ->
+   ``null_id``; an id that is not an integer or a non-blank valid-Unicode string -> ``invalid_id``;
+   null text -> ``null_text``; non-string text -> ``non_string_text``; empty or whitespace-only text ->
+   ``empty_text`` (text that was not valid Unicode was already repaired by the reader and is kept,
+   flagged ``text_repaired``);
+2. among the remaining (eligible) rows, the first with an id wins; a later eligible row with the same
+   id -> ``duplicate_id``, its detail naming the winner's position (publish applies the same rule across
+   shards, so the outcome does not depend on where shard boundaries fall);
+3. rows already committed under the current fingerprint (the resume ledger) are skipped: results by id,
    dead letters (including those an engine produced) by source position.
 
-Every id is converted to a string (integers in decimal).
+Every id is converted to its canonical string (:func:`batch_contract.rows.canonical_id`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 from batch_contract.enums import DeadLetterReason
+from batch_contract.rows import canonical_id, duplicate_detail
 
 from batch_worker.engines.base import ChunkRows
 from batch_worker.reader import RawBlock
@@ -36,22 +41,15 @@ class DeadLetter:
 
 
 def id_to_str(value: object) -> tuple[str | None, DeadLetterReason | None, str]:
-    """Convert a raw id to its string form.
+    """Convert a raw id to its string form (:func:`batch_contract.rows.canonical_id` as a tuple).
 
     Returns:
         ``(id, None, "")`` when valid, else ``(id or None, reason, detail)``. An id that is neither an
-        integer nor a string (bool, float, list, ...) has no canonical string form, so its dead letter
-        carries ``id=None`` and is matched by ``(source_uri, source_row)`` like a null id (publish's
-        coverage check does the same); the detail names the value.
+        integer nor a valid-Unicode string has no canonical string form, so its dead letter carries
+        ``id=None`` and is matched by ``(source_uri, source_row)`` (publish does the same).
     """
-    if value is None:
-        return None, DeadLetterReason.NULL_ID, "id is null"
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        return None, DeadLetterReason.INVALID_ID, f"id {value!r:.200} is a {type(value).__name__}, not an integer or string"
-    text = str(value)
-    if isinstance(value, str) and not text.strip():
-        return text, DeadLetterReason.INVALID_ID, "id is an empty or whitespace-only string"
-    return text, None, ""
+    cid = canonical_id(value)
+    return cid.id, cid.reason, cid.detail
 
 
 def text_problem(value: object) -> tuple[DeadLetterReason | None, str]:
@@ -81,21 +79,39 @@ class ValidatedBlock:
 
 
 class Validator:
-    """Stateful shard-wide validator (remembers ids seen, for duplicate detection).
+    """Stateful shard-wide validator (remembers the winning row of each id, for duplicates).
 
     Args:
-        id_column: the input's id column (in ``ChunkRows.fields`` it is replaced by the string ids).
+        id_column / text_column: the input's column names (``ChunkRows.fields`` carries them, with the
+            canonical string ids and the repaired texts, beside the engine's extra columns).
         done_ids: ids with a committed result under the current fingerprint (resume ledger).
         done_dead: ``(source_uri, source_row)`` of rows already dead-lettered under the fingerprint.
     """
 
     def __init__(
-        self, id_column: str, done_ids: set[str] | None = None, done_dead: set[tuple[str, int]] | None = None
+        self, id_column: str, done_ids: set[str] | None = None, done_dead: set[tuple[str, int]] | None = None,
+        text_column: str = "text",
     ) -> None:
         self.id_column = id_column
+        self.text_column = text_column
         self.done_ids = done_ids or set()
         self.done_dead = done_dead or set()
-        self.seen: set[str] = set()
+        self.winners: dict[str, tuple[str, int]] = {}
+
+    def _classify(self, block: RawBlock, i: int) -> tuple[str | None, DeadLetterReason | None, str]:
+        """``(id, reason, detail)`` of row ``i`` of ``block``; registers the winner of a new id."""
+        error = block.record_errors[i] if block.record_errors else None
+        if error:
+            return None, DeadLetterReason.INVALID_RECORD, error
+        rid, reason, detail = id_to_str(block.ids[i])
+        if reason is None:
+            reason, detail = text_problem(block.texts[i])
+        if reason is not None:
+            return rid, reason, detail
+        winner = self.winners.setdefault(rid, (block.source_uri, block.source_rows[i]))
+        if winner != (block.source_uri, block.source_rows[i]):
+            return rid, DeadLetterReason.DUPLICATE_ID, duplicate_detail(*winner)
+        return rid, None, ""
 
     def validate(self, block: RawBlock) -> ValidatedBlock:
         """Classify every row of ``block`` (see the module docstring)."""
@@ -103,46 +119,39 @@ class Validator:
         ids: list[str] = []
         dead: list[DeadLetter] = []
         skipped = 0
-        errors = block.record_errors or [None] * len(block)
         for i in range(len(block)):
             uri, row = block.source_uri, block.source_rows[i]
-            rid, reason, detail = (None, DeadLetterReason.INVALID_RECORD, errors[i]) if errors[i] else id_to_str(block.ids[i])
-            if reason is None:
-                if rid in self.seen:
-                    reason, detail = DeadLetterReason.DUPLICATE_ID, f"id {rid!r} appears earlier in the shard"
-                else:
-                    self.seen.add(rid)
+            rid, reason, detail = self._classify(block, i)
             if (uri, row) in self.done_dead or (reason is None and rid in self.done_ids):
                 skipped += 1  # committed before (a dead letter by position, a result by id)
                 continue
-            if reason is None:
-                reason, detail = text_problem(block.texts[i])
             if reason is not None:
                 dead.append(DeadLetter(rid, reason, detail, uri, row))
                 continue
             keep.append(i)
             ids.append(rid)
-        fields = block.fields.take(pa.array(keep, pa.int64())) if block.fields.num_columns else block.fields
+        texts = [block.texts[i] for i in keep]
         return ValidatedBlock(
             rows=ChunkRows(
                 ids=ids,
-                texts=[block.texts[i] for i in keep],
-                text_repaired=[block.text_bad_utf8[i] for i in keep],
+                texts=texts,
+                text_repaired=[block.text_repaired[i] for i in keep],
                 source_uri=[block.source_uri] * len(keep),
                 source_row=[block.source_rows[i] for i in keep],
-                fields=_ids_as_strings(fields, self.id_column, ids),
+                fields=self._fields(block, keep, ids, texts),
             ),
             dead=dead,
             skipped=skipped,
         )
 
-
-def _ids_as_strings(fields: pa.Table, id_column: str, ids: list[str]) -> pa.Table:
-    """``fields`` with column ``id_column`` replaced by the string ids."""
-    if id_column in fields.column_names and fields.num_rows == len(ids):
-        idx = fields.column_names.index(id_column)
-        return fields.set_column(idx, id_column, pa.array(ids, pa.string()))
-    return fields
+    def _fields(self, block: RawBlock, keep: list[int], ids: list[str], texts: list[str]) -> pa.Table:
+        """Row fields of the kept rows: id (canonical string), text (repaired), extra columns."""
+        fields = {self.id_column: pa.array(ids, pa.string()), self.text_column: pa.array(texts, pa.string())}
+        extras = block.extras.take(pa.array(keep, pa.int64())) if block.extras.num_columns else None
+        for name in extras.column_names if extras is not None else []:
+            if name not in fields:
+                fields[name] = extras.column(name)
+        return pa.table(fields)
 
 
 def concat_rows(parts: list[ChunkRows]) -> ChunkRows:

@@ -4,15 +4,18 @@ Set logic runs in DuckDB (which spills to disk), not in Python sets, so it scale
 ids. Only key columns are read for the checks (``id``, ``fingerprint``, file name, row number); the wide
 columns (embeddings) are read once, when the staging table is loaded, through :meth:`Coverage.results_sql`.
 
-De-duplication rule (deterministic): for an id with several result rows, the row kept is the one from
-the lowest shard id, then the part file whose URI sorts first, then the lowest row number within that file.
-Result rows of the same id in the same shard are one input row committed twice (a chunk re-done after a
-lost commit reply; the worker de-duplicates ids within a shard): they are dropped silently and counted in
-``duplicates_removed``. A result of the same id in another shard is a distinct input row sharing the id:
-it becomes a ``duplicate_id`` dead letter at that shard's input row, naming the shard that kept the id.
-Dead letters are de-duplicated by ``(source_uri, source_row)`` the same way; a dead letter whose id also
-has a result in the same shard is superseded by the result unless its reason is ``duplicate_id`` (a second
-input row carrying an id already seen).
+De-duplication (deterministic, independent of shard boundaries):
+
+* Result rows of the same id in the same shard are one input row committed twice (a chunk re-done after
+  a lost commit reply; the worker gives an id one result per shard): the first by part file name and
+  row number is kept, the others are dropped silently and counted in ``duplicates_removed``.
+* Ids on several input rows follow the contract's duplicate rule (:mod:`batch_contract.rows`): the
+  first row in input order that is not dead-lettered for a reason of its own wins; results of that id
+  from other shards are dropped (counted in ``duplicate_ids_across_shards``) and every other such row
+  is one ``duplicate_id`` dead letter naming the winner (``file#row``), whichever shard it was in.
+* Dead letters are de-duplicated by ``(source_uri, source_row)`` the same way; an engine's dead letter
+  (``too_long``, ``invalid_output``, ...) whose id also has a result in the same shard is superseded by
+  that result.
 
 Coverage counts input rows, not ids: an id occurring ``n`` times in the input needs ``n`` rows between its
 result (at most one) and its dead letters.
@@ -28,6 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from batch_contract import storage
 from batch_contract.enums import DeadLetterReason, InputFormat
+from batch_contract.rows import DUPLICATE_DETAIL_TAIL, ROW_REASONS
 from batch_contract.schemas import DEAD_LETTER_SCHEMA
 
 from batch_inference.publish.errors import CoverageError, PublishError
@@ -41,6 +45,7 @@ from batch_inference.publish.expected import (
 from batch_inference.publish.inventory import RunInventory
 
 SAMPLE_SIZE = 10
+_OWN_REASONS = sorted(r.value for r in ROW_REASONS)
 HIDDEN_COLUMNS = ("filename", "file_row_number")
 
 
@@ -58,9 +63,9 @@ class Coverage:
         missing_sample: up to 10 missing ids (``<source_uri>#<row>`` for null ids).
         part_files / dead_letter_files: local paths of the files read.
         columns: ``(name, duckdb_type)`` of the published result columns, in file order.
-        duplicate_ids_across_shards: input rows whose id has a result in a lower shard too: their own
-            result is not published, they are ``duplicate_id`` dead letters (counted in
-            ``rows_dead_letter``).
+        duplicate_ids_across_shards: input rows with a result whose id's winning row (the contract's
+            duplicate rule) lies in another shard: their result is not published, they are
+            ``duplicate_id`` dead letters (counted in ``rows_dead_letter``).
     """
 
     rows_input: int
@@ -139,13 +144,17 @@ def _load_expected(con: duckdb.DuckDBPyConnection, inv: RunInventory) -> None:
         if inv.manifest.input.format != InputFormat.PARQUET.value or storage.is_gcs(info.uri):
             streamed.add(file_index)
             continue
-        _load_expected_parquet(con, info.uri, file_index, column, ranges)
+        if not _load_expected_parquet(con, info.uri, file_index, column, ranges):
+            streamed.add(file_index)
     if streamed:
         _load_expected_streamed(con, inv, streamed)
 
 
 def _load_expected_parquet(con: duckdb.DuckDBPyConnection, uri: str, file_index: int, column: str,
-                           ranges: list[tuple[int, int]]) -> None:
+                           ranges: list[tuple[int, int]]) -> bool:
+    """Expected ids of one local Parquet file, read by DuckDB. Returns False (nothing loaded) when the
+    id column holds a string that is not valid UTF-8, which DuckDB refuses to read: the caller streams
+    that file through :func:`iter_expected`, which applies the contract's id rule row by row."""
     path = str(storage.local_path(uri).resolve())
     meta = pq.read_metadata(path)
     schema = meta.schema.to_arrow_schema()
@@ -160,10 +169,18 @@ def _load_expected_parquet(con: duckdb.DuckDBPyConnection, uri: str, file_index:
         cond = " OR ".join(f"(file_row_number >= {int(lo)} AND file_row_number < {int(hi)})" for lo, hi in ranges)
     scan = f"read_parquet($path, file_row_number=true) WHERE ({cond})"
     col = _q(column)
-    con.execute(f"INSERT INTO _pub_expected SELECT CAST({col} AS VARCHAR), {int(file_index)}, file_row_number "
-                f"FROM {scan} AND {col} IS NOT NULL", {"path": path})
-    con.execute(f"INSERT INTO _pub_expected_null SELECT $uri, file_row_number FROM {scan} AND {col} IS NULL",
-                {"path": path, "uri": uri})
+    try:
+        con.execute(f"INSERT INTO _pub_expected SELECT CAST({col} AS VARCHAR), {int(file_index)}, "
+                    f"file_row_number FROM {scan} AND {col} IS NOT NULL", {"path": path})
+        con.execute(f"INSERT INTO _pub_expected_null SELECT $uri, file_row_number FROM {scan} AND {col} IS NULL",
+                    {"path": path, "uri": uri})
+    except duckdb.InvalidInputException as exc:
+        if "not valid UTF8" not in str(exc):
+            raise
+        con.execute(f"DELETE FROM _pub_expected WHERE file_index = {int(file_index)}")
+        con.execute("DELETE FROM _pub_expected_null WHERE source_uri = $uri", {"uri": uri})
+        return False
+    return True
 
 
 def _load_expected_streamed(con: duckdb.DuckDBPyConnection, inv: RunInventory, files: set[int]) -> None:
@@ -231,13 +248,12 @@ def _register_file_shards(con: duckdb.DuckDBPyConnection, table: str, paths: lis
 
 
 def _load_part_keys(con: duckdb.DuckDBPyConnection, inv: RunInventory, parts: list[str]) -> int:
-    """Key columns (and shard) of every result row into ``_pub_keys``; result rows to drop into
-    ``_pub_drop``; ids with results in several shards into ``_pub_xshard`` (one row per id and shard
-    other than the lowest, ``kept_shard`` naming the lowest).
+    """Key columns (and shard) of every result row into ``_pub_keys``; result rows of an id committed
+    twice in one shard (a chunk re-done after a lost commit reply) into ``_pub_drop`` (the first by
+    file name and row number is kept).
 
     Returns:
-        Number of result rows dropped as duplicates within a shard (retried chunks); the rows of
-        ``_pub_xshard`` are not counted (they become dead letters).
+        Number of result rows dropped as duplicates within a shard.
     """
     _register_file_shards(con, "_pub_part_shards", parts)
     con.execute(
@@ -256,19 +272,11 @@ def _load_part_keys(con: duckdb.DuckDBPyConnection, inv: RunInventory, parts: li
     total, distinct = con.execute("SELECT count(*), count(DISTINCT id) FROM _pub_keys").fetchall()[0]
     where = "" if total != distinct else "WHERE false"  # skip the window when there are no duplicates
     con.execute(
-        "CREATE OR REPLACE TEMP TABLE _pub_drop AS SELECT id, shard, kept_shard, filename, file_row_number "
-        "FROM (SELECT id, shard, filename, file_row_number, row_number() OVER w AS rn, "
-        f" first_value(shard) OVER w AS kept_shard FROM _pub_keys {where}"
-        " WINDOW w AS (PARTITION BY id ORDER BY shard, filename, file_row_number)) WHERE rn > 1"
+        "CREATE OR REPLACE TEMP TABLE _pub_drop AS SELECT id, shard, filename, file_row_number "
+        "FROM (SELECT id, shard, filename, file_row_number, row_number() OVER ("
+        f" PARTITION BY id, shard ORDER BY filename, file_row_number) AS rn FROM _pub_keys {where}) WHERE rn > 1"
     )
-    con.execute(
-        "CREATE OR REPLACE TEMP TABLE _pub_xshard AS SELECT id, shard, min(kept_shard) AS kept_shard "
-        "FROM _pub_drop WHERE shard <> kept_shard GROUP BY id, shard"
-    )
-    dropped, across = con.execute(
-        "SELECT (SELECT count(*) FROM _pub_drop), (SELECT count(*) FROM _pub_xshard)"
-    ).fetchall()[0]
-    return int(dropped) - int(across)
+    return int(con.execute("SELECT count(*) FROM _pub_drop").fetchall()[0][0])
 
 
 def _check_fingerprint(con: duckdb.DuckDBPyConnection, table: str, expected: str, what: str) -> None:
@@ -288,8 +296,9 @@ def _check_fingerprint(con: duckdb.DuckDBPyConnection, table: str, expected: str
 def _load_dead_letters(con: duckdb.DuckDBPyConnection, inv: RunInventory, dead: list[str]) -> int:
     """De-duplicated dead letters into ``_pub_dead`` (column ``keep``); returns rows dropped.
 
-    A dead letter is superseded by a result of its id in the same shard only (the same input row
-    reprocessed); a result in another shard belongs to a different input row.
+    An engine's dead letter (``too_long``, ``invalid_output``, ...) is superseded by a result of its id
+    in the same shard (the same winning row reprocessed); a row's own reasons and ``duplicate_id`` name
+    other input rows and are never superseded.
     """
     cols = ", ".join(f"{_q(f.name)}::{_duck_type(f.type)} AS {_q(f.name)}" for f in DEAD_LETTER_SCHEMA)
     if dead:
@@ -307,11 +316,11 @@ def _load_dead_letters(con: duckdb.DuckDBPyConnection, inv: RunInventory, dead: 
     _register_file_shards(con, "_pub_dead_shards", dead)
     con.execute(
         "CREATE OR REPLACE TEMP TABLE _pub_dead AS SELECT d.*, "
-        " (rn = 1 AND (d.id IS NULL OR d.reason = $dup OR k.id IS NULL)) AS keep FROM ("
+        " (rn = 1 AND (d.id IS NULL OR list_contains($own, d.reason) OR k.id IS NULL)) AS keep FROM ("
         "  SELECT r.*, s.shard, row_number() OVER (PARTITION BY r.source_uri, r.source_row ORDER BY r.filename,"
         "  r.file_row_number) AS rn FROM _pub_dead_raw r LEFT JOIN _pub_dead_shards s ON s.filename = r.filename) d"
         " LEFT JOIN (SELECT DISTINCT id, shard FROM _pub_keys) k ON k.id = d.id AND k.shard = d.shard",
-        {"dup": DeadLetterReason.DUPLICATE_ID.value},
+        {"own": _OWN_REASONS},
     )
     unmapped = con.execute("SELECT min(filename) FROM _pub_dead WHERE shard IS NULL").fetchall()[0][0]
     if unmapped is not None:
@@ -319,54 +328,81 @@ def _load_dead_letters(con: duckdb.DuckDBPyConnection, inv: RunInventory, dead: 
     return con.execute("SELECT count(*) FROM _pub_dead WHERE NOT keep").fetchall()[0][0]
 
 
-def _add_cross_shard_dead_letters(con: duckdb.DuckDBPyConnection, inv: RunInventory) -> int:
-    """Turn each result of ``_pub_xshard`` (an id whose result a lower shard kept) into a kept
-    ``duplicate_id`` dead letter in ``_pub_dead`` at the input row of that shard carrying the id (the
-    lowest such row without a dead letter of its own). Returns the number added.
+def _apply_duplicate_rule(con: duckdb.DuckDBPyConnection, inv: RunInventory) -> int:
+    """Apply the contract's duplicate rule (:mod:`batch_contract.rows`) across shards.
+
+    For each id on several input rows, the winner is its first row in input order (file, row) that is
+    not dead-lettered for a reason of its own (``ROW_REASONS``). Results of that id from other shards
+    are dropped (into ``_pub_drop``); every other such row gets exactly one kept ``duplicate_id`` dead
+    letter naming the winner (replacing what its shard's worker wrote there: a dead letter, or the
+    result of the shard's own first row of the id), so the outcome does not depend on shard boundaries.
+    A row its shard committed nothing for stays missing.
+
+    Returns:
+        Result rows dropped because the id's winner lies in another shard.
 
     Raises:
-        PublishError: a shard has a result for an id that none of its remaining input rows carries.
+        PublishError: an id on one input row has results in several shards (the run directory does
+            not match its manifest).
     """
-    n = con.execute("SELECT count(*) FROM _pub_xshard").fetchall()[0][0]
-    if not n:
-        return 0
-    con.execute(
-        "CREATE OR REPLACE TEMP TABLE _pub_xshard_rows AS SELECT id, shard, kept_shard, uri, source_row FROM ("
-        " SELECT x.id, x.shard, x.kept_shard, f.uri, e.source_row, row_number() OVER ("
-        "  PARTITION BY x.id, x.shard ORDER BY e.file_index, e.source_row) AS rn"
-        " FROM _pub_xshard x JOIN _pub_expected e ON e.id = x.id"
-        " JOIN _pub_segments s ON s.shard = x.shard AND s.file_index = e.file_index"
-        "  AND e.source_row >= s.row_start AND e.source_row < s.row_stop"
-        " JOIN _pub_input_files f ON f.file_index = e.file_index"
-        " WHERE NOT EXISTS (SELECT 1 FROM _pub_dead d WHERE d.keep AND d.source_uri = f.uri"
-        "  AND d.source_row = e.source_row)"
-        ") WHERE rn = 1"
-    )
-    unmatched = con.execute(
-        "SELECT x.id, x.shard FROM _pub_xshard x ANTI JOIN _pub_xshard_rows r ON r.id = x.id AND r.shard = x.shard "
-        f"ORDER BY 1, 2 LIMIT {SAMPLE_SIZE}"
+    stray = con.execute(
+        "SELECT k.id, list(DISTINCT k.shard ORDER BY k.shard) FROM _pub_keys k ANTI JOIN (SELECT id FROM _pub_expected "
+        "GROUP BY id HAVING count(*) > 1) d ON d.id = k.id GROUP BY k.id HAVING count(DISTINCT k.shard) > 1 "
+        f"ORDER BY 1 LIMIT {SAMPLE_SIZE}"
     ).fetchall()
-    if unmatched:
-        raise PublishError(
-            f"run {inv.run_id}: result(s) for id(s) also published from a lower shard, with no input row of "
-            f"their own shard left to dead-letter (id, shard): {unmatched}; the run directory does not "
-            "match its manifest"
-        )
+    if stray:
+        raise PublishError(f"run {inv.run_id}: id(s) of one input row with results in several shards "
+                           f"(id, shards): {stray}; the run directory does not match its manifest")
     con.execute(
-        "INSERT INTO _pub_dead BY NAME SELECT id, $dup AS reason, "
-        " 'id ' || id || ' also occurs in shard ' || kept_shard || ', which kept it (lowest shard id); the '"
-        " || 'result of this row (shard ' || shard || ') is not published' AS detail,"
-        " uri AS source_uri, source_row, $fp AS fingerprint, shard, 1 AS rn, true AS keep FROM _pub_xshard_rows",
-        {"dup": DeadLetterReason.DUPLICATE_ID.value, "fp": inv.fingerprint},
+        "CREATE OR REPLACE TEMP TABLE _pub_dup_rows AS SELECT e.id, f.uri, e.source_row, s.shard, "
+        " row_number() OVER (PARTITION BY e.id ORDER BY e.file_index, e.source_row) AS rank"
+        " FROM _pub_expected e SEMI JOIN (SELECT id FROM _pub_expected GROUP BY id HAVING count(*) > 1) d"
+        " ON d.id = e.id JOIN _pub_input_files f ON f.file_index = e.file_index"
+        " JOIN _pub_segments s ON s.file_index = e.file_index AND e.source_row >= s.row_start"
+        "  AND e.source_row < s.row_stop"
+        " ANTI JOIN (SELECT source_uri, source_row FROM _pub_dead WHERE keep AND list_contains($own, reason)) x"
+        " ON x.source_uri = f.uri AND x.source_row = e.source_row",
+        {"own": _OWN_REASONS},
     )
-    return int(n)
+    # a losing row is re-labelled only where its shard committed something for it: a dead letter at its
+    # position, or (the shard's first eligible row of the id) a result; otherwise it stays missing
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE _pub_dup_losers AS SELECT l.id, l.uri, l.source_row, l.shard, "
+        " w.uri AS win_uri, w.source_row AS win_row FROM (SELECT *, row_number() OVER ("
+        "  PARTITION BY id, shard ORDER BY rank) AS local_rank FROM _pub_dup_rows) l"
+        " JOIN _pub_dup_rows w ON w.id = l.id AND w.rank = 1 WHERE l.rank > 1 AND ("
+        "  EXISTS (SELECT 1 FROM _pub_dead d WHERE d.keep AND d.source_uri = l.uri AND d.source_row = l.source_row)"
+        "  OR (l.local_rank = 1 AND EXISTS (SELECT 1 FROM _pub_keys k WHERE k.id = l.id AND k.shard = l.shard)))"
+    )
+    before = con.execute("SELECT count(*) FROM _pub_drop").fetchall()[0][0]
+    con.execute(
+        "INSERT INTO _pub_drop SELECT k.id, k.shard, k.filename, k.file_row_number FROM _pub_keys k"
+        " JOIN _pub_dup_rows w ON w.id = k.id AND w.rank = 1"
+        " WHERE k.shard <> w.shard AND NOT EXISTS (SELECT 1 FROM _pub_drop d"
+        "  WHERE d.filename = k.filename AND d.file_row_number = k.file_row_number)"
+    )
+    across = con.execute("SELECT count(*) FROM _pub_drop").fetchall()[0][0] - before
+    con.execute(
+        "UPDATE _pub_dead SET keep = false FROM _pub_dup_losers l"
+        " WHERE _pub_dead.keep AND l.uri = _pub_dead.source_uri AND l.source_row = _pub_dead.source_row"
+    )
+    con.execute(
+        "INSERT INTO _pub_dead BY NAME SELECT id, $dup AS reason,"
+        " 'duplicate of ' || win_uri || '#' || CAST(win_row AS VARCHAR) || $tail AS detail,"
+        " uri AS source_uri, source_row, $fp AS fingerprint, shard, 1 AS rn, true AS keep FROM _pub_dup_losers",
+        {"dup": DeadLetterReason.DUPLICATE_ID.value, "tail": DUPLICATE_DETAIL_TAIL, "fp": inv.fingerprint},
+    )
+    return int(across)
 
 
 def _duck_type(t: pa.DataType) -> str:
     return {pa.string(): "VARCHAR", pa.int64(): "BIGINT"}[t]
 
 
-_COVERED = ("(SELECT id, count(*) AS n FROM (SELECT DISTINCT id FROM _pub_keys "
+_LIVE_KEYS = ("(SELECT k.id FROM _pub_keys k ANTI JOIN _pub_drop d "
+              "ON d.filename = k.filename AND d.file_row_number = k.file_row_number)")
+"""Result rows that are published (not dropped as duplicates)."""
+_COVERED = (f"(SELECT id, count(*) AS n FROM (SELECT DISTINCT id FROM {_LIVE_KEYS} "
             "UNION ALL SELECT id FROM _pub_dead WHERE keep AND id IS NOT NULL) GROUP BY id)")
 _EXPECTED = "(SELECT id, count(*) AS n FROM _pub_expected GROUP BY id)"
 _NULL_COVERED = "(SELECT source_uri, source_row FROM _pub_dead WHERE keep AND id IS NULL)"
@@ -441,11 +477,12 @@ def check_coverage(
         columns = [("id", "VARCHAR"), ("fingerprint", "VARCHAR")]
         con.execute("CREATE OR REPLACE TEMP TABLE _pub_keys (id VARCHAR, fingerprint VARCHAR, "
                     "filename VARCHAR, file_row_number BIGINT, shard VARCHAR)")
-        con.execute("CREATE OR REPLACE TEMP TABLE _pub_xshard (id VARCHAR, shard VARCHAR, kept_shard VARCHAR)")
+        con.execute("CREATE OR REPLACE TEMP TABLE _pub_drop (id VARCHAR, shard VARCHAR, filename VARCHAR, "
+                    "file_row_number BIGINT)")
         con.execute("CREATE OR REPLACE TEMP TABLE _pub_empty_results (id VARCHAR, fingerprint VARCHAR)")
         dup_results = 0
     dup_dead = _load_dead_letters(con, inv, dead)
-    across = _add_cross_shard_dead_letters(con, inv)
+    across = _apply_duplicate_rule(con, inv)
     rows_missing, n_unexpected = _coverage_counts(con)
     if n_unexpected:
         unexpected_sample = _sample(con, missing=False)
@@ -455,7 +492,7 @@ def check_coverage(
             missing=0, unexpected=n_unexpected, sample=unexpected_sample,
         )
     sample = _sample(con, missing=True) if rows_missing else []
-    published = con.execute("SELECT count(DISTINCT id) FROM _pub_keys").fetchall()[0][0]
+    published = con.execute(f"SELECT count(DISTINCT id) FROM {_LIVE_KEYS}").fetchall()[0][0]
     dead_rows = con.execute("SELECT count(*) FROM _pub_dead WHERE keep").fetchall()[0][0]
     cov = Coverage(
         rows_input=inv.rows_input,

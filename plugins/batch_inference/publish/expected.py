@@ -4,8 +4,9 @@ The manifest holds row ranges, not ids. This module reads only the id column of 
 (Parquet column projection, row groups outside the range skipped) and yields Arrow batches, so the set
 logic can run in DuckDB and scale to tens of millions of rows without Python sets.
 
-Ids are strings; integer ids are written in decimal (as the worker does). Rows whose id is null (or, in
-JSONL, not a string or integer) cannot be matched by id: they are expected as dead letters and matched by
+Ids follow the contract's rule (:func:`batch_contract.rows.canonical_id`, as the worker): strings,
+integer ids in decimal. Rows whose id has no canonical form (null; in JSONL not a string or integer;
+not valid Unicode) cannot be matched by id: they are expected as dead letters and matched by
 ``(source_uri, source_row)``.
 """
 
@@ -22,6 +23,7 @@ import pyarrow.parquet as pq
 from batch_contract import storage
 from batch_contract.enums import InputFormat
 from batch_contract.manifest import InputFile, Manifest, Segment
+from batch_contract.rows import canonical_id, iter_jsonl_lines, repair_text
 
 from batch_inference.publish.errors import PublishError
 
@@ -46,8 +48,18 @@ class ExpectedBatch:
 
 
 def _ids_to_string(col: pa.Array, column: str, uri: str) -> pa.Array:
+    """Canonical string ids of a Parquet id column: integers in decimal, strings verbatim; a string
+    that is not valid UTF-8 becomes null (its row is matched by position, as the worker dead-letters
+    it ``invalid_id``)."""
     check_id_type(col.type, column, uri)
-    return pc.cast(col, pa.string())
+    if pa.types.is_integer(col.type):
+        return pc.cast(col, pa.string())
+    try:
+        col.validate(full=True)
+        return pc.cast(col, pa.string())
+    except pa.ArrowInvalid:
+        binary = col.view(pa.large_binary() if pa.types.is_large_string(col.type) else pa.binary())
+        return pa.array([canonical_id(v).id for v in binary.to_pylist()], pa.string())
 
 
 def _split(ids: pa.Array, uri: str, first_row: int, file_index: int) -> ExpectedBatch:
@@ -89,12 +101,12 @@ def _parquet_segment(pf: pq.ParquetFile, seg: Segment, column: str, uri: str) ->
 
 def _jsonl_ids(uri: str, file_index: int, segments: list[Segment], column: str,
                batch_rows: int) -> Iterator[ExpectedBatch]:
-    """Yield ids of the wanted non-blank lines of a JSONL file (one pass over the file)."""
+    """Yield ids of the wanted rows of a JSONL file (one pass; the contract's line rule)."""
     wanted = sorted((s.row_start, s.row_stop) for s in segments)
     fs, path = storage.arrow_filesystem(uri)
     ids: list[str | None] = []
     first = -1
-    row = 0
+    rows = 0
     seg_i = 0
 
     def flush() -> ExpectedBatch:
@@ -103,9 +115,8 @@ def _jsonl_ids(uri: str, file_index: int, segments: list[Segment], column: str,
         return batch
 
     with fs.open_input_stream(path) as fh:
-        for raw in _lines(fh):
-            if not raw.strip():
-                continue
+        for row, raw in iter_jsonl_lines(fh):
+            rows = row + 1
             while seg_i < len(wanted) and row >= wanted[seg_i][1]:
                 seg_i += 1
             if seg_i == len(wanted):
@@ -118,33 +129,22 @@ def _jsonl_ids(uri: str, file_index: int, segments: list[Segment], column: str,
                 ids.append(_jsonl_id(raw, column))
                 if len(ids) >= batch_rows:
                     yield flush()
-            row += 1
     if ids:
         yield flush()
-    if wanted and row < wanted[-1][1]:
-        raise PublishError(f"{uri}: has {row} rows but the manifest asks for rows up to {wanted[-1][1]}")
-
-
-def _lines(fh: pa.NativeFile) -> Iterator[bytes]:
-    rest = b""
-    while chunk := fh.read(1 << 20):
-        lines = (rest + chunk).split(b"\n")
-        rest = lines.pop()
-        yield from lines
-    if rest:
-        yield rest
+    if wanted and rows < wanted[-1][1]:
+        raise PublishError(f"{uri}: has {rows} rows but the manifest asks for rows up to {wanted[-1][1]}")
 
 
 def _jsonl_id(raw: bytes, column: str) -> str | None:
+    """Canonical id of one JSONL line (:func:`batch_contract.rows.canonical_id`); ``None`` for a line
+    that is not a JSON object and for ids matched by position."""
     try:
-        value = json.loads(raw).get(column)
-    except (ValueError, AttributeError):
+        record = json.loads(repair_text(raw)[0])
+    except ValueError:
         return None  # an unparsable line is dead-lettered by position
-    if isinstance(value, bool):
+    if not isinstance(record, dict):
         return None
-    if isinstance(value, int | str):
-        return str(value)
-    return None
+    return canonical_id(record.get(column)).id
 
 
 def merged_ranges(manifest: Manifest) -> dict[int, list[tuple[int, int]]]:

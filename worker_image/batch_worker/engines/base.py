@@ -71,8 +71,9 @@ class ChunkRows:
         texts: the text column, a non-empty ``str`` (invalid UTF-8 already replaced with U+FFFD).
         text_repaired: whether ``texts[i]`` was repaired.
         source_uri / source_row: where the row came from (file URI, 0-based row number in that file).
-        fields: every input column of these rows, same order, ``id`` cast to string, for engines that
-            need named row fields (LLM prompt templates: ``fields.to_pylist()``).
+        fields: the id column (canonical string ids), the text column (repaired texts) and the
+            engine's :meth:`Engine.extra_columns` of these rows, same order, for engines that need
+            named row fields (LLM prompt templates: ``fields.to_pylist()``).
     """
 
     ids: list[str]
@@ -170,6 +171,11 @@ class Engine(ABC):
         marker has the same fingerprint exits at once). Default: ``self.load().model_digest``; override
         when the digest is cheaper than a load (``batch_worker.digest.model_digest(path)``)."""
         return self.load().model_digest
+
+    def extra_columns(self) -> list[str]:
+        """Input columns the engine reads besides the id and text columns (in ``ChunkRows.fields``).
+        The reader reads no other column. Default: none."""
+        return []
 
     def prepare(self, rows: ChunkRows) -> Any:
         """CPU preparation of a chunk (tokenization); may run on a background thread. Default: identity."""

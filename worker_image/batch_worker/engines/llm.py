@@ -53,7 +53,7 @@ from batch_contract.schemas import part_schema
 
 from batch_worker.digest import model_digest
 from batch_worker.engines.base import ChunkOutput, ChunkRows, Engine, LoadedModel, Reject
-from batch_worker.prompting import PromptRenderer, RowRenderError, row_context
+from batch_worker.prompting import PromptRenderer, RowRenderError, row_context, template_columns
 
 log = logging.getLogger(__name__)
 
@@ -309,6 +309,10 @@ class LLMEngine(Engine):
         self._loaded = None
 
     # -- per chunk -------------------------------------------------------------------------------
+
+    def extra_columns(self) -> list[str]:
+        """Input columns the user template reads besides the ``id``/``text`` aliases."""
+        return template_columns(self.config)
 
     def prepare(self, rows: ChunkRows) -> PreparedChunk:
         """Render and tokenise every row's prompt; reject template errors, empty and too-long prompts.

@@ -1,0 +1,164 @@
+"""Row rules shared by the planner, the worker and publish: JSONL lines, ids, text repair, duplicates.
+
+One rule per question, so the three readers of the same input can never disagree:
+
+* **Lines** (:func:`iter_jsonl_lines`): a JSONL row is a line that is not blank (ASCII whitespace only
+  counts as blank); row numbers count non-blank lines from 0. ``\\r\\n`` endings are tolerated.
+* **Ids** (:func:`canonical_id`): integers (not booleans) are written in decimal; strings are kept
+  verbatim. A null id is ``null_id``; any other type, a string that is not valid Unicode (invalid
+  UTF-8 bytes, or a lone UTF-16 surrogate such as the JSON escape ``"\\ud800"``) is ``invalid_id`` with
+  no canonical form: such rows are dead letters matched by ``(source_uri, source_row)``, never by id.
+  A blank string keeps its text but is ``invalid_id`` too (matched by that text).
+* **Text** (:func:`repair_text`): a string value that is not valid Unicode is repaired, each bad byte
+  sequence or lone surrogate becoming U+FFFD, and the row is flagged ``text_repaired``; the row is kept.
+  The same repair applies to every other string a job reads (LLM template fields), recursively.
+* **Duplicates** (:func:`duplicate_detail`): for each id, the first *eligible* row in input order wins;
+  eligible means the row is not dead-lettered for a reason of its own (:data:`ROW_REASONS`). Every
+  other eligible row with that id is a ``duplicate_id`` dead letter naming the winner's position. The
+  worker applies the rule within a shard and publish across shards, so the published table does not
+  depend on ``rows_per_shard``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+from batch_contract.enums import DeadLetterReason
+
+ROW_REASONS = frozenset({
+    DeadLetterReason.INVALID_RECORD, DeadLetterReason.NULL_ID, DeadLetterReason.INVALID_ID,
+    DeadLetterReason.NULL_TEXT, DeadLetterReason.NON_STRING_TEXT, DeadLetterReason.EMPTY_TEXT,
+})
+"""Dead-letter reasons a row gets on its own, before duplicates are considered (the worker's
+validation). A row with one of these never competes for its id; every other row does (it is the
+winner, or a ``duplicate_id``; an engine reason such as ``too_long`` applies to a winner only)."""
+
+READ_BLOCK_BYTES = 1 << 20
+"""Bytes read per call when walking JSONL lines (1 MiB): lines longer than this span several reads."""
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def iter_jsonl_lines(stream: BinaryIO, block_bytes: int = READ_BLOCK_BYTES) -> Iterator[tuple[int, bytes]]:
+    """Yield ``(row, line)`` for every non-blank line of a JSONL stream, ``row`` counting from 0.
+
+    Args:
+        stream: any object with ``read(n) -> bytes`` (a file, a pyarrow input stream).
+        block_bytes: bytes per read.
+
+    Yields:
+        The row number and the raw line without its ``\\n`` (bytes, possibly with a trailing ``\\r``).
+    """
+    row = 0
+    rest = b""
+    while block := stream.read(block_bytes):
+        lines = (rest + block).split(b"\n")
+        rest = lines.pop()
+        for line in lines:
+            if line.strip():
+                yield row, line
+                row += 1
+    if rest.strip():
+        yield row, rest
+
+
+def count_jsonl_rows(stream: BinaryIO) -> int:
+    """Number of rows (non-blank lines) in a JSONL stream, by :func:`iter_jsonl_lines`' rule."""
+    return sum(1 for _ in iter_jsonl_lines(stream))
+
+
+def has_lone_surrogate(text: str) -> bool:
+    """Whether ``text`` holds a UTF-16 surrogate code point (``\\ud800``-``\\udfff``), which no UTF-8
+    encoder accepts (JSON may carry one as an escape; Python's ``json`` decodes it verbatim)."""
+    return not text.isascii() and _SURROGATE.search(text) is not None
+
+
+def repair_text(value: Any) -> tuple[Any, bool]:
+    """Make a text value valid Unicode, replacing what is not with U+FFFD.
+
+    Args:
+        value: a ``str``, UTF-8 ``bytes`` (a Parquet string column read as binary), or anything else.
+
+    Returns:
+        ``(value, repaired)``: a ``str`` for ``str``/``bytes`` input (``repaired`` True when a lone
+        surrogate or an invalid UTF-8 sequence was replaced); any other value unchanged with False
+        (validation dead-letters non-string texts).
+    """
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8"), False
+        except UnicodeDecodeError:
+            return value.decode("utf-8", errors="replace"), True
+    if isinstance(value, str) and has_lone_surrogate(value):
+        return _SURROGATE.sub("\ufffd", value), True
+    return value, False
+
+
+def repair_value(value: Any) -> Any:
+    """:func:`repair_text` applied to every string inside ``value`` (dicts, lists; keys included), for
+    row fields other than the text (LLM template fields)."""
+    if isinstance(value, str | bytes):
+        return repair_text(value)[0]
+    if isinstance(value, dict):
+        return {repair_value(k): repair_value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [repair_value(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class CanonicalId:
+    """An input id in its canonical form.
+
+    Attributes:
+        id: the string form (integers in decimal, strings verbatim), or ``None`` when the row can only
+            be located by position (null, wrong type, not valid Unicode).
+        reason: ``None`` for a valid id, else why the row is a dead letter (``null_id``, ``invalid_id``).
+        detail: human-readable reason (``""`` when valid).
+    """
+
+    id: str | None
+    reason: DeadLetterReason | None = None
+    detail: str = ""
+
+
+def canonical_id(value: Any) -> CanonicalId:
+    """The canonical form of a raw id value (see the module docstring for the rule).
+
+    Args:
+        value: the id as read: ``int``, ``str``, UTF-8 ``bytes`` (a Parquet string column read as
+            binary), ``None`` or any other JSON value.
+    """
+    if value is None:
+        return CanonicalId(None, DeadLetterReason.NULL_ID, "id is null")
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError:
+            return CanonicalId(None, DeadLetterReason.INVALID_ID, f"id {value!r:.200} is not valid UTF-8")
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        return CanonicalId(None, DeadLetterReason.INVALID_ID,
+                           f"id {value!r:.200} is a {type(value).__name__}, not an integer or string")
+    if isinstance(value, str):
+        if has_lone_surrogate(value):
+            return CanonicalId(None, DeadLetterReason.INVALID_ID,
+                               f"id {value!r:.200} holds a lone UTF-16 surrogate (not valid Unicode)")
+        if not value.strip():
+            return CanonicalId(value, DeadLetterReason.INVALID_ID, "id is an empty or whitespace-only string")
+        return CanonicalId(value)
+    return CanonicalId(str(value))
+
+
+def duplicate_detail(winner_uri: str, winner_row: int) -> str:
+    """Detail of a ``duplicate_id`` dead letter: names the winning row by position.
+
+    Publish builds the same text in SQL (``'duplicate of ' || uri || '#' || row || ...``); keep them equal.
+    """
+    return f"duplicate of {winner_uri}#{winner_row}{DUPLICATE_DETAIL_TAIL}"
+
+
+DUPLICATE_DETAIL_TAIL = ", the first valid row with this id in input order (the one processed)"
+"""Constant end of :func:`duplicate_detail` (publish appends it in SQL)."""
