@@ -366,6 +366,33 @@ def exists(uri: str) -> bool:
         raise _api_error(uri, "exists", exc) from exc
 
 
+def _list(dir_uri: str, page_size: int | None) -> tuple[dict[str, int], list[str]]:
+    """``({object name: size in bytes}, [sub-"directory" names])`` directly under ``dir_uri``."""
+    gexc = _errors()
+    bucket, key = split_uri(dir_uri)
+    prefix = f"{key.rstrip('/')}/" if key.strip("/") else ""
+    sizes: dict[str, int] = {}
+    subdirs: list[str] = []
+    try:
+        pages = client().list_blobs(
+            bucket,
+            prefix=prefix,
+            delimiter="/",
+            page_size=page_size or LIST_PAGE_SIZE,
+            retry=_retry(),
+            timeout=REQUEST_TIMEOUT_S,
+        )
+        for page in pages.pages:
+            sizes.update((blob.name[len(prefix) :], int(blob.size or 0)) for blob in page)
+        subdirs.extend(sub[len(prefix) :].rstrip("/") for sub in pages.prefixes)
+    except gexc.NotFound:
+        raise StorageError(f"{dir_uri}: bucket {bucket!r} not found") from None
+    except _failures() as exc:
+        raise _api_error(dir_uri, "list", exc) from exc
+    sizes.pop("", None)
+    return sizes, [d for d in subdirs if d]
+
+
 def list_names(dir_uri: str, page_size: int | None = None) -> list[str]:
     """Names directly under the prefix ``dir_uri`` (objects and sub-"directories"), like ``ls``.
 
@@ -378,27 +405,36 @@ def list_names(dir_uri: str, page_size: int | None = None) -> list[str]:
     Raises:
         StorageError: the bucket does not exist, or the listing failed after retries.
     """
+    sizes, subdirs = _list(dir_uri, page_size)
+    return list(sizes) + subdirs
+
+
+def list_sizes(dir_uri: str) -> dict[str, int]:
+    """``{name: size in bytes}`` of the objects directly under ``dir_uri`` (one listing; no
+    sub-"directories"). Raises ``StorageError`` as :func:`list_names`."""
+    return _list(dir_uri, None)[0]
+
+
+def move(src: str, dst: str) -> None:
+    """Copy the object ``src`` to ``dst`` (server-side, same bucket or another) and delete ``src``.
+
+    Not atomic: a crash between the two steps leaves both; a rerun finds ``src`` again and copies it
+    again (the copy overwrites ``dst`` with the same bytes).
+
+    Raises:
+        FileNotFoundError: ``src`` does not exist.
+        StorageError: the copy or the delete failed after retries.
+    """
     gexc = _errors()
-    bucket, key = split_uri(dir_uri)
-    prefix = f"{key.rstrip('/')}/" if key.strip("/") else ""
-    names: list[str] = []
+    src_blob, dst_blob = _blob(src), _blob(dst)
     try:
-        pages = client().list_blobs(
-            bucket,
-            prefix=prefix,
-            delimiter="/",
-            page_size=page_size or LIST_PAGE_SIZE,
-            retry=_retry(),
-            timeout=REQUEST_TIMEOUT_S,
-        )
-        for page in pages.pages:
-            names.extend(blob.name[len(prefix) :] for blob in page)
-        names.extend(sub[len(prefix) :].rstrip("/") for sub in pages.prefixes)
+        src_blob.bucket.copy_blob(src_blob, dst_blob.bucket, dst_blob.name, retry=_retry(),
+                                  timeout=REQUEST_TIMEOUT_S)
     except gexc.NotFound:
-        raise StorageError(f"{dir_uri}: bucket {bucket!r} not found") from None
+        raise FileNotFoundError(src) from None
     except _failures() as exc:
-        raise _api_error(dir_uri, "list", exc) from exc
-    return [name for name in names if name]
+        raise _api_error(src, "copy", exc) from exc
+    delete(src)
 
 
 def delete(uri: str) -> None:

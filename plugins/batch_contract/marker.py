@@ -58,6 +58,9 @@ class AttemptRecord:
     """NVML summary (``util_mean`` percent, ``mem_max_bytes``) or ``{}`` without a GPU."""
     fingerprint: str = ""
     """Result fingerprint this attempt wrote under (markers sum only attempts of their fingerprint)."""
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Files this attempt committed: name -> ``{"bytes": size, "sha256": hex}``
+    (:func:`batch_contract.partfiles.digest_of`; default empty)."""
 
     def to_json_bytes(self) -> bytes:
         return pretty_json(asdict(self))
@@ -114,6 +117,10 @@ class ShardMarker:
         gpu: NVML samples summary (``util_mean``, ``mem_max_bytes``) or ``{}`` without a GPU.
         attempts: every attempt's record (see :class:`AttemptRecord`).
         parts / dead_letter_parts: committed file names in the shard directory.
+        files: every committed file's record, name -> ``{"bytes": size, "sha256": hex}``; publish
+            checks sizes against it and its no-op check compares it (empty in markers written before).
+        files_quarantined: files of the shard set aside in ``quarantine/`` (torn, unreadable, other
+            fingerprint) by the time the marker was written.
     """
 
     run_id: str
@@ -138,6 +145,8 @@ class ShardMarker:
     attempts: list[dict[str, Any]] = field(default_factory=list)
     parts: list[str] = field(default_factory=list)
     dead_letter_parts: list[str] = field(default_factory=list)
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    files_quarantined: int = 0
     started_at: str = ""
     finished_at: str = ""
     status: str = "complete"

@@ -131,6 +131,35 @@ def list_names(dir_uri: str) -> list[str]:
     return sorted(n for n in names if TEMP_MARK not in n)
 
 
+def list_sizes(dir_uri: str) -> dict[str, int]:
+    """``{name: size in bytes}`` of the committed objects (files) directly under ``dir_uri``, temp files
+    excluded (``{}`` if the directory does not exist); sub-directories are not listed."""
+    backend = _backend(dir_uri)
+    if backend is not None:
+        sizes = backend.list_sizes(dir_uri)
+    else:
+        path = local_path(dir_uri)
+        sizes = {p.name: p.stat().st_size for p in path.iterdir() if p.is_file()} if path.is_dir() else {}
+    return {n: s for n, s in sorted(sizes.items()) if TEMP_MARK not in n}
+
+
+def move(src: str, dst: str) -> None:
+    """Move the object ``src`` to ``dst`` (same scheme): locally an atomic rename (the target's directory
+    is created and fsync'ed); on GCS a server-side copy then a delete.
+
+    Raises:
+        FileNotFoundError: ``src`` does not exist.
+    """
+    backend = _backend(src)
+    if backend is not None:
+        backend.move(src, dst)
+        return
+    target = local_path(dst)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(local_path(src), target)
+    _fsync_dir(target.parent)
+
+
 def delete(uri: str) -> None:
     """Delete ``uri`` if it exists."""
     backend = _backend(uri)

@@ -2,7 +2,9 @@
 
 Storage is the truth: the ledger is rebuilt on every start by listing the shard directory and reading
 only the ``id``/``fingerprint`` (and, for dead letters, ``source_uri``/``source_row``) columns of
-committed files. Files written under another fingerprint are ignored (never reused, never deleted).
+committed files. A committed file that cannot be read (torn, truncated, not Parquet) or that was written
+under another fingerprint is quarantined (:mod:`batch_contract.partfiles`): moved aside, never reused,
+never deleted; its rows are then not in the ledger, so this attempt recomputes them.
 """
 
 from __future__ import annotations
@@ -10,9 +12,11 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass, field
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 from batch_contract import storage
 from batch_contract.layout import DEAD_LETTER_PREFIX, PART_PREFIX, chunk_of, join_uri
+from batch_contract.partfiles import quarantine
 
 
 @dataclass
@@ -23,7 +27,7 @@ class Ledger:
         done_ids: ids with a result in a part file.
         done_dead: ``(source_uri, source_row)`` of dead-lettered rows.
         parts / dead_letter_parts: committed file names (this fingerprint).
-        stale_files: committed files with another fingerprint (ignored).
+        quarantined: files this build moved to ``quarantine/`` (unreadable or another fingerprint).
         next_chunk: first free chunk number (above every committed file of any fingerprint).
     """
 
@@ -31,7 +35,7 @@ class Ledger:
     done_dead: set[tuple[str, int]] = field(default_factory=set)
     parts: list[str] = field(default_factory=list)
     dead_letter_parts: list[str] = field(default_factory=list)
-    stale_files: list[str] = field(default_factory=list)
+    quarantined: list[str] = field(default_factory=list)
     next_chunk: int = 0
 
     @property
@@ -46,29 +50,41 @@ def read_parquet_columns(uri: str, columns: list[str]):
     return pq.read_table(str(storage.local_path(uri)), columns=columns)
 
 
+def _read_committed(uri: str, name: str) -> pa.Table:
+    """Key columns of one committed file (raises what pyarrow raises for a torn file)."""
+    if name.startswith(PART_PREFIX):
+        return read_parquet_columns(uri, ["id", "fingerprint"])
+    return read_parquet_columns(uri, ["id", "fingerprint", "source_uri", "source_row"])
+
+
 def build_ledger(shard_dir: str, fingerprint: str) -> Ledger:
     """List and read the shard directory's committed files and return the ledger for ``fingerprint``.
 
-    Stray temp files from a killed writer are removed first (``storage.clean_temp``).
+    Stray temp files from a killed writer are removed first (``storage.clean_temp``); unreadable and
+    other-fingerprint files are quarantined (see the module docstring).
     """
     storage.clean_temp(shard_dir)
     ledger = Ledger()
     for name in storage.list_names(shard_dir):
         chunk = chunk_of(name)
-        if chunk is None:
+        if chunk is None or not name.startswith((PART_PREFIX, DEAD_LETTER_PREFIX)):
             continue
         ledger.next_chunk = max(ledger.next_chunk, chunk + 1)
         uri = join_uri(shard_dir, name)
-        if name.startswith(PART_PREFIX):
-            table = read_parquet_columns(uri, ["id", "fingerprint"])
-        elif name.startswith(DEAD_LETTER_PREFIX):
-            table = read_parquet_columns(uri, ["id", "fingerprint", "source_uri", "source_row"])
-        else:
+        try:
+            table = _read_committed(uri, name)
+        except (pa.ArrowInvalid, OSError, KeyError) as exc:
+            if isinstance(exc, FileNotFoundError):
+                continue  # moved aside by another attempt meanwhile
+            quarantine(shard_dir, name, f"unreadable committed file ({exc})")
+            ledger.quarantined.append(name)
             continue
         fps = set(table.column("fingerprint").unique().to_pylist())
         if fps != {fingerprint}:
             if table.num_rows:
-                ledger.stale_files.append(name)
+                quarantine(shard_dir, name, f"committed under fingerprint(s) {sorted(map(str, fps))}, "
+                                            f"not the current {fingerprint}")
+                ledger.quarantined.append(name)
             continue
         if name.startswith(PART_PREFIX):
             ledger.done_ids.update(table.column("id").to_pylist())

@@ -31,6 +31,7 @@ from batch_contract.enums import ExitCode, ShardStatus
 from batch_contract.layout import DEAD_LETTER_PREFIX, PART_PREFIX, RunLayout, join_uri
 from batch_contract.manifest import Manifest, result_fingerprint
 from batch_contract.marker import AttemptRecord, ShardMarker
+from batch_contract.partfiles import digest_of, quarantined_count
 from batch_contract.storage import AlreadyExistsError
 
 from batch_worker.engines.base import ChunkOutput, Engine, LoadedModel, check_chunk_output, engine_class
@@ -271,10 +272,11 @@ class ShardRun:
         n_ok = out.table.num_rows
         with self.clock.stage("write"):
             if dead:
-                commit_table(self.ctx.shard_dir, DEAD_LETTER_PREFIX, chunk_no, dead_letter_table(dead, self.ctx.fingerprint))
+                table = dead_letter_table(dead, self.ctx.fingerprint)
+                self._record(commit_table(self.ctx.shard_dir, DEAD_LETTER_PREFIX, chunk_no, table))
             if n_ok:
                 part = assemble_part(rows, out, self.ctx.fingerprint, loaded.part_schema)
-                commit_table(self.ctx.shard_dir, PART_PREFIX, chunk_no, part)
+                self._record(commit_table(self.ctx.shard_dir, PART_PREFIX, chunk_no, part))
         if dead or n_ok:
             self.attempt.chunks_committed += 1
         self.attempt.tokens_real += out.tokens_real
@@ -282,6 +284,10 @@ class ShardRun:
         self.counters.add_committed(n_ok + len(dead), len(dead), n_ok + len(out.rejects))
         self._last_chunk_complete = not out.interrupted
         return out.interrupted
+
+    def _record(self, committed: tuple[str, dict]) -> None:
+        name, digest = committed
+        self.attempt.files[name] = digest
 
     # -- completion ---------------------------------------------------------------------------------------
     def _finish(self, loaded: LoadedModel) -> None:
@@ -297,6 +303,7 @@ class ShardRun:
             marker = self._marker(loaded, ledger)
         self._write_attempt(ShardStatus.COMPLETE.value, int(ExitCode.OK))
         marker.attempts = self._attempts()
+        marker.files = self._file_records(ledger, marker.attempts)
         marker.stage_seconds = _sum_stages(marker.attempts)
         marker.cpu_seconds = round(sum(a.get("cpu_seconds", 0.0) for a in marker.attempts), 3)
         marker.tokens_padded = sum(a.get("tokens_padded", 0) for a in marker.attempts)
@@ -351,7 +358,19 @@ class ShardRun:
             gpu=self.gpu.summary(),
             parts=list(ledger.parts),
             dead_letter_parts=list(ledger.dead_letter_parts),
+            files_quarantined=quarantined_count(ctx.shard_dir),
         )
+
+    def _file_records(self, ledger: Ledger, attempts: list[dict]) -> dict[str, dict]:
+        """Commit record (size, SHA-256) of every file in the ledger: from the attempt records, or read
+        back for a file whose attempt was killed before rewriting its record."""
+        known: dict[str, dict] = {}
+        for a in attempts:
+            known.update(a.get("files") or {})
+        out = {}
+        for name in ledger.parts + ledger.dead_letter_parts:
+            out[name] = known.get(name) or digest_of(storage.read_bytes(join_uri(self.ctx.shard_dir, name)))
+        return dict(sorted(out.items()))
 
     def _attempts(self) -> list[dict]:
         """Attempt records of this fingerprint, oldest first (killed attempts included)."""

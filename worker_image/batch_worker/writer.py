@@ -7,11 +7,13 @@ dictionary for ids and small columns, plain uncompressed floats for embeddings a
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from batch_contract import storage
 from batch_contract.layout import DEAD_LETTER_PREFIX, PART_PREFIX, join_uri, part_name
+from batch_contract.partfiles import digest_of
 from batch_contract.schemas import DEAD_LETTER_SCHEMA, parquet_write_options
 
 from batch_worker.engines.base import ChunkOutput, ChunkRows
@@ -64,13 +66,18 @@ def dead_letter_table(dead: list[DeadLetter], fingerprint: str) -> pa.Table:
     )
 
 
-def commit_table(shard_dir: str, prefix: str, chunk: int, table: pa.Table) -> str:
-    """Commit ``table`` as a new part (``prefix`` = ``part-``) or dead-letter file; returns its name.
+def commit_table(shard_dir: str, prefix: str, chunk: int, table: pa.Table) -> tuple[str, dict[str, Any]]:
+    """Commit ``table`` as a new part (``prefix`` = ``part-``) or dead-letter file.
 
     The object becomes visible only complete (``storage.write_create_only``: temp + fsync + link).
+
+    Returns:
+        ``(name, digest)``: the file name and its commit record
+        (:func:`batch_contract.partfiles.digest_of`: size in bytes and SHA-256).
     """
     if prefix not in (PART_PREFIX, DEAD_LETTER_PREFIX):
         raise ValueError(f"prefix must be {PART_PREFIX!r} or {DEAD_LETTER_PREFIX!r}")
     name = part_name(prefix, chunk)
-    storage.write_create_only(join_uri(shard_dir, name), parquet_bytes(table))
-    return name
+    data = parquet_bytes(table)
+    storage.write_create_only(join_uri(shard_dir, name), data)
+    return name, digest_of(data)
