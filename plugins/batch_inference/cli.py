@@ -242,7 +242,9 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``run`` and ``render-k8s`` command lines; options that are DAG Params default to the Param's
+    default (:func:`batch_inference.params.param_default`)."""
     parser = argparse.ArgumentParser(prog="batch_inference.cli", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     run = sub.add_parser("run", help="airflow dags test batch_inference_backfill, local runner")
@@ -260,7 +262,12 @@ def main(argv: list[str] | None = None) -> int:
     render.add_argument("--out", default=str(REPO_ROOT / "build" / "k8s"))
     render.add_argument("--rows-per-shard", type=int, default=2000)
     render.add_argument("--run-id", default=None)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``run`` or ``render-k8s`` command; returns the process exit code."""
+    args = build_parser().parse_args(argv)
     return cmd_run(args) if args.cmd == "run" else cmd_render(args)
 
 
