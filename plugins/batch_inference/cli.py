@@ -28,7 +28,14 @@ from typing import Any
 
 from batch_contract.engine_config import ConfigError
 
-from batch_inference.params import ALLOWED_ROOTS_ENV, REPO_ROOT, SAMPLE_INPUT, allowed_roots_value
+from batch_inference.params import (
+    ALLOWED_ROOTS_ENV,
+    REPO_ROOT,
+    RUNNERS,
+    SAMPLE_INPUT,
+    allowed_roots_value,
+    param_default,
+)
 
 AIRFLOW_HOME = REPO_ROOT / "airflow_home"
 REPORT_RE = re.compile(r"BATCH_INFERENCE_REPORT_JSON=(\S+)")
@@ -222,9 +229,11 @@ def cmd_render(args: argparse.Namespace) -> int:
     from batch_inference.pod_spec import K8sSettings, render_pod_manifests
 
     run_id = args.run_id or "render__" + datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
-    request = PlanRequest(input_uri=str(Path(args.input).resolve()), id_column="id", text_column="text",
+    # the DAG's defaults for everything not on the command line (shard_by and the shard cap: PlanRequest's)
+    request = PlanRequest(input_uri=str(Path(args.input).resolve()), id_column=param_default("id_column"),
+                          text_column=param_default("text_column"),
                           output_root=str(Path(args.output).resolve()), run_id=run_id,
-                          engine={"kind": "encoder"}, rows_per_shard=args.rows_per_shard)
+                          engine={"kind": param_default("engine")}, rows_per_shard=args.rows_per_shard)
     manifest, refs = plan(request)
     paths = render_pod_manifests(refs, run_id, K8sSettings.from_env(), args.out, worker=manifest.worker)
     for path in paths:
@@ -233,17 +242,19 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``run`` and ``render-k8s`` command lines; options that are DAG Params default to the Param's
+    default (:func:`batch_inference.params.param_default`)."""
     parser = argparse.ArgumentParser(prog="batch_inference.cli", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     run = sub.add_parser("run", help="airflow dags test batch_inference_backfill, local runner")
     run.add_argument("--input", default=SAMPLE_INPUT)
     run.add_argument("--output", default=str(REPO_ROOT / "output"))
-    run.add_argument("--runner", default="local", choices=["local", "kubernetes"])
+    run.add_argument("--runner", default=param_default("runner"), choices=list(RUNNERS))
     run.add_argument("--rows-per-shard", type=int, default=3000)
-    run.add_argument("--parallelism", type=int, default=1)
-    run.add_argument("--row-limit", type=int, default=0)
-    run.add_argument("--table", default="descriptions_embeddings")
+    run.add_argument("--parallelism", type=int, default=param_default("parallelism"))
+    run.add_argument("--row-limit", type=int, default=param_default("row_limit"))
+    run.add_argument("--table", default=param_default("output_table"))
     run.add_argument("--model", default=None)
     render = sub.add_parser("render-k8s", help="plan and write pod manifests (no cluster)")
     render.add_argument("--input", default=SAMPLE_INPUT)
@@ -251,7 +262,12 @@ def main(argv: list[str] | None = None) -> int:
     render.add_argument("--out", default=str(REPO_ROOT / "build" / "k8s"))
     render.add_argument("--rows-per-shard", type=int, default=2000)
     render.add_argument("--run-id", default=None)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``run`` or ``render-k8s`` command; returns the process exit code."""
+    args = build_parser().parse_args(argv)
     return cmd_run(args) if args.cmd == "run" else cmd_render(args)
 
 

@@ -21,10 +21,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
-from airflow.sdk import DAG, Asset, Param, TriggerRule, task
+from airflow.sdk import DAG, Asset, TriggerRule, task
 
 from batch_inference import tasks
-from batch_inference.params import REPO_ROOT, base_params
+from batch_inference.params import REPO_ROOT, base_params, param_default, replace_field
 from batch_inference.pod_spec import K8sSettings, kpo_partial_kwargs
 from batch_inference.sensors import ShardMarkerSensor
 
@@ -51,7 +51,8 @@ class DagSpec:
         schedule: cron string, an Asset, or ``None`` (manual).
         params: Param overrides on top of :func:`batch_inference.params.base_params`.
         model_from_asset: read the model from the triggering Asset event (falling back to params).
-        output_table: default output table (also names the outlet Asset).
+        output_table: default output table (also names the outlet Asset); default the
+            ``output_table`` Param's.
     """
 
     dag_id: str
@@ -60,7 +61,7 @@ class DagSpec:
     tags: list[str] = field(default_factory=list)
     params: dict[str, Any] = field(default_factory=dict)
     model_from_asset: bool = False
-    output_table: str = "descriptions_embeddings"
+    output_table: str = param_default("output_table")
 
 
 def default_args() -> dict[str, Any]:
@@ -154,11 +155,12 @@ DAG_SPECS = {
         description="Nightly: embed the day's partition (input templated from the logical date).",
         schedule="0 2 * * *",
         tags=["nightly"],
-        params={"input_uri": Param(
-            "{{ var.value.get('batch_inference_nightly_root', '" + NIGHTLY_ROOT + "') }}/dt={{ ds }}",
+        params={"input_uri": replace_field(
+            "input_uri",
+            default="{{ var.value.get('batch_inference_nightly_root', '" + NIGHTLY_ROOT + "') }}/dt={{ ds }}",
             title="Input URI (templated)",
             description="The day's partition: rendered with the run's logical date ({{ ds }}).",
-            type="string", minLength=1)},
+        ).param()},
         output_table="descriptions_embeddings_nightly",
     ),
     "batch_inference_backfill": DagSpec(

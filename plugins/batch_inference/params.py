@@ -1,9 +1,11 @@
 """DAG Params (the trigger form) and their resolution into one validated :class:`RunConfig`.
 
-Every Param carries a title, a description, a JSON-schema type and bounds, so the Airflow UI renders a
-form and rejects bad values before a run starts. :func:`resolve_run_config` re-validates at run time
-(a CLI ``--conf`` or an Asset-triggered run bypasses the form) and raises :class:`ConfigError` naming
-the field.
+Every Param is declared once, as a :class:`ParamField` in :data:`PARAM_FIELDS`. From that table come
+the trigger form (:func:`base_params`: title, description, JSON-schema type and bounds, so the Airflow
+UI renders a form and rejects bad values before a run starts), the :class:`RunConfig` defaults, the
+planner's and the CLI's defaults, and the run-time checks of :func:`resolve_run_config` (a CLI
+``--conf`` or an Asset-triggered run bypasses the form), which raise :class:`ConfigError` naming the
+field.
 
 Table names follow the publish package's rule (:data:`batch_inference.publish.target.TABLE_NAME_PATTERN`
 and its reserved suffixes), so every name the form accepts can be published. The three path fields
@@ -13,23 +15,29 @@ and its reserved suffixes), so every name the form accepts can be published. The
 
 from __future__ import annotations
 
+import copy
+import math
 import os
 import posixpath
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import Param
-from batch_contract.engine_config import MIN_TOKEN_BUDGET, ConfigError
+from batch_contract.engine_config import AUTO_TOKEN_BUDGET, MIN_TOKEN_BUDGET, ConfigError, WorkerSettings
 
 from batch_inference.publish.target import (
+    BACKENDS,
     MAX_TABLE_LEN,
     RESERVED_SUFFIXES,
     TABLE_NAME_PATTERN,
     PublishTarget,
 )
+
+if TYPE_CHECKING:
+    from airflow.sdk import Param
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 """Repository root (``plugins/batch_inference/params.py`` -> two levels up)."""
@@ -46,128 +54,370 @@ ALLOWED_ROOTS_ENV = "BATCH_INFERENCE_ALLOWED_ROOTS"
 PATH_FIELDS = ("input_uri", "output_root", "duckdb_path")
 RUNNERS = ("local", "kubernetes")
 ENGINES = ("encoder", "llm")
-
-
+SHARD_BY = ("rows", "tokens")
+PRICING = ("spot", "on_demand")
+DEFAULT_MAX_MAP_LENGTH = 1024
+"""Airflow's default ``[core] max_map_length``: a mapped task may not expand wider than this; the
+default and the largest value of ``max_shards``."""
 MAX_TOKEN_BUDGET = 4_194_304
 """Largest ``token_budget`` the form accepts (tokens per batch)."""
 
-
-def _p(default: Any, title: str, description: str, **schema: Any) -> Param:
-    return Param(default, title=title, description=description, **schema)
+_JSON_TYPES = ("string", "integer", "number", "boolean", "object")
 
 
-def base_params(*, input_uri: str = SAMPLE_INPUT, runner: str = "local",
-                output_table: str = "descriptions_embeddings") -> dict[str, Param]:
-    """The Params shared by every batch-inference DAG (the backfill trigger form shows all of them).
+def _json_type_of(value: Any) -> str:
+    """The JSON type ``value`` would have (``bool`` before ``int``: ``True`` is a boolean)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list | tuple):
+        return "array"
+    if isinstance(value, Mapping):
+        return "object"
+    return type(value).__name__
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters (a message stays one readable line)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _number(value: float) -> str:
+    """A bound as the docs write it: ``10,000,000``, ``0.01``, ``1000`` (no trailing ``.0``)."""
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
+
+
+@dataclass(frozen=True)
+class ParamField:
+    """One DAG Param, declared once: the form's Param, the :class:`RunConfig` default and the run-time
+    check all come from it.
+
+    Attributes:
+        name: the Param key and the :class:`RunConfig` attribute.
+        default: the form's default (and :class:`RunConfig`'s); must pass :meth:`problem`.
+        type: JSON-schema type: ``string``, ``integer``, ``number``, ``boolean`` or ``object``. At run
+            time ``integer`` means a Python ``int`` that is not a ``bool``; ``number`` an ``int`` or a
+            finite ``float`` (not a ``bool``); ``boolean`` only ``True``/``False``; ``object`` a ``dict``.
+        title: the form label.
+        description: the form help text (units included).
+        section: the trigger form section (the UI groups fields by it).
+        nullable: ``None`` (JSON null) is also valid (schema type ``["null", type]``).
+        minimum / maximum: inclusive numeric bounds (``integer`` / ``number``).
+        min_length / max_length: string length bounds (characters).
+        enum: the only valid values.
+        pattern: a regular expression the whole string must match at run time (the form's jsonschema
+            uses ``re.search``; the patterns here are anchored).
+        not_pattern: the form's ``{"not": {"pattern": ...}}``; a string containing a match is invalid.
+        zero_or_at_least: when set, a value in ``1..zero_or_at_least - 1`` is invalid at run time
+            (0 stays valid: it means "auto"); the form checks only ``minimum..maximum``.
+        required: at run time the key must be present and not ``None`` or ``""``.
+        expected: how an error message describes a valid value; ``None``: derived from the bounds.
+    """
+
+    name: str
+    default: Any
+    type: str
+    title: str
+    description: str
+    section: str
+    nullable: bool = False
+    minimum: int | float | None = None
+    maximum: int | float | None = None
+    min_length: int | None = None
+    max_length: int | None = None
+    enum: tuple[str, ...] | None = None
+    pattern: str | None = None
+    not_pattern: str | None = None
+    zero_or_at_least: int | None = None
+    required: bool = False
+    expected: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.type not in _JSON_TYPES:
+            raise ValueError(f"ParamField {self.name}: type {self.type!r} is not one of {_JSON_TYPES}")
+
+    def schema(self) -> dict[str, Any]:
+        """The JSON-schema keywords of the Param (without title and description)."""
+        schema: dict[str, Any] = {"type": ["null", self.type] if self.nullable else self.type}
+        for key, value in (("minimum", self.minimum), ("maximum", self.maximum),
+                           ("minLength", self.min_length), ("maxLength", self.max_length),
+                           ("pattern", self.pattern)):
+            if value is not None:
+                schema[key] = value
+        if self.enum is not None:
+            schema["enum"] = list(self.enum)
+        if self.not_pattern is not None:
+            schema["not"] = {"pattern": self.not_pattern}
+        schema["section"] = self.section
+        return schema
+
+    def param(self) -> Param:
+        """The Airflow ``Param`` for the trigger form (a fresh copy of a mutable default)."""
+        from airflow.sdk import Param
+
+        return Param(copy.deepcopy(self.default), title=self.title, description=self.description,
+                     **self.schema())
+
+    def describe(self) -> str:
+        """What a valid value is, in words (the end of an error message: ``... is not <this>``)."""
+        if self.expected is not None:
+            return self.expected
+        if self.enum is not None:
+            text = f"one of {list(self.enum)}"
+        elif self.type in ("integer", "number"):
+            article = "an integer" if self.type == "integer" else "a number"
+            if self.minimum is not None and self.maximum is not None:
+                text = f"{article} in {_number(self.minimum)}..{_number(self.maximum)}"
+            elif self.minimum is not None:
+                text = f"{article} >= {_number(self.minimum)}"
+            else:
+                text = article
+        elif self.type == "string":
+            if self.max_length is not None:
+                text = f"a string of {self.min_length or 0}..{self.max_length} characters"
+            elif self.min_length:
+                text = "a non-empty string"
+            else:
+                text = "a string"
+        elif self.type == "boolean":
+            text = "a boolean (true or false)"
+        else:
+            text = "a JSON object"
+        return f"null or {text}" if self.nullable else text
+
+    def problem(self, value: Any) -> str | None:
+        """Why ``value`` is invalid for this field at run time, or ``None`` when it is valid.
+
+        Checks the type strictly (no coercion: ``"false"``, ``0`` and ``1`` are not booleans; ``True``
+        and ``5.0`` are not integers), then the bounds, enum and patterns. Never raises.
+
+        Returns:
+            ``None``, or a message ``"<value> is not <what is valid> (got <JSON type>)"``; the
+            ``(got ...)`` part only when the type is wrong.
+        """
+        if value is None and self.nullable:
+            return None
+        if not self._type_ok(value):
+            return f"{_shown(value)} is not {self.describe()} (got {_json_type_of(value)})"
+        if not self._bounds_ok(value):
+            return f"{_shown(value)} is not {self.describe()}"
+        return None
+
+    def _type_ok(self, value: Any) -> bool:
+        if self.type == "boolean":
+            return isinstance(value, bool)
+        if isinstance(value, bool):
+            return False
+        if self.type == "integer":
+            return isinstance(value, int)
+        if self.type == "number":
+            return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
+        if self.type == "string":
+            return isinstance(value, str)
+        return isinstance(value, dict)
+
+    def _bounds_ok(self, value: Any) -> bool:
+        if self.enum is not None and value not in self.enum:
+            return False
+        if self.type in ("integer", "number"):
+            if (self.minimum is not None and value < self.minimum) or (
+                    self.maximum is not None and value > self.maximum):
+                return False
+            if self.zero_or_at_least is not None and 0 < value < self.zero_or_at_least:
+                return False
+        if self.type == "string":
+            if (self.min_length is not None and len(value) < self.min_length) or (
+                    self.max_length is not None and len(value) > self.max_length):
+                return False
+            if self.pattern is not None and re.fullmatch(self.pattern, value) is None:
+                return False
+            if self.not_pattern is not None and re.search(self.not_pattern, value) is not None:
+                return False
+        return True
+
+
+def _fields(*fields: ParamField) -> Mapping[str, ParamField]:
+    table = {f.name: f for f in fields}
+    if len(table) != len(fields):
+        raise ValueError("PARAM_FIELDS: duplicate names")
+    bad = {f.name: f.problem(f.default) for f in fields if f.problem(f.default)}
+    if bad:
+        raise ValueError(f"PARAM_FIELDS: invalid defaults {bad}")
+    return MappingProxyType(table)
+
+
+PARAM_FIELDS: Mapping[str, ParamField] = _fields(
+    ParamField("input_uri", SAMPLE_INPUT, "string", "Input URI",
+               "Parquet/JSONL file, directory or glob; local path, file:// or gs://. Jinja "
+               "(e.g. {{ ds }}) is rendered with the run's context.", "Input", min_length=1, required=True),
+    ParamField("id_column", "id", "string", "Id column", "Stable row id column (string or integer).",
+               "Input", min_length=1, max_length=200, required=True),
+    ParamField("text_column", "text", "string", "Text column", "Input text column (string).",
+               "Input", min_length=1, max_length=200, required=True),
+    ParamField("output_root", DEFAULT_OUTPUT_ROOT, "string", "Output root",
+               "Where runs/<run_id>/ (manifest, part files, markers, report) is written; local path or "
+               "gs://bucket/prefix. Must be reachable by every worker.", "Output", min_length=1,
+               required=True),
+    ParamField("engine", "encoder", "string", "Engine", "encoder: embeddings/classification with a "
+               "transformers encoder; llm: generation with vLLM.", "Engine", enum=ENGINES, required=True),
+    ParamField("model", None, "string", "Model", "Local model directory (or path inside the image). "
+               "Empty: the engine's default (all-MiniLM-L6-v2 for the encoder; the LLM engine needs one).",
+               "Engine", nullable=True),
+    ParamField("engine_options", {}, "object", "Engine options",
+               "Extra engine config fields (e.g. {\"dtype\": \"bfloat16\", \"task\": \"embedding\"}); "
+               "validated against the engine's config class.", "Engine"),
+    ParamField("runner", "local", "string", "Runner", "local: one subprocess per shard on the Airflow "
+               "worker; kubernetes: one GPU pod per shard (KubernetesPodOperator).", "Execution",
+               enum=RUNNERS),
+    ParamField("rows_per_shard", 10_000, "integer", "Rows per shard", "Target rows per shard; shards "
+               "grow when the input would need more than max_shards.", "Execution", minimum=1,
+               maximum=10_000_000),
+    ParamField("shard_by", "tokens", "string", "Balance shards by", "rows: equal row counts; tokens: "
+               "equal estimated tokens (from Parquet column sizes / JSONL line lengths).", "Execution",
+               enum=SHARD_BY),
+    ParamField("max_shards", DEFAULT_MAX_MAP_LENGTH, "integer", "Max shards", "Never plan more mapped "
+               f"tasks than this (Airflow's max_map_length, {DEFAULT_MAX_MAP_LENGTH} by default).",
+               "Execution", minimum=1, maximum=DEFAULT_MAX_MAP_LENGTH),
+    ParamField("parallelism", 1, "integer", "Local parallelism", "Shards run at the same time by the "
+               "local runner (kubernetes: the DAG's max_active_tis_per_dagrun).", "Execution", minimum=1,
+               maximum=256),
+    ParamField("token_budget", WorkerSettings().token_budget, "integer", "Token budget per batch",
+               "Max padded tokens per batch (rows x padded length); 0 picks one for the device "
+               f"({AUTO_TOKEN_BUDGET['cpu']:,} on CPU, {AUTO_TOKEN_BUDGET['cuda']:,} on a GPU).", "Engine",
+               minimum=0, maximum=MAX_TOKEN_BUDGET, zero_or_at_least=MIN_TOKEN_BUDGET,
+               expected=f"0 (auto: chosen for the device) or an integer in {MIN_TOKEN_BUDGET}.."
+                        f"{MAX_TOKEN_BUDGET:,}"),
+    ParamField("output_table", "descriptions_embeddings", "string", "Output table", "Table published "
+               "atomically: lower-case letters, digits and underscore, not starting with a digit, at most "
+               f"{MAX_TABLE_LEN} characters, not ending in {', '.join(RESERVED_SUFFIXES)}.", "Output",
+               pattern=TABLE_NAME_PATTERN, not_pattern=_FORM_TABLE_NAME_REFUSED,
+               expected="a SQL identifier (lower-case letters, digits, underscore, not starting with a "
+                        f"digit; <= {MAX_TABLE_LEN} chars; not ending in {', '.join(RESERVED_SUFFIXES)})"),
+    ParamField("publish_backend", "duckdb", "string", "Publish backend", "duckdb: embedded file; "
+               "postgres: a PostgreSQL server from an Airflow connection.", "Output", enum=BACKENDS),
+    ParamField("duckdb_path", str(Path(DEFAULT_OUTPUT_ROOT) / "warehouse.duckdb"), "string", "DuckDB file",
+               "DuckDB database file for the duckdb backend.", "Output", min_length=1),
+    ParamField("postgres_conn_id", "batch_inference_postgres", "string", "PostgreSQL connection id",
+               "Airflow connection used by the postgres backend.", "Output", min_length=1),
+    ParamField("min_success_ratio", 1.0, "number", "Min success ratio", "Fraction of input rows that "
+               "must have a result before publish (dead letters count as processed).", "Output",
+               minimum=0.0, maximum=1.0),
+    ParamField("accelerator", "cpu", "string", "Accelerator", "Accelerator type the cost report prices: "
+               "cpu, nvidia-l4, nvidia-a100-80gb, nvidia-h100-80gb (others need both prices below).", "Cost",
+               min_length=1, max_length=100),
+    ParamField("pricing", "spot", "string", "Pricing", "Which price the run paid: spot or on_demand (the "
+               "report shows both).", "Cost", enum=PRICING),
+    ParamField("gpu_hour_usd_spot", None, "number", "$/GPU-hour (spot)", "Spot price of one "
+               "accelerator-hour in USD; empty: the accelerator's list price.", "Cost", nullable=True,
+               minimum=0.0, maximum=1000.0),
+    ParamField("gpu_hour_usd_on_demand", None, "number", "$/GPU-hour (on-demand)", "On-demand price of "
+               "one accelerator-hour in USD; empty: the accelerator's list price.", "Cost", nullable=True,
+               minimum=0.0, maximum=1000.0),
+    ParamField("deadline_hours", 24.0, "number", "Deadline (hours)", "The completion gate fails, naming "
+               "missing shards, this long after the run started.", "Execution", minimum=0.01,
+               maximum=720.0),
+    ParamField("dry_run", False, "boolean", "Dry run", "Plan and write pod manifests to build/k8s/*.yaml; "
+               "run nothing.", "Execution"),
+    ParamField("row_limit", 0, "integer", "Row limit", "Process only the first N rows (0: all).", "Input",
+               minimum=0, maximum=10_000_000_000),
+)
+"""Every DAG Param, in trigger-form order, keyed by name (read-only)."""
+
+
+def param_default(name: str) -> Any:
+    """The default of Param ``name`` (a fresh copy of a mutable default such as ``engine_options``).
+
+    Raises:
+        KeyError: ``name`` is not in :data:`PARAM_FIELDS`.
+    """
+    return copy.deepcopy(PARAM_FIELDS[name].default)
+
+
+def base_params(*, input_uri: str | None = None, runner: str | None = None,
+                output_table: str | None = None) -> dict[str, Param]:
+    """The Params shared by every batch-inference DAG (the backfill trigger form shows all of them),
+    built from :data:`PARAM_FIELDS`.
 
     Args:
-        input_uri: default input (may hold Jinja such as ``{{ ds }}``; the plan task renders it).
-        runner: default runner, ``local`` or ``kubernetes``.
-        output_table: default output table.
+        input_uri: default input (may hold Jinja such as ``{{ ds }}``; the plan task renders it);
+            ``None``: the table's default.
+        runner: default runner, ``local`` or ``kubernetes``; ``None``: the table's default.
+        output_table: default output table; ``None``: the table's default.
+
+    Raises:
+        ConfigError: an override is not valid for its field (``params.<field>: ...``).
     """
-    return {
-        "input_uri": _p(input_uri, "Input URI",
-                        "Parquet/JSONL file, directory or glob; local path, file:// or gs://. Jinja "
-                        "(e.g. {{ ds }}) is rendered with the run's context.", type="string", minLength=1),
-        "id_column": _p("id", "Id column", "Stable row id column (string or integer).",
-                        type="string", minLength=1, maxLength=200),
-        "text_column": _p("text", "Text column", "Input text column (string).",
-                          type="string", minLength=1, maxLength=200),
-        "output_root": _p(DEFAULT_OUTPUT_ROOT, "Output root",
-                          "Where runs/<run_id>/ (manifest, part files, markers, report) is written; "
-                          "local path or gs://bucket/prefix. Must be reachable by every worker.",
-                          type="string", minLength=1),
-        "engine": _p("encoder", "Engine", "encoder: embeddings/classification with a transformers "
-                     "encoder; llm: generation with vLLM.", type="string", enum=list(ENGINES)),
-        "model": _p(None, "Model", "Local model directory (or path inside the image). Empty: the "
-                    "engine's default (all-MiniLM-L6-v2 for the encoder; the LLM engine needs one).",
-                    type=["null", "string"]),
-        "engine_options": _p({}, "Engine options",
-                             "Extra engine config fields (e.g. {\"dtype\": \"bfloat16\", \"task\": "
-                             "\"embedding\"}); validated against the engine's config class.",
-                             type="object"),
-        "runner": _p(runner, "Runner", "local: one subprocess per shard on the Airflow worker; "
-                     "kubernetes: one GPU pod per shard (KubernetesPodOperator).",
-                     type="string", enum=list(RUNNERS)),
-        "rows_per_shard": _p(10_000, "Rows per shard", "Target rows per shard; shards grow when the input "
-                             "would need more than max_shards.", type="integer", minimum=1,
-                             maximum=10_000_000),
-        "shard_by": _p("tokens", "Balance shards by", "rows: equal row counts; tokens: equal estimated "
-                       "tokens (from Parquet column sizes / JSONL line lengths).",
-                       type="string", enum=["rows", "tokens"]),
-        "max_shards": _p(1024, "Max shards", "Never plan more mapped tasks than this (Airflow's "
-                         "max_map_length, 1024 by default).", type="integer", minimum=1, maximum=1024),
-        "parallelism": _p(1, "Local parallelism", "Shards run at the same time by the local runner "
-                          "(kubernetes: the DAG's max_active_tis_per_dagrun).", type="integer",
-                          minimum=1, maximum=256),
-        "token_budget": _p(0, "Token budget per batch", "Max padded tokens per batch (rows x padded "
-                           "length); 0 picks one for the device (8,192 on CPU, 65,536 on a GPU).",
-                           type="integer", minimum=0, maximum=MAX_TOKEN_BUDGET),
-        "output_table": _p(output_table, "Output table", "Table published atomically: lower-case "
-                           f"letters, digits and underscore, not starting with a digit, at most {MAX_TABLE_LEN} "
-                           f"characters, not ending in {', '.join(RESERVED_SUFFIXES)}.", type="string",
-                           pattern=TABLE_NAME_PATTERN, **{"not": {"pattern": _FORM_TABLE_NAME_REFUSED}}),
-        "publish_backend": _p("duckdb", "Publish backend", "duckdb: embedded file; postgres: a "
-                              "PostgreSQL server from an Airflow connection.", type="string",
-                              enum=["duckdb", "postgres"]),
-        "duckdb_path": _p(str(Path(DEFAULT_OUTPUT_ROOT) / "warehouse.duckdb"), "DuckDB file",
-                          "DuckDB database file for the duckdb backend.", type="string", minLength=1),
-        "postgres_conn_id": _p("batch_inference_postgres", "PostgreSQL connection id",
-                               "Airflow connection used by the postgres backend.", type="string",
-                               minLength=1),
-        "min_success_ratio": _p(1.0, "Min success ratio", "Fraction of input rows that must have a "
-                                "result before publish (dead letters count as processed).",
-                                type="number", minimum=0.0, maximum=1.0),
-        "accelerator": _p("cpu", "Accelerator", "Accelerator type the cost report prices: cpu, nvidia-l4, "
-                          "nvidia-a100-80gb, nvidia-h100-80gb (others need both prices below).",
-                          type="string", minLength=1, maxLength=100),
-        "pricing": _p("spot", "Pricing", "Which price the run paid: spot or on_demand (the report shows "
-                      "both).", type="string", enum=["spot", "on_demand"]),
-        "gpu_hour_usd_spot": _p(None, "$/GPU-hour (spot)", "Spot price of one accelerator-hour in USD; "
-                                "empty: the accelerator's list price.", type=["null", "number"],
-                                minimum=0.0, maximum=1000.0),
-        "gpu_hour_usd_on_demand": _p(None, "$/GPU-hour (on-demand)", "On-demand price of one "
-                                     "accelerator-hour in USD; empty: the accelerator's list price.",
-                                     type=["null", "number"], minimum=0.0, maximum=1000.0),
-        "deadline_hours": _p(24.0, "Deadline (hours)", "The completion gate fails, naming missing "
-                             "shards, this long after the run started.", type="number",
-                             minimum=0.01, maximum=720.0),
-        "dry_run": _p(False, "Dry run", "Plan and write pod manifests to build/k8s/*.yaml; run nothing.",
-                      type="boolean"),
-        "row_limit": _p(0, "Row limit", "Process only the first N rows (0: all).", type="integer",
-                        minimum=0, maximum=10_000_000_000),
-    }
+    overrides = {k: v for k, v in (("input_uri", input_uri), ("runner", runner),
+                                   ("output_table", output_table)) if v is not None}
+    out = {}
+    for name, spec in PARAM_FIELDS.items():
+        if name in overrides:
+            problem = spec.problem(overrides[name])
+            if problem:
+                raise ConfigError(f"params.{name}: {problem}")
+            spec = replace_field(name, default=overrides[name])
+        out[name] = spec.param()
+    return out
+
+
+def replace_field(name: str, **changes: Any) -> ParamField:
+    """Field ``name`` of :data:`PARAM_FIELDS` with ``changes`` (e.g. a DAG's own default, title and
+    description; the type and bounds stay the table's).
+
+    Raises:
+        KeyError: ``name`` is not in :data:`PARAM_FIELDS`.
+        TypeError: a change names no :class:`ParamField` attribute.
+    """
+    return replace(PARAM_FIELDS[name], **changes)
+
+
+def _default(name: str) -> Any:
+    """A dataclass ``field`` whose default is the table's (a factory for mutable defaults)."""
+    value = PARAM_FIELDS[name].default
+    if isinstance(value, dict | list):
+        return field(default_factory=lambda: copy.deepcopy(value))
+    return field(default=value)
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Validated, run-time view of the Params (one per DAG run). Units: rows, hours, USD."""
+    """Validated, run-time view of the Params (one per DAG run; build it with
+    :func:`resolve_run_config`). Each field is described, with its unit, in :data:`PARAM_FIELDS`;
+    every default is the table's. Units: rows, tokens, hours, USD."""
 
-    input_uri: str
-    id_column: str
-    text_column: str
-    output_root: str
-    engine: str
-    model: str | None
-    engine_options: dict[str, Any] = field(default_factory=dict)
-    runner: str = "local"
-    rows_per_shard: int = 10_000
-    shard_by: str = "tokens"
-    max_shards: int = 1024
-    parallelism: int = 1
-    token_budget: int = 0
-    output_table: str = "descriptions_embeddings"
-    publish_backend: str = "duckdb"
-    duckdb_path: str = ""
-    postgres_conn_id: str = "batch_inference_postgres"
-    min_success_ratio: float = 1.0
-    accelerator: str = "cpu"
-    pricing: str = "spot"
-    gpu_hour_usd_spot: float | None = None
-    gpu_hour_usd_on_demand: float | None = None
-    deadline_hours: float = 24.0
-    dry_run: bool = False
-    row_limit: int = 0
+    input_uri: str = _default("input_uri")
+    id_column: str = _default("id_column")
+    text_column: str = _default("text_column")
+    output_root: str = _default("output_root")
+    engine: str = _default("engine")
+    model: str | None = _default("model")
+    engine_options: dict[str, Any] = _default("engine_options")
+    runner: str = _default("runner")
+    rows_per_shard: int = _default("rows_per_shard")
+    shard_by: str = _default("shard_by")
+    max_shards: int = _default("max_shards")
+    parallelism: int = _default("parallelism")
+    token_budget: int = _default("token_budget")
+    output_table: str = _default("output_table")
+    publish_backend: str = _default("publish_backend")
+    duckdb_path: str = _default("duckdb_path")
+    postgres_conn_id: str = _default("postgres_conn_id")
+    min_success_ratio: float = _default("min_success_ratio")
+    accelerator: str = _default("accelerator")
+    pricing: str = _default("pricing")
+    gpu_hour_usd_spot: float | None = _default("gpu_hour_usd_spot")
+    gpu_hour_usd_on_demand: float | None = _default("gpu_hour_usd_on_demand")
+    deadline_hours: float = _default("deadline_hours")
+    dry_run: bool = _default("dry_run")
+    row_limit: int = _default("row_limit")
 
     def engine_dict(self) -> dict[str, Any]:
         """Engine config dict for the manifest: kind + model_path + the extra options."""
@@ -187,6 +437,7 @@ class RunConfig:
         return out
 
     def to_dict(self) -> dict[str, Any]:
+        """All fields as a plain dict (recorded in the manifest's ``params``)."""
         return asdict(self)
 
 
@@ -298,58 +549,55 @@ def check_allowed_location(name: str, uri: str, roots: list[str] | None = None) 
                       "to allow it")
 
 
-def resolve_run_config(params: dict[str, Any]) -> RunConfig:
+def resolve_run_config(params: Mapping[str, Any]) -> RunConfig:
     """Build the :class:`RunConfig` from a run's params, re-checking what the form checks.
 
+    Keys that are not Params are ignored; a Param left out takes its :data:`PARAM_FIELDS` default,
+    except the ``required`` ones (``input_uri``, ``id_column``, ``text_column``, ``output_root``,
+    ``engine``). Types are strict (:meth:`ParamField.problem`): a string where an integer or a boolean
+    is expected is an error, never coerced. Then the checks the form cannot make: the table name is one
+    the publish step accepts, the kubernetes runner (unless ``dry_run``) needs ``gs://`` input and
+    output, the llm engine needs a model, and the path fields lie under :func:`allowed_roots`.
+
+    Args:
+        params: the run's params (``context["params"]``, a ``dag_run.conf``-like mapping).
+
+    Returns:
+        The validated config.
+
     Raises:
-        ConfigError: an unknown value, a value out of bounds, or a missing required field; the message
-            names ``params.<field>``.
+        ConfigError: ``params`` is not a mapping; or a field is missing, of the wrong type, out of
+            bounds, not one of its allowed values, or fails a check above; the message starts with
+            ``params.<field>:``.
     """
-    known = {f for f in RunConfig.__dataclass_fields__}
-    values = {k: v for k, v in dict(params).items() if k in known}
-    for name in ("input_uri", "id_column", "text_column", "output_root", "engine"):
-        _require(bool(values.get(name)), name, "is required")
+    if not isinstance(params, Mapping):
+        raise ConfigError(f"params: expected a mapping of Param names to values, got {_json_type_of(params)}")
+    values: dict[str, Any] = {}
+    for name, spec in PARAM_FIELDS.items():
+        if name not in params:
+            _require(not spec.required, name, "is required")
+            continue
+        value = params[name]
+        _require(not (spec.required and value in (None, "")), name, "is required")
+        problem = spec.problem(value)
+        if problem:
+            raise ConfigError(f"params.{name}: {problem}")
+        values[name] = value
     cfg = RunConfig(**values)
-    _require(cfg.engine in ENGINES, "engine", f"{cfg.engine!r} is not one of {list(ENGINES)}")
-    _require(cfg.runner in RUNNERS, "runner", f"{cfg.runner!r} is not one of {list(RUNNERS)}")
-    _require(cfg.rows_per_shard >= 1, "rows_per_shard", "must be >= 1")
-    _require(1 <= cfg.max_shards <= 1024, "max_shards", "must be in 1..1024")
-    _require(cfg.parallelism >= 1, "parallelism", "must be >= 1")
-    budget = cfg.token_budget
-    _require(type(budget) is int and (budget == 0 or MIN_TOKEN_BUDGET <= budget <= MAX_TOKEN_BUDGET),
-             "token_budget", f"{budget!r} is not 0 (auto: chosen for the device) or an integer in "
-             f"{MIN_TOKEN_BUDGET}..{MAX_TOKEN_BUDGET:,}")
-    _require(0.0 <= cfg.min_success_ratio <= 1.0, "min_success_ratio", "must be in [0, 1]")
-    _require(cfg.deadline_hours > 0, "deadline_hours", "must be > 0")
-    _require(cfg.row_limit >= 0, "row_limit", "must be >= 0 (0: all rows)")
-    for name in ("gpu_hour_usd_spot", "gpu_hour_usd_on_demand"):
-        price = getattr(cfg, name)
-        _require(price is None or float(price) >= 0, name, "must be empty or a price >= 0 (USD)")
-    _require(cfg.pricing in ("spot", "on_demand"), "pricing", f"{cfg.pricing!r} is not 'spot' or 'on_demand'")
-    _require(cfg.publish_backend in ("duckdb", "postgres"), "publish_backend",
-             f"{cfg.publish_backend!r} is not 'duckdb' or 'postgres'")
-    _require(isinstance(cfg.output_table, str) and re.fullmatch(TABLE_NAME_PATTERN, cfg.output_table) is not None,
-             "output_table", f"{cfg.output_table!r} is not a SQL identifier (lower-case letters, digits, "
-             f"underscore, not starting with a digit; <= {MAX_TABLE_LEN} chars)")
     try:  # the publish step's own rule (reserved suffixes too), so a run never fails at publish on its name
         PublishTarget(backend="duckdb", table=cfg.output_table, duckdb_path="(name check only)")
     except ValueError as exc:
         raise ConfigError(f"params.output_table: {exc}") from None
-    _require(isinstance(cfg.engine_options, dict), "engine_options", "must be a JSON object")
     if cfg.runner == "kubernetes" and not cfg.dry_run:
         for name in ("output_root", "input_uri"):
-            _require(str(getattr(cfg, name)).startswith("gs://"), name,
+            _require(getattr(cfg, name).startswith("gs://"), name,
                      "the kubernetes runner needs storage its pods can reach: use a gs:// URI "
                      "(or dry_run=true to only render the pods)")
     if cfg.engine == "llm":
         _require(bool(cfg.model), "model", "the llm engine needs a model directory")
     roots = allowed_roots()
     for name in PATH_FIELDS:
-        value = getattr(cfg, name)
-        if name == "duckdb_path" and not value:
-            continue  # not given: the publish step has nothing to open
-        _require(isinstance(value, str), name, "must be a string")
-        check_allowed_location(name, value, roots)
+        check_allowed_location(name, getattr(cfg, name), roots)
     return cfg
 
 

@@ -31,10 +31,10 @@ from batch_contract.layout import RunLayout, shard_id_for
 from batch_contract.manifest import InputFile, InputSpec, Manifest, Segment, ShardSpec
 from batch_contract.rows import iter_jsonl_lines, repair_text
 
+from batch_inference.params import DEFAULT_MAX_MAP_LENGTH, SHARD_BY, param_default
+
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_MAP_LENGTH = 1024
-"""Airflow's default ``[core] max_map_length``: a mapped task may not expand wider than this."""
 BYTES_PER_TOKEN = 4.0
 """Rough UTF-8 bytes per tokenizer token for English text (BPE/WordPiece); used only to balance shards."""
 JSONL_BLOCK_LINES = 4096
@@ -82,9 +82,12 @@ class PlanRequest:
         run_id: the Airflow run id.
         engine: engine config dict (validated by the manifest).
         worker: worker settings dict (validated by the manifest).
-        rows_per_shard: target rows per shard before the ``max_map_length`` cap (rows).
-        shard_by: ``rows`` (equal row counts) or ``tokens`` (equal estimated tokens, from metadata).
-        max_map_length: most shards ever planned (Airflow's ``max_map_length``).
+        rows_per_shard: target rows per shard before the ``max_map_length`` cap (rows); default the
+            ``rows_per_shard`` Param's.
+        shard_by: ``rows`` (equal row counts) or ``tokens`` (equal estimated tokens, from metadata);
+            default the ``shard_by`` Param's, so a plan made outside a DAG shards as the DAG does.
+        max_map_length: most shards ever planned (Airflow's ``max_map_length``; default
+            :data:`batch_inference.params.DEFAULT_MAX_MAP_LENGTH`).
         row_limit: plan only the first N rows (file order); ``None`` or 0: all rows.
         params: run parameters recorded in the manifest.
     """
@@ -96,8 +99,8 @@ class PlanRequest:
     run_id: str
     engine: dict[str, Any]
     worker: dict[str, Any] = field(default_factory=dict)
-    rows_per_shard: int = 10_000
-    shard_by: str = "rows"
+    rows_per_shard: int = param_default("rows_per_shard")
+    shard_by: str = param_default("shard_by")
     max_map_length: int = DEFAULT_MAX_MAP_LENGTH
     row_limit: int | None = None
     params: dict[str, Any] = field(default_factory=dict)
@@ -105,8 +108,8 @@ class PlanRequest:
     def __post_init__(self) -> None:
         if self.rows_per_shard < 1:
             raise ConfigError(f"rows_per_shard: must be >= 1, got {self.rows_per_shard}")
-        if self.shard_by not in ("rows", "tokens"):
-            raise ConfigError(f"shard_by: {self.shard_by!r} is not 'rows' or 'tokens'")
+        if self.shard_by not in SHARD_BY:
+            raise ConfigError(f"shard_by: {self.shard_by!r} is not one of {list(SHARD_BY)}")
         if not 1 <= self.max_map_length <= 100_000:
             raise ConfigError(f"max_map_length: {self.max_map_length} is outside 1..100000")
         if self.row_limit is not None and self.row_limit < 0:

@@ -11,6 +11,7 @@ from airflow.sdk import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from batch_inference.completion import check_completion, name_shards, progress_line
+from batch_inference.params import PARAM_FIELDS
 from batch_inference.triggers import ShardMarkerTrigger
 
 
@@ -39,8 +40,10 @@ class ShardMarkerSensor(BaseSensorOperator):
     template_fields: Sequence[str] = ("run_dir", "deadline_hours", "min_success_ratio", "dry_run",
                                       "wait_for_stragglers")
 
-    def __init__(self, *, run_dir: str, deadline_hours: Any = 24.0, min_success_ratio: Any = 1.0,
-                 dry_run: Any = False, wait_for_stragglers: Any = True, poll_seconds: float = 10.0,
+    def __init__(self, *, run_dir: str, deadline_hours: Any = PARAM_FIELDS["deadline_hours"].default,
+                 min_success_ratio: Any = PARAM_FIELDS["min_success_ratio"].default,
+                 dry_run: Any = PARAM_FIELDS["dry_run"].default, wait_for_stragglers: Any = True,
+                 poll_seconds: float = 10.0,
                  deferrable: bool = True,
                  **kwargs: Any) -> None:
         kwargs.setdefault("poke_interval", poll_seconds)
