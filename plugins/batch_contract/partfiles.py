@@ -2,7 +2,7 @@
 
 A committed file is trusted only as far as it can be checked. Each commit records the file's size and
 SHA-256 (:func:`digest_of`, in the attempt record, then in the shard marker's ``files``); readers check
-what they read (:func:`torn_reason`: the recorded size, and a Parquet footer that parses) before
+what they read (:func:`verify`: the recorded size, and a Parquet footer that parses) before
 relying on a file. A file that fails is *quarantined*: moved to ``<shard_dir>/quarantine/<name>`` with a
 log line, never deleted, and counted (marker ``files_quarantined``, publish summary, report). Its rows
 are then missing from the shard, so the worker recomputes them. Files committed under another
@@ -44,21 +44,30 @@ def read_footer(uri: str) -> pq.FileMetaData:
         return pq.read_metadata(fh)
 
 
-def torn_reason(uri: str, size: int | None = None, recorded: dict[str, Any] | None = None) -> str | None:
-    """Why the committed file at ``uri`` cannot be used, or ``None`` when it checks out.
+class TornFileError(ValueError):
+    """A committed file is not what was committed (size differs, footer unreadable); the message says why."""
+
+
+def verify(uri: str, size: int | None = None, recorded: dict[str, Any] | None = None) -> pq.FileMetaData:
+    """Check a committed file and return its Parquet footer.
 
     Args:
         uri: the file.
         size: its size in bytes as listed (``None``: not checked).
         recorded: its commit record (:func:`digest_of`), when known.
+
+    Raises:
+        TornFileError: the size differs from the commit record, or the file is not a complete Parquet
+            file (truncated, overwritten, unreadable).
     """
     if size is not None and recorded and int(recorded.get("bytes", -1)) != size:
-        return f"size is {size} bytes but {recorded.get('bytes')} were committed"
+        raise TornFileError(f"size is {size} bytes but {recorded.get('bytes')} were committed")
     try:
-        read_footer(uri)
+        return read_footer(uri)
+    except FileNotFoundError:
+        raise
     except (pa.ArrowInvalid, OSError) as exc:
-        return f"not a readable Parquet file ({exc})"
-    return None
+        raise TornFileError(f"not a readable Parquet file ({exc})") from None
 
 
 def stats_fingerprint(meta: pq.FileMetaData) -> str | None:

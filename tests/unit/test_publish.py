@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from batch_contract import storage
 from batch_contract.layout import PART_PREFIX, RunLayout, part_name
+from batch_contract.partfiles import digest_of
 from batch_contract.rows import duplicate_detail
 from batch_contract.schemas import part_schema
 from batch_inference.publish import CoverageError, PublishError, PublishTarget, publish_run, rollback
@@ -208,15 +209,69 @@ def test_missing_marker_and_mixed_fingerprints_are_refused(tmp_path: Path, input
         publish_run(layout.run_dir, _target(tmp_path))
 
 
-def test_stale_rows_under_a_good_marker_are_refused(tmp_path: Path, input_path: str) -> None:
+def test_stale_rows_under_a_good_marker_are_set_aside_and_the_shard_reopened(tmp_path: Path, input_path: str) -> None:
+    """A file the marker counted turns out to hold another fingerprint: it is quarantined, the shard's
+    marker removed (the shard must run again) and publish refuses, naming the fingerprint."""
     layout = build_run(tmp_path / "out", "run1", input_path, RunSpec(shards=2))
     path = next(storage.local_path(layout.shard_dir("00000")).glob("part-*.parquet"))
     table = pq.read_table(path)
     stale = table.set_column(1, "fingerprint", pa.array(["0" * 32] * table.num_rows, pa.string()))
     path.unlink()
     pq.write_table(stale.cast(table.schema), path)
-    with pytest.raises(PublishError, match="fingerprint '0{32}'"):
+    marker = json.loads(storage.read_bytes(layout.marker_uri("00000")))
+    marker["files"][path.name] = digest_of(path.read_bytes())  # committed like this, by another fingerprint
+    storage.write_replace(layout.marker_uri("00000"), json.dumps(marker).encode())
+    with pytest.raises(PublishError, match="fingerprint '0{32}'.*run those shards again"):
         publish_run(layout.run_dir, _target(tmp_path))
+    assert not path.exists() and (path.parent / "quarantine" / path.name).exists()
+    assert not storage.exists(layout.marker_uri("00000")) and storage.exists(layout.marker_uri("00001"))
+
+
+def _truncate(path: Path, keep: float) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+@pytest.mark.parametrize("table", ["emb", "emb_new"], ids=["published_table_noop_check", "new_table"])
+@pytest.mark.parametrize("keep", [0.0, 0.5, 0.999])
+def test_torn_counted_part_file_is_quarantined_before_any_publish(tmp_path: Path, input_path: str,
+                                                                   keep: float, table: str) -> None:
+    """A part file truncated after its shard completed (any length) never reaches DuckDB: publish to the
+    already-published table (whose no-op check used to compare file names only) and to a new table
+    both refuse with a clear error; the file is set aside and the shard reopened."""
+    layout = build_run(tmp_path / "out", "run1", input_path, RunSpec(shards=2))
+    assert publish_run(layout.run_dir, _target(tmp_path))["noop"] is False
+    path = sorted(storage.local_path(layout.shard_dir("00001")).glob("part-*.parquet"))[0]
+    _truncate(path, keep)
+    with pytest.raises(PublishError, match=r"00001 cannot be published.*run those shards again"):
+        publish_run(layout.run_dir, _target(tmp_path, table=table))
+    assert (path.parent / "quarantine" / path.name).exists() and not path.exists()
+    assert not storage.exists(layout.marker_uri("00001")) and storage.exists(layout.marker_uri("00000"))
+    with pytest.raises(PublishError, match="no completion marker: 00001"):
+        publish_run(layout.run_dir, _target(tmp_path, table=table))
+    assert _query(tmp_path, "SELECT count(*) FROM emb")[0][0] == 300, "the live table is untouched"
+
+
+def test_noop_check_compares_sizes_and_recorded_digests_not_names(tmp_path: Path, input_path: str) -> None:
+    """Same file names, other content (a file rewritten with the same name): not a no-op."""
+    layout = build_run(tmp_path / "out", "run1", input_path, RunSpec(shards=1))
+    assert publish_run(layout.run_dir, _target(tmp_path))["noop"] is False
+    assert publish_run(layout.run_dir, _target(tmp_path))["noop"] is True
+    marker_uri = layout.marker_uri("00000")
+    marker = json.loads(storage.read_bytes(marker_uri))
+    name = sorted(marker["files"])[0]
+    marker["files"][name]["sha256"] = "0" * 64  # as if the file had been re-committed with other bytes
+    storage.write_replace(marker_uri, json.dumps(marker).encode())
+    assert publish_run(layout.run_dir, _target(tmp_path))["noop"] is False
+
+
+def test_leftover_unreadable_file_not_counted_by_the_marker_is_set_aside(tmp_path: Path, input_path: str) -> None:
+    layout = build_run(tmp_path / "out", "run1", input_path, RunSpec(shards=1))
+    stray = storage.local_path(layout.shard_dir("00000")) / part_name(PART_PREFIX, 99)
+    stray.write_bytes(b"PAR1 torn")
+    summary = publish_run(layout.run_dir, _target(tmp_path))
+    assert summary["files_quarantined"] == 1 and summary["rows_missing"] == 0
+    assert (stray.parent / "quarantine" / stray.name).exists()
 
 
 def test_rerun_is_noop_and_rollback_restores_previous(tmp_path: Path, input_path: str) -> None:
@@ -232,7 +287,8 @@ def test_rerun_is_noop_and_rollback_restores_previous(tmp_path: Path, input_path
     assert _query(tmp_path, "SELECT count(*) FROM analytics.emb__publish_log")[0][0] == 1
 
     publish_run(run2.run_dir, target)
-    assert _query(tmp_path, "SELECT count(*), min(fingerprint) FROM analytics.emb")[0] == (297, "a" * 32)
+    # rows 1-3 are dead letters; row 301 repeats row 3's id and wins it (row 3 is dead on its own)
+    assert _query(tmp_path, "SELECT count(*), min(fingerprint) FROM analytics.emb")[0] == (298, "a" * 32)
     assert _query(tmp_path, "SELECT count(*) FROM analytics.emb__previous")[0][0] == 299
 
     back = rollback(target)

@@ -36,6 +36,8 @@ def _record_maker(inv: RunInventory, min_success_ratio: float) -> Callable[[Cove
             published_at=utc_now(),
             files_digest=inv.files_digest,
             duplicate_ids_across_shards=cov.duplicate_ids_across_shards,
+            dead_letter_reasons=dict(cov.dead_letter_reasons),
+            files_quarantined=inv.files_quarantined,
         )
 
     return make
@@ -50,8 +52,12 @@ def publish_run(
 ) -> dict[str, Any]:
     """Publish every committed result of a run into ``target`` atomically.
 
-    Steps: read manifest + markers (every shard must have one, all with the same fingerprint); if the
-    live table already holds this run id + fingerprint + committed file set, return at once (``noop``);
+    Steps: read manifest + markers (every shard must have one, all with the same fingerprint) and verify
+    every committed file (size against the marker's commit record, Parquet footer, fingerprint; a file
+    that fails is quarantined, and if the marker counted it the marker is removed and ``PublishError``
+    raised so the shard runs again); if the
+    live table already holds this run id + fingerprint + committed files (names, sizes, SHA-256 as
+    recorded), return at once (``noop``);
     else check coverage
     (every manifest id exactly once across results and dead letters, duplicates from retried chunks
     dropped deterministically), load ``<table>__staging`` and ``<table>__dead_letters__staging`` with the
@@ -68,15 +74,18 @@ def publish_run(
     Returns:
         Summary dict: ``table``, ``backend``, ``run_id``, ``fingerprint``, ``rows_input``,
         ``rows_published``, ``rows_dead_letter``, ``rows_missing``, ``duplicates_removed``,
-        ``duplicate_ids_across_shards`` (input rows dead-lettered as ``duplicate_id`` because a lower
-        shard kept a result for their id; included in ``rows_dead_letter``),
+        ``duplicate_ids_across_shards`` (input rows dead-lettered as ``duplicate_id`` because their
+        id's winning row lies in another shard; included in ``rows_dead_letter``),
+        ``dead_letter_reasons`` (published dead letters by reason), ``files_quarantined`` (leftover files
+        this publish set aside),
         ``publish_seconds`` (wall seconds of this call), ``noop``, ``success_ratio``,
         ``min_success_ratio``, ``dead_letters_table``, ``previous_table``, ``published_at``,
         ``stage_seconds`` (wall seconds of ``coverage``, ``load`` (staging + primary key), ``swap``;
         empty for a no-op).
 
     Raises:
-        PublishError: missing markers, mixed or stale fingerprints, bad part files.
+        PublishError: missing markers, mixed fingerprints, a counted file torn, unreadable or stale
+            (set aside, see above).
         CoverageError: ids outside the manifest, or missing rows below ``min_success_ratio``.
         ValueError: ``min_success_ratio`` outside (0, 1].
     """
@@ -107,6 +116,8 @@ def _summary(target: PublishTarget, record: PublishRecord, noop: bool, seconds: 
         "rows_missing": record.rows_missing,
         "duplicates_removed": record.duplicates_removed,
         "duplicate_ids_across_shards": record.duplicate_ids_across_shards,
+        "dead_letter_reasons": dict(record.dead_letter_reasons),
+        "files_quarantined": record.files_quarantined,
         "publish_seconds": round(seconds, 3),
         "noop": noop,
         "success_ratio": record.success_ratio,

@@ -23,7 +23,7 @@ result (at most one) and its dead letters.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
@@ -66,6 +66,7 @@ class Coverage:
         duplicate_ids_across_shards: input rows with a result whose id's winning row (the contract's
             duplicate rule) lies in another shard: their result is not published, they are
             ``duplicate_id`` dead letters (counted in ``rows_dead_letter``).
+        dead_letter_reasons: published dead letters by reason code (sums to ``rows_dead_letter``).
     """
 
     rows_input: int
@@ -78,6 +79,7 @@ class Coverage:
     dead_letter_files: list[str]
     columns: list[tuple[str, str]]
     duplicate_ids_across_shards: int = 0
+    dead_letter_reasons: dict[str, int] = field(default_factory=dict)
 
     @property
     def success_ratio(self) -> float:
@@ -316,11 +318,11 @@ def _load_dead_letters(con: duckdb.DuckDBPyConnection, inv: RunInventory, dead: 
     _register_file_shards(con, "_pub_dead_shards", dead)
     con.execute(
         "CREATE OR REPLACE TEMP TABLE _pub_dead AS SELECT d.*, "
-        " (rn = 1 AND (d.id IS NULL OR list_contains($own, d.reason) OR k.id IS NULL)) AS keep FROM ("
+        " (rn = 1 AND (d.id IS NULL OR list_contains($kept, d.reason) OR k.id IS NULL)) AS keep FROM ("
         "  SELECT r.*, s.shard, row_number() OVER (PARTITION BY r.source_uri, r.source_row ORDER BY r.filename,"
         "  r.file_row_number) AS rn FROM _pub_dead_raw r LEFT JOIN _pub_dead_shards s ON s.filename = r.filename) d"
         " LEFT JOIN (SELECT DISTINCT id, shard FROM _pub_keys) k ON k.id = d.id AND k.shard = d.shard",
-        {"own": _OWN_REASONS},
+        {"kept": [*_OWN_REASONS, DeadLetterReason.DUPLICATE_ID.value]},
     )
     unmapped = con.execute("SELECT min(filename) FROM _pub_dead WHERE shard IS NULL").fetchall()[0][0]
     if unmapped is not None:
@@ -493,7 +495,8 @@ def check_coverage(
         )
     sample = _sample(con, missing=True) if rows_missing else []
     published = con.execute(f"SELECT count(DISTINCT id) FROM {_LIVE_KEYS}").fetchall()[0][0]
-    dead_rows = con.execute("SELECT count(*) FROM _pub_dead WHERE keep").fetchall()[0][0]
+    reasons = dict(con.execute("SELECT reason, count(*) FROM _pub_dead WHERE keep GROUP BY 1 ORDER BY 1").fetchall())
+    dead_rows = sum(reasons.values())
     cov = Coverage(
         rows_input=inv.rows_input,
         rows_published=published,
@@ -505,6 +508,7 @@ def check_coverage(
         dead_letter_files=dead,
         columns=columns,
         duplicate_ids_across_shards=across,
+        dead_letter_reasons={str(k): int(v) for k, v in reasons.items()},
     )
     if rows_missing and cov.success_ratio < min_success_ratio:
         raise CoverageError(

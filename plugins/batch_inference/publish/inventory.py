@@ -5,13 +5,12 @@ Storage is the truth: publish reads the markers and file listings, never Airflow
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from batch_contract import storage
+from batch_contract import partfiles, storage
 from batch_contract.jsonutil import sha256_hex
 from batch_contract.layout import (
     DEAD_LETTER_PREFIX,
-    PARQUET_SUFFIX,
     PART_PREFIX,
     RunLayout,
     chunk_of,
@@ -47,12 +46,20 @@ class RunInventory:
     def run_id(self) -> str:
         return self.layout.run_id
 
+    file_records: dict[str, str] = field(default_factory=dict)
+    """``<shard_id>/<name>`` -> ``"<bytes>:<sha256>"`` of every committed file (size as listed; the
+    SHA-256 from the shard marker's commit records, empty when the marker has none)."""
+    files_quarantined: int = 0
+    """Leftover files this inventory moved to a shard's ``quarantine/`` (torn, unreadable or another
+    fingerprint, and not counted by the shard's marker)."""
+
     @property
     def files_digest(self) -> str:
-        """SHA-256 (32 hex chars) of the committed ``<shard_id>/<name>`` of every part and dead-letter
-        file: the same for a local and a ``gs://`` copy of a run, different once any file is added."""
-        names = sorted("/".join(uri.rsplit("/", 2)[-2:]) for uri in self.part_files + self.dead_letter_files)
-        return sha256_hex("\n".join(names))[:32]
+        """SHA-256 (32 hex chars) of every committed file's ``<shard_id>/<name>``, size and recorded
+        SHA-256: the same for a local and a ``gs://`` copy of a run, different once any file is added,
+        removed, or changes size or recorded content."""
+        lines = sorted(f"{key}:{rec}" for key, rec in self.file_records.items())
+        return sha256_hex("\n".join(lines))[:32]
 
     @property
     def rows_input(self) -> int:
@@ -60,18 +67,68 @@ class RunInventory:
         return self.manifest.rows
 
 
-def _list_shard_files(layout: RunLayout, shard_id: str) -> tuple[list[str], list[str]]:
-    shard_dir = layout.shard_dir(shard_id)
-    parts: list[str] = []
-    dead: list[str] = []
-    for name in storage.list_names(shard_dir):
-        if not name.endswith(PARQUET_SUFFIX) or chunk_of(name) is None:
+@dataclass
+class _ShardFiles:
+    parts: list[str] = field(default_factory=list)
+    dead: list[str] = field(default_factory=list)
+    records: dict[str, str] = field(default_factory=dict)
+    broken: list[tuple[str, str]] = field(default_factory=list)
+    set_aside: int = 0
+
+
+def _file_problem(uri: str, size: int, recorded: dict | None, fingerprint: str) -> str | None:
+    """Why a committed file cannot be published (torn, unreadable, another fingerprint), or ``None``."""
+    try:
+        footer = partfiles.verify(uri, size, recorded)
+    except partfiles.TornFileError as exc:
+        return str(exc)
+    found = partfiles.stats_fingerprint(footer)
+    if found is not None and found != fingerprint:
+        return f"committed under fingerprint {found!r}, not the marker's {fingerprint!r}"
+    return None
+
+
+def _check_shard_files(layout: RunLayout, marker: ShardMarker) -> _ShardFiles:
+    """List a complete shard's committed files and verify each (:mod:`batch_contract.partfiles`): size
+    against the marker's commit record, a readable Parquet footer, the fingerprint in its statistics.
+
+    A file that fails is quarantined. If the marker counted it (it is in the marker's ``files``, or
+    ``parts``/``dead_letter_parts`` for older markers) the shard is broken (``broken``: the caller
+    removes the marker); otherwise it was a leftover (``set_aside``) and the shard stays complete.
+    """
+    shard_dir = layout.shard_dir(marker.shard_id)
+    counted = set(marker.files) or set(marker.parts) | set(marker.dead_letter_parts)
+    out = _ShardFiles()
+    for name, size in storage.list_sizes(shard_dir).items():
+        if chunk_of(name) is None or not name.startswith((PART_PREFIX, DEAD_LETTER_PREFIX)):
             continue
-        if name.startswith(PART_PREFIX):
-            parts.append(join_uri(shard_dir, name))
-        elif name.startswith(DEAD_LETTER_PREFIX):
-            dead.append(join_uri(shard_dir, name))
-    return parts, dead
+        uri = join_uri(shard_dir, name)
+        recorded = marker.files.get(name)
+        why = _file_problem(uri, size, recorded, marker.fingerprint)
+        if why is not None:
+            partfiles.quarantine(shard_dir, name, why)
+            if name in counted:
+                out.broken.append((name, why))
+            else:
+                out.set_aside += 1
+            continue
+        (out.parts if name.startswith(PART_PREFIX) else out.dead).append(uri)
+        out.records[f"{marker.shard_id}/{name}"] = f"{size}:{(recorded or {}).get('sha256', '')}"
+    return out
+
+
+def _reopen_broken_shards(layout: RunLayout, broken: dict[str, list[tuple[str, str]]]) -> None:
+    """Remove the markers of shards whose counted files were quarantined (so those shards run again
+    and recompute the rows) and raise a ``PublishError`` saying so."""
+    for shard_id in broken:
+        storage.delete(layout.marker_uri(shard_id))
+    detail = "; ".join(f"shard {sid}: {name}: {why}" for sid, files in broken.items() for name, why in files[:3])
+    raise PublishError(
+        f"run {layout.run_id}: {sum(map(len, broken.values()))} committed file(s) of shard(s) "
+        f"{', '.join(sorted(broken))} cannot be published ({detail}). They were moved to the shard's "
+        f"{partfiles.QUARANTINE_DIR}/ directory and the shard marker removed: run those shards again "
+        "(Airflow: clear their mapped infer tasks; CLI: rerun the run) to recompute their rows, then publish"
+    )
 
 
 def _read_marker(layout: RunLayout, shard_id: str) -> ShardMarker | None:
@@ -94,7 +151,8 @@ def load_inventory(run_dir: str) -> RunInventory:
     Raises:
         PublishError: no manifest; manifest run id differs from the directory; a shard has no marker
             (the message lists up to 20 of them and the count); markers disagree on the fingerprint or
-            are not ``complete``.
+            are not ``complete``; a file a marker counted is torn, unreadable or of another fingerprint
+            (it is quarantined and the shard's marker removed first, so the shard runs again).
     """
     layout = RunLayout.from_run_dir(run_dir)
     try:
@@ -121,9 +179,6 @@ def load_inventory(run_dir: str) -> RunInventory:
                 "not 'complete'"
             )
         markers.append(marker)
-        shard_parts, shard_dead = _list_shard_files(layout, spec.shard_id)
-        parts.extend(shard_parts)
-        dead.extend(shard_dead)
     if missing:
         raise PublishError(
             f"run {layout.run_id}: {len(missing)} of {len(manifest.shards)} shard(s) have no "
@@ -138,6 +193,19 @@ def load_inventory(run_dir: str) -> RunInventory:
         )
     if not markers:
         raise PublishError(f"run {layout.run_id}: the manifest has no shards")
+    records: dict[str, str] = {}
+    broken: dict[str, list[tuple[str, str]]] = {}
+    set_aside = 0
+    for marker in markers:
+        files = _check_shard_files(layout, marker)
+        parts.extend(files.parts)
+        dead.extend(files.dead)
+        records.update(files.records)
+        set_aside += files.set_aside
+        if files.broken:
+            broken[marker.shard_id] = files.broken
+    if broken:
+        _reopen_broken_shards(layout, broken)
     return RunInventory(
         layout=layout,
         manifest=manifest,
@@ -145,4 +213,6 @@ def load_inventory(run_dir: str) -> RunInventory:
         fingerprint=fingerprints[0],
         part_files=parts,
         dead_letter_files=dead,
+        file_records=records,
+        files_quarantined=set_aside,
     )

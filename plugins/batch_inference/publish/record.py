@@ -7,7 +7,7 @@ still says which run (id + fingerprint) it holds; that is what makes a rerun of 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -42,8 +42,11 @@ class PublishRecord:
         success_ratio / min_success_ratio: covered fraction and the threshold it was published under.
         published_at: UTC ISO time of the swap.
         files_digest: :attr:`RunInventory.files_digest` of the published run (the committed file set).
-        duplicate_ids_across_shards: input rows dead-lettered as ``duplicate_id`` because a lower shard
-            kept a result for their id (included in ``rows_dead_letter``; 0 in records written before).
+        duplicate_ids_across_shards: input rows dead-lettered as ``duplicate_id`` because their id's
+            winning row lies in another shard (included in ``rows_dead_letter``; 0 in records written
+            before).
+        dead_letter_reasons: published dead letters by reason code (empty in records written before).
+        files_quarantined: committed files publish set aside (stale fingerprint; 0 in older records).
     """
 
     run_id: str
@@ -59,12 +62,15 @@ class PublishRecord:
     files_digest: str = ""
     kind: str = RECORD_KIND
     duplicate_ids_across_shards: int = 0
+    dead_letter_reasons: dict[str, int] = field(default_factory=dict)
+    files_quarantined: int = 0
 
     def matches(self, run_id: str, fingerprint: str, files_digest: str) -> bool:
         """Whether this record is the same publish: run id, fingerprint and committed file set.
 
-        A shard re-run after a partial publish (``min_success_ratio`` < 1) commits new files, so the
-        digest differs and publish runs again; a retried publish task finds everything equal (no-op).
+        The digest covers every committed file's name, size and recorded SHA-256, so a shard re-run
+        after a partial publish (``min_success_ratio`` < 1), a file replaced or set aside all change it
+        and publish runs again; a retried publish task finds everything equal (no-op).
         An empty digest (record written without one) compares on run id and fingerprint only.
         """
         same_files = not self.files_digest or self.files_digest == files_digest

@@ -21,6 +21,7 @@ from batch_contract.enums import DeadLetterReason
 from batch_contract.layout import DEAD_LETTER_PREFIX, PART_PREFIX, RunLayout, part_name, shard_id_for
 from batch_contract.manifest import InputFile, InputSpec, Manifest, Segment, ShardSpec
 from batch_contract.marker import ShardMarker
+from batch_contract.partfiles import digest_of
 from batch_contract.schemas import DEAD_LETTER_SCHEMA, parquet_write_options, part_schema
 
 
@@ -132,6 +133,11 @@ def _write(shard_dir: str, prefix: str, chunk: int, table: pa.Table) -> str:
     return name
 
 
+def _records(shard_dir: str, names: list[str]) -> dict[str, dict]:
+    """Commit records (size, SHA-256) of written files, as the worker puts them in its marker."""
+    return {n: digest_of((storage.local_path(shard_dir) / n).read_bytes()) for n in names}
+
+
 def write_jsonl_input(path: str | Path, ids: Sequence[str | int | None]) -> str:
     """Write a JSONL input (``{"id": ..., "text": ...}`` per line, a blank line every 10 rows)."""
     path = Path(path)
@@ -211,8 +217,7 @@ def _build_shard(layout: RunLayout, shard: ShardSpec, all_ids: list[str | None],
                 dead.append((None, DeadLetterReason.NULL_ID.value, row))
             elif rid in seen:
                 dead.append((rid, DeadLetterReason.DUPLICATE_ID.value, row))
-            elif row in spec.dead_rows:
-                seen.add(rid)
+            elif row in spec.dead_rows:  # a row dead on its own does not claim its id
                 dead.append((rid, DeadLetterReason.EMPTY_TEXT.value, row))
             else:
                 seen.add(rid)
@@ -232,5 +237,6 @@ def _build_shard(layout: RunLayout, shard: ShardSpec, all_ids: list[str | None],
         return
     marker = ShardMarker(run_id=layout.run_id, shard_id=shard.shard_id, fingerprint=fp,
                          rows_input=shard.rows, rows_ok=rows_ok, rows_dead_letter=rows_dead,
-                         parts=parts, dead_letter_parts=dead_parts)
+                         parts=parts, dead_letter_parts=dead_parts,
+                         files=_records(shard_dir, parts + dead_parts))
     storage.write_create_only(layout.marker_uri(shard.shard_id), marker.to_json_bytes())

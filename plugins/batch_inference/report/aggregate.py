@@ -49,9 +49,14 @@ def ratio(num: float, den: float) -> float | None:
 
 
 def dead_letter_reasons(markers: list[ShardMarker], publish: dict[str, Any] | None = None) -> dict[str, int]:
-    """Dead-lettered rows by reason code (``DeadLetterReason`` values), summed over shards, plus the
-    ``duplicate_id`` dead letters publish adds for ids that have results in more than one shard (the
-    publish summary's ``duplicate_ids_across_shards``; no worker sees those)."""
+    """Dead-lettered rows by reason code (``DeadLetterReason`` values).
+
+    After publish, the published dead-letter table's own counts (the summary's ``dead_letter_reasons``:
+    publish applies the duplicate rule across shards, which no worker sees). Before publish, or for a
+    summary without them: the markers' counts summed over shards, plus the summary's
+    ``duplicate_ids_across_shards`` as ``duplicate_id``."""
+    if publish and publish.get("dead_letter_reasons"):
+        return dict(sorted((str(k), int(v)) for k, v in publish["dead_letter_reasons"].items()))
     out: dict[str, int] = {}
     for m in markers:
         for reason, n in m.dead_letter_reasons.items():
@@ -61,6 +66,12 @@ def dead_letter_reasons(markers: list[ShardMarker], publish: dict[str, Any] | No
         key = DeadLetterReason.DUPLICATE_ID.value
         out[key] = out.get(key, 0) + across
     return dict(sorted(out.items()))
+
+
+def files_quarantined(markers: list[ShardMarker], publish: dict[str, Any] | None = None) -> int:
+    """Committed files set aside in shards' ``quarantine/`` (torn, unreadable, stale fingerprint): as
+    counted in the markers, plus those publish set aside."""
+    return sum(m.files_quarantined for m in markers) + int((publish or {}).get("files_quarantined") or 0)
 
 
 def token_totals(markers: list[ShardMarker]) -> dict[str, Any]:

@@ -189,6 +189,7 @@ def compute_report(data: RunData, *, dag_id: str, publish_summary: dict[str, Any
         "rows_missing": (int(publish["rows_missing"]) if publish and "rows_missing" in publish
                          else manifest.rows - rows_ok - sum(m.rows_dead_letter for m in markers)),
         "dead_letter_reasons": agg.dead_letter_reasons(markers, publish),
+        "files_quarantined": agg.files_quarantined(markers, publish),
         "tokens": tokens,
         "padding_efficiency": padding["efficiency"],
         "padding": padding,
