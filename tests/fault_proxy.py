@@ -12,6 +12,12 @@ a seeded ``random.Random``), answered with one fault:
   be treated as success when the content is equal.
 * ``delay``: the reply is held for ``FaultPlan.delay_seconds`` and then delivered normally.
 
+Targeted faults (in-thread :class:`FaultProxy` only): ``script`` is a list of :class:`ScriptedFault` s,
+each hitting the n-th request of one upload step (:func:`upload_step`: the multipart upload, the
+resumable session's initiating POST, a middle chunk PUT or the final chunk PUT), e.g. dropping the final
+chunk's reply after the emulator finalized the object. ``gcs_resumable=True`` makes resumable uploads
+behave as on real GCS where fake-gcs-server differs (see :class:`_ResumableShim`).
+
 No single request key (method + path + query) is faulted more than ``max_consecutive`` times in a row, so
 a client with a bounded retry budget always gets through; the fault rate stays what was asked for in
 aggregate. ``Location`` headers and JSON bodies that name the emulator's own URL are rewritten to the
@@ -30,6 +36,7 @@ from __future__ import annotations
 import http.client
 import json
 import random
+import re
 import signal
 import socket
 import struct
@@ -39,10 +46,11 @@ import threading
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 
 _CONTROL = "/__fault_proxy__/"
 
@@ -134,6 +142,135 @@ class _Decider:
             return fault
 
 
+UPLOAD_STEPS = ("multipart", "initiate", "middle", "final")
+"""Upload requests :func:`upload_step` tells apart (the targets of a :class:`ScriptedFault`)."""
+
+_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+
+
+def upload_step(method: str, path: str, headers: Mapping[str, str]) -> str | None:
+    """Which step of an upload a request is, or ``None`` for anything else (reads, status queries).
+
+    ``"multipart"``: ``POST .../upload/...?uploadType=multipart`` (objects up to 8 MiB);
+    ``"initiate"``: ``POST ...?uploadType=resumable`` (opens a session); ``"middle"`` / ``"final"``: a
+    ``PUT`` to a session whose ``Content-Range: bytes a-b/total`` ends before / at the last byte.
+    """
+    query = parse_qs(urlsplit(path).query)
+    if "/upload/" not in path:
+        return None
+    if method == "POST":
+        kind = query.get("uploadType", [""])[0]
+        return {"multipart": "multipart", "resumable": "initiate"}.get(kind)
+    if method == "PUT" and "upload_id" in query:
+        match = _RANGE.fullmatch(headers.get("Content-Range", "").strip())
+        if match is None:
+            return None  # a status query (bytes */total) or an empty body
+        end, total = int(match.group(2)), match.group(3)
+        return "final" if total != "*" and end + 1 == int(total) else "middle"
+    return None
+
+
+@dataclass
+class ScriptedFault:
+    """One targeted fault: the ``nth`` request of upload step ``step`` gets ``kind``.
+
+    Attributes:
+        step: one of :data:`UPLOAD_STEPS`.
+        kind: ``"reset_after"`` (forward, then drop the reply: a lost reply), ``"reset"``, ``"429"``,
+            ``"503"``, or ``None`` (forward normally: only ``before`` runs).
+        nth: which request of that step, counting from 1 (retries count too).
+        before: called in the proxy thread before the request is forwarded (e.g. another writer commits).
+    """
+
+    step: str
+    kind: str | None = "reset_after"
+    nth: int = 1
+    before: Callable[[], None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.step not in UPLOAD_STEPS:
+            raise ValueError(f"ScriptedFault.step: {self.step!r}; choose from {UPLOAD_STEPS}")
+        if self.kind not in (None, "reset_after", "reset", "429", "503"):
+            raise ValueError(f"ScriptedFault.kind: {self.kind!r}")
+        if self.nth < 1:
+            raise ValueError("ScriptedFault.nth counts from 1")
+
+
+class _Script:
+    """Scripted faults plus per-step request counts and a log of ``(step, outcome)`` per upload request."""
+
+    def __init__(self, faults: list[ScriptedFault]) -> None:
+        self.faults = list(faults)
+        self.counts: Counter = Counter()
+        self.uploads: list[tuple[str, str]] = []
+        self._lock = threading.Lock()
+
+    def take(self, step: str) -> ScriptedFault | None:
+        with self._lock:
+            self.counts[step] += 1
+            for i, fault in enumerate(self.faults):
+                if fault.step == step and fault.nth == self.counts[step]:
+                    return self.faults.pop(i)
+        return None
+
+    def record(self, step: str, outcome: str) -> None:
+        with self._lock:
+            self.uploads.append((step, outcome))
+
+
+@dataclass
+class _Session:
+    bucket: str
+    name: str
+    create_only: bool
+    persisted: int = 0
+    finalized: bool = False
+
+
+class _ResumableShim:
+    """Real-GCS behaviour of resumable uploads that fake-gcs-server 1.54 lacks, applied in the proxy:
+
+    * ``ifGenerationMatch=0`` is checked when the session is opened and again at the final chunk: an
+      existing object -> 412 (``conditionNotMet``), nothing forwarded (fake-gcs-server ignores it and
+      overwrites).
+    * A re-sent chunk whose bytes the session already holds is answered 308 with the current ``Range``
+      and not forwarded; a partly new one is trimmed (fake-gcs-server appends it again: a corrupt object).
+    * A chunk sent to a session that is already finalized gets ``completed_status`` (412, 410 or 404;
+      ``None`` forwards it: fake-gcs-server answers 404).
+    """
+
+    def __init__(self, upstream: object, completed_status: int | None) -> None:
+        self.upstream = upstream
+        self.completed_status = completed_status
+        self.sessions: dict[str, _Session] = {}
+        self.lock = threading.Lock()
+
+    def object_exists(self, bucket: str, name: str) -> bool:
+        conn = http.client.HTTPConnection(self.upstream.hostname, self.upstream.port, timeout=30)
+        try:
+            conn.request("GET", f"/storage/v1/b/{quote(bucket, safe='')}/o/{quote(name, safe='')}")
+            resp = conn.getresponse()
+            resp.read()
+            return resp.status == 200
+        finally:
+            conn.close()
+
+    @staticmethod
+    def upload_id(path: str) -> str:
+        return parse_qs(urlsplit(path).query).get("upload_id", [""])[0]
+
+    def session(self, path: str) -> _Session | None:
+        with self.lock:
+            return self.sessions.get(self.upload_id(path))
+
+
+def _precondition_reply() -> tuple[int, list[tuple[str, str]], bytes]:
+    message = "At least one of the pre-conditions you specified did not hold."
+    body = json.dumps({"error": {"code": 412, "message": message,
+                                 "errors": [{"reason": "conditionNotMet", "message": message}]}}).encode()
+    return 412, [("Content-Type", "application/json; charset=UTF-8")], body
+
+
 def _reset(sock: socket.socket) -> None:
     """Close ``sock`` with a TCP RST (SO_LINGER on, timeout 0) instead of a clean FIN."""
     try:
@@ -188,11 +325,12 @@ class _Handler(BaseHTTPRequestHandler):
         ]}}).encode()
         self._send(status, [("Content-Type", "application/json; charset=UTF-8")], body)
 
-    def _forward(self, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
+    def _forward(self, body: bytes, replace: Mapping[str, str] | None = None) -> tuple[int, list[tuple[str, str]], bytes]:
         up = self.server.upstream
         conn = http.client.HTTPConnection(up.hostname, up.port, timeout=60)
         try:
             headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
+            headers.update(replace or {})
             headers["Host"] = up.netloc
             if body or self.command in ("POST", "PUT", "PATCH"):
                 headers["Content-Length"] = str(len(body))
@@ -223,34 +361,101 @@ class _Handler(BaseHTTPRequestHandler):
                     "by_kind": dict(st.by_kind), "log": st.log}
         self._send(200, [("Content-Type", "application/json")], json.dumps(data).encode())
 
+    def _shim_initiate(self, shim: _ResumableShim, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
+        query = parse_qs(urlsplit(self.path).query)
+        bucket = urlsplit(self.path).path.split("/b/", 1)[1].split("/", 1)[0]
+        try:
+            name = query.get("name", [""])[0] or json.loads(body or b"{}").get("name", "")
+        except ValueError:
+            name = ""
+        create_only = query.get("ifGenerationMatch", [""])[0] == "0"
+        if create_only and name and shim.object_exists(bucket, name):
+            return _precondition_reply()
+        status, headers, data = self._forward(body)
+        location = next((v for k, v in headers if k.lower() == "location"), "")
+        if status == 200 and location:
+            with shim.lock:
+                shim.sessions[shim.upload_id(location)] = _Session(bucket, name, create_only)
+        return status, headers, data
+
+    def _shim_chunk(self, shim: _ResumableShim, step: str, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
+        sess = shim.session(self.path)
+        if sess is None:
+            return self._forward(body)
+        if sess.finalized:
+            if shim.completed_status is None:
+                return self._forward(body)
+            if shim.completed_status == 412:
+                return _precondition_reply()
+            err = {"error": {"code": shim.completed_status, "message": "upload session is finalized (injected)"}}
+            return shim.completed_status, [("Content-Type", "application/json")], json.dumps(err).encode()
+        match = _RANGE.fullmatch(self.headers.get("Content-Range", "").strip())
+        first, last, total = int(match.group(1)), int(match.group(2)), match.group(3)
+        replace = None
+        if last < sess.persisted:  # all of it is already stored: what GCS answers, without storing it again
+            return 308, [("Range", f"bytes=0-{sess.persisted - 1}")], b""
+        if first < sess.persisted:
+            body = body[sess.persisted - first :]
+            replace = {"Content-Range": f"bytes {sess.persisted}-{last}/{total}"}
+        if step == "final" and sess.create_only and shim.object_exists(sess.bucket, sess.name):
+            return _precondition_reply()
+        status, headers, data = self._forward(body, replace)
+        with shim.lock:
+            if status == 308:
+                got = next((v for k, v in headers if k.lower() == "range"), "")
+                sess.persisted = int(got.rsplit("-", 1)[1]) + 1 if "-" in got else 0
+            elif status in (200, 201):
+                sess.finalized = True
+        return status, headers, data
+
     def _handle(self) -> None:
         body = self._read_body()
         if self.path.startswith(_CONTROL):
             self._control()
             return
-        fault = self.server.decider.draw(self.command, self.path)
+        server = self.server
+        step = upload_step(self.command, self.path, self.headers)
+        scripted = server.script.take(step) if step is not None else None
+        if scripted is not None and scripted.before is not None:
+            scripted.before()
+        fault = server.decider.draw(self.command, self.path)
+        if scripted is not None:
+            fault = scripted.kind
         if fault in ("429", "503"):
+            self._record(step, f"injected {fault}")
             self._error_reply(int(fault))
             return
         if fault == "reset":
+            self._record(step, "injected reset")
             self.close_connection = True
             _reset(self.connection)
             return
         try:
-            status, headers, data = self._forward(body)
+            if server.shim is not None and step == "initiate":
+                status, headers, data = self._shim_initiate(server.shim, body)
+            elif server.shim is not None and step in ("middle", "final"):
+                status, headers, data = self._shim_chunk(server.shim, step, body)
+            else:
+                status, headers, data = self._forward(body)
         except OSError as exc:  # upstream down: report it like a gateway would
             self._send(502, [("Content-Type", "text/plain")], f"upstream error: {exc}".encode())
             return
-        with self.server.decider._lock:
-            self.server.decider.stats.forwarded += 1
+        with server.decider._lock:
+            server.decider.stats.forwarded += 1
         if fault == "reset_after":
+            self._record(step, f"dropped {status}")
             self.close_connection = True
             _reset(self.connection)
             return
         if fault == "delay":
-            time.sleep(self.server.decider.plan.delay_seconds)
+            time.sleep(server.decider.plan.delay_seconds)
+        self._record(step, str(status))
         headers, data = self._rewrite(headers, data)
         self._send(status, headers, data)
+
+    def _record(self, step: str | None, outcome: str) -> None:
+        if step is not None:
+            self.server.script.record(step, outcome)
 
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = _handle
 
@@ -262,6 +467,8 @@ class _ProxyServer(ThreadingHTTPServer):
     upstream_url: str
     url: str
     decider: _Decider
+    script: _Script
+    shim: _ResumableShim | None
 
 
 class FaultProxy:
@@ -269,22 +476,36 @@ class FaultProxy:
 
     Args:
         upstream_url: the emulator's base URL, e.g. ``http://127.0.0.1:4443``.
-        plan: what to inject; ``FaultPlan(rate=0)`` makes a transparent proxy.
+        plan: what to inject at random; ``FaultPlan(rate=0)`` makes a transparent proxy.
         port: port to listen on; 0 picks a free one.
+        script: targeted faults (:class:`ScriptedFault`), each used once; they override ``plan``'s draw.
+        gcs_resumable: give resumable uploads real GCS's semantics (see :class:`_ResumableShim`).
+        completed_status: with ``gcs_resumable``, the status answering a chunk sent to a session that is
+            already finalized (412, 410 or 404; ``None``: forwarded, fake-gcs-server answers 404).
 
     Attributes:
         url: the proxy's base URL (``http://127.0.0.1:<port>``), to use as ``STORAGE_EMULATOR_HOST``.
         stats: :class:`ProxyStats`, live.
+        uploads: ``(step, outcome)`` per upload request (:func:`upload_step`), in arrival order; outcome
+            is the status sent (``"308"``), ``"dropped <status>"`` or ``"injected <fault>"``.
     """
 
-    def __init__(self, upstream_url: str, plan: FaultPlan | None = None, port: int = 0) -> None:
+    def __init__(self, upstream_url: str, plan: FaultPlan | None = None, port: int = 0,
+                 script: list[ScriptedFault] | None = None, gcs_resumable: bool = False,
+                 completed_status: int | None = None) -> None:
         self.plan = plan or FaultPlan()
         self._server = _ProxyServer(("127.0.0.1", port), _Handler)
         self._server.upstream = urlsplit(upstream_url)
         self._server.upstream_url = upstream_url.rstrip("/")
         self._server.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._server.decider = _Decider(self.plan)
+        self._server.script = _Script(script or [])
+        self._server.shim = _ResumableShim(self._server.upstream, completed_status) if gcs_resumable else None
         self._thread: threading.Thread | None = None
+
+    @property
+    def uploads(self) -> list[tuple[str, str]]:
+        return self._server.script.uploads
 
     @property
     def url(self) -> str:

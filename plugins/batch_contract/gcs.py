@@ -8,11 +8,15 @@ Semantics (same as the local backend, see ``docs/gcs.md``):
 
 * **Create-only commits** (:func:`write_create_only`): one upload with ``if_generation_match=0``.
   Objects up to 8 MiB go up in one non-resumable (multipart) request, so the precondition is checked
-  by every GCS-compatible server; larger ones use a resumable session (real GCS checks the precondition
-  there too; fake-gcs-server does not). Because the precondition makes the upload idempotent, it is
-  retried on 429/5xx/connection errors. A 412 means the object exists: it may be our own upload whose
-  reply was lost, so the object's MD5 (or bytes) is compared with ``data``: same -> success, different
-  -> :class:`~batch_contract.storage.AlreadyExistsError`.
+  by every GCS-compatible server; larger ones use a resumable session (a POST that opens it, then PUTs
+  of :data:`UPLOAD_CHUNK_BYTES` each; real GCS checks the precondition there too; fake-gcs-server does
+  not). Because the precondition makes the upload idempotent, each request is retried on
+  429/5xx/connection errors. A 412 means the object exists: it may be our own upload whose reply was
+  lost, so the object is compared with ``data`` (:func:`_same_content`): same -> success, different ->
+  :class:`~batch_contract.storage.AlreadyExistsError`. A failure after which our bytes may have landed
+  (connection errors, retries run out, 404/410 for a resumable session that the server already
+  finalized or dropped) is read back the same way: our bytes -> success, other bytes ->
+  ``AlreadyExistsError``, no object -> the upload's error.
 * **Retries**: google-cloud-storage's ``DEFAULT_RETRY`` predicate (429, 408, 5xx, connection resets)
   with truncated exponential backoff and full jitter (``random.uniform(0, delay)``, delay from
   :data:`RETRY_INITIAL_S` doubling up to :data:`RETRY_MAX_S`), giving up after :data:`RETRY_TIMEOUT_S`.
@@ -69,6 +73,11 @@ RETRY_TIMEOUT_S = 120.0
 """Give up retrying one call after this many seconds."""
 REQUEST_TIMEOUT_S = (10.0, 120.0)
 """(connect, read) timeout in seconds of one HTTP request."""
+UPLOAD_CHUNK_BYTES = 100 * 2**20
+"""Bytes per PUT of a resumable upload (objects over 8 MiB); a multiple of 256 KiB (GCS requires it).
+100 MiB is google-cloud-storage's default; each PUT holds one chunk in memory besides ``data``."""
+COMPARE_PIECE_BYTES = 8 * 2**20
+"""Bytes per ranged download when a read-back must compare bytes (no MD5 or CRC32C in the metadata)."""
 
 _GCS_SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
 _CONTENT_TYPES = {".json": "application/json", ".html": "text/html", ".parquet": "application/vnd.apache.parquet"}
@@ -265,30 +274,82 @@ def _api_error(uri: str, action: str, exc: BaseException) -> StorageError:
     return StorageError(f"{uri}: {action} failed ({prefix}{type(exc).__name__}{status})")
 
 
-def _same_content(blob: Any, data: bytes) -> bool:
-    """Whether the committed object ``blob`` holds exactly ``data`` (MD5 from metadata, else bytes)."""
-    blob.reload(retry=_retry(), timeout=REQUEST_TIMEOUT_S)
+def _crc32c_b64(data: bytes) -> str:
+    """Base64 of the big-endian CRC32C of ``data`` (the form of the object resource's ``crc32c``)."""
+    import google_crc32c
+
+    return base64.b64encode(google_crc32c.value(data).to_bytes(4, "big")).decode()
+
+
+def _same_content(blob: Any, data: bytes) -> bool | None:
+    """Whether the committed object ``blob`` holds exactly ``data``; ``None`` when there is no object.
+
+    Compares, in this order of preference, the MD5 of the object's metadata (absent for composite
+    objects), its CRC32C, or the bytes themselves, downloaded :data:`COMPARE_PIECE_BYTES` at a time and
+    compared piece by piece (so a big object is never held in memory twice). A size that differs from
+    ``len(data)`` is a mismatch without any hashing.
+
+    Raises:
+        google.api_core.exceptions.GoogleAPICallError, requests.RequestException: the read-back failed
+            (after retries).
+    """
+    gexc = _errors()
+    try:
+        blob.reload(retry=_retry(), timeout=REQUEST_TIMEOUT_S)
+    except gexc.NotFound:
+        return None
     if blob.size is not None and blob.size != len(data):
         return False
     if blob.md5_hash:
         return blob.md5_hash == base64.b64encode(hashlib.md5(data).digest()).decode()
-    return blob.download_as_bytes(retry=_retry(), timeout=REQUEST_TIMEOUT_S) == data
+    if blob.crc32c:
+        return blob.crc32c == _crc32c_b64(data)
+    view = memoryview(data)
+    for start in range(0, len(data), COMPARE_PIECE_BYTES):
+        end = min(start + COMPARE_PIECE_BYTES, len(data)) - 1  # inclusive, as in an HTTP Range
+        piece = blob.download_as_bytes(start=start, end=end, generation=blob.generation,
+                                       retry=_retry(), timeout=REQUEST_TIMEOUT_S)
+        if piece != view[start : end + 1]:
+            return False
+    return True
+
+
+def _may_have_landed(exc: BaseException) -> bool:
+    """Whether a failed create-only upload may still have stored the object: a transport error or
+    timeout, retries that ran out, a 5xx, or 404/410 (a resumable session already finalized, or
+    expired, by the server). Other statuses (400, 401, 403, ...) were refused before anything was
+    stored."""
+    cause = getattr(exc, "cause", None)  # RetryError: judge the last error before the deadline
+    if isinstance(cause, BaseException):
+        exc = cause
+    code = getattr(exc, "code", None)
+    if not isinstance(code, int):
+        code = getattr(getattr(exc, "response", None), "status_code", None)
+    return not isinstance(code, int) or code >= 500 or code in (404, 408, 410, 429)
 
 
 def write_create_only(uri: str, data: bytes) -> None:
     """Commit ``data`` as the new object ``uri`` (``if_generation_match=0``); never overwrite.
+
+    Objects over 8 MiB go up as a resumable upload in :data:`UPLOAD_CHUNK_BYTES` pieces. When the server
+    answers 412 (the object exists), or the upload fails in a way after which our bytes may have landed
+    (see :func:`_may_have_landed`), the object is read back and compared with ``data``: our bytes are a
+    success (a retried request whose first reply was lost).
 
     Args:
         uri: ``gs://bucket/name``.
         data: the whole object.
 
     Raises:
-        AlreadyExistsError: the object exists with other content (same content: success, which
-            resolves a retried upload whose first reply was lost).
-        StorageError: any other failure after retries (message: URI and HTTP status only).
+        AlreadyExistsError: the object exists with other content (another writer's).
+        StorageError: any other failure after retries, including a failed upload that left no object
+            (message: URI and HTTP status only).
     """
     gexc = _errors()
+    from google.cloud.storage.exceptions import DataCorruption
+
     blob = _blob(uri)
+    blob.chunk_size = UPLOAD_CHUNK_BYTES
     try:
         blob.upload_from_string(
             data,
@@ -299,13 +360,23 @@ def write_create_only(uri: str, data: bytes) -> None:
         )
         return
     except gexc.PreconditionFailed:
-        pass
+        failure: BaseException | None = None
+    except DataCorruption as exc:  # the server's checksum differs; the library deleted the object
+        raise _api_error(uri, "create-only upload (checksum mismatch)", exc) from exc
     except _failures() as exc:
-        raise _api_error(uri, "create-only upload", exc) from exc
+        if not _may_have_landed(exc):
+            raise _api_error(uri, "create-only upload", exc) from exc
+        failure = exc
     try:
         same = _same_content(blob, data)
     except _failures() as exc:
+        if failure is not None:
+            raise _api_error(uri, "create-only upload", failure) from failure
         raise _api_error(uri, "read-back after 412", exc) from exc
+    if same is None:
+        if failure is not None:
+            raise _api_error(uri, "create-only upload", failure) from failure
+        raise StorageError(f"{uri}: create-only upload got 412 but no object is there (deleted meanwhile?)")
     if not same:
         raise AlreadyExistsError(f"{uri} already exists with other content")
     log.info("%s: already committed with the same content (retried commit); nothing to do", uri)

@@ -135,3 +135,38 @@ def test_missing_adc_is_a_clear_storage_error(monkeypatch: pytest.MonkeyPatch, t
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path))  # no gcloud user credentials
     with pytest.raises(storage.StorageError, match="needs credentials.*GOOGLE_APPLICATION_CREDENTIALS"):
         storage.exists("gs://bucket/x.json")
+
+
+class _FakeBlob:
+    """Just enough of a ``google.cloud.storage.Blob`` for :func:`gcs._same_content` (no network)."""
+
+    def __init__(self, data: bytes, md5: bool, crc: bool) -> None:
+        import base64
+        import hashlib
+
+        import google_crc32c
+
+        self.data, self.size, self.generation = data, len(data), 7
+        self.md5_hash = base64.b64encode(hashlib.md5(data).digest()).decode() if md5 else None
+        self.crc32c = base64.b64encode(google_crc32c.value(data).to_bytes(4, "big")).decode() if crc else None
+        self.ranges: list[tuple[int, int]] = []
+
+    def reload(self, **_: object) -> None:
+        pass
+
+    def download_as_bytes(self, start: int, end: int, generation: int, **_: object) -> bytes:
+        assert generation == self.generation
+        self.ranges.append((start, end))
+        return self.data[start : end + 1]
+
+
+@pytest.mark.parametrize(("md5", "crc"), [(True, True), (False, True), (False, False)], ids=["md5", "crc32c", "bytes"])
+def test_same_content_by_md5_crc32c_or_streamed_bytes(monkeypatch: pytest.MonkeyPatch, md5: bool, crc: bool) -> None:
+    monkeypatch.setattr(gcs, "COMPARE_PIECE_BYTES", 1000)
+    ours = bytes(range(256)) * 10  # 2,560 bytes: three pieces when compared byte for byte
+    assert gcs._same_content(_FakeBlob(ours, md5, crc), ours) is True
+    theirs = ours[:-1] + b"\x00"  # same size, last byte differs
+    blob = _FakeBlob(theirs, md5, crc)
+    assert gcs._same_content(blob, ours) is False
+    assert blob.ranges == ([] if md5 or crc else [(0, 999), (1000, 1999), (2000, 2559)])
+    assert gcs._same_content(_FakeBlob(ours[:-1], md5, crc), ours) is False  # size differs: no hashing
