@@ -39,7 +39,8 @@ BAD_UTF8_LINE = b'{"id": "bad-utf8", "text": "caf\xc3 \xff\xfe bytes"}'
 def _plan(tmp: Path, input_uri: str, run_id: str, rows_per_shard: int = 10_000, **kw):
     request = PlanRequest(input_uri=input_uri, id_column=kw.pop("id_column", "id"),
                           text_column=kw.pop("text_column", "text"), output_root=str(tmp / "out"),
-                          run_id=run_id, engine=ENGINE, worker=WORKER, rows_per_shard=rows_per_shard, **kw)
+                          run_id=run_id, engine=ENGINE, worker=kw.pop("worker", WORKER),
+                          rows_per_shard=rows_per_shard, **kw)
     return plan(request)
 
 
@@ -175,6 +176,14 @@ def _jsonl_dataset(d: Path) -> dict[str, object]:
         {"id": "id\nwith\nnewlines", "text": "ids with newlines stay verbatim"},
         {"id": "huge", "text": LONG_TEXT},
         {"id": "", "text": "empty string id"},
+        # json.dumps writes a lone surrogate as the escape \ud800 (valid JSON, not valid Unicode)
+        {"id": "surrogate-text", "text": "lone \ud800 surrogate in the text"},
+        {"id": "bad-\udc00-id", "text": "an id with a lone surrogate"},
+        {"id": "surrogate-unused", "text": "fine text", "section": "unused \ud800 column"},
+        {"id": "dup-empty-first", "text": ""},
+        {"id": "dup-empty-first", "text": "the first valid row of this id wins"},
+        {"id": "dup-valid-first", "text": "first and valid"},
+        {"id": "dup-valid-first", "text": None},
     ]
     # pad past the planner's sampled lines with cheap rows (empty text: dead letters, no inference)
     a += [{"id": f"pad-{i:03d}", "text": ""} for i in range(JSONL_SAMPLE_LINES)]
@@ -260,6 +269,9 @@ DEAD_CASES = [
     ("jsonl_line_not_json_after_sampled_lines", "a", "late+0", DeadLetterReason.INVALID_RECORD, None),
     ("non_string_text", "a", "late+2", DeadLetterReason.NON_STRING_TEXT, "numtext"),
     ("list_id", "a", "late+3", DeadLetterReason.INVALID_ID, None),
+    ("id_with_lone_surrogate", "a", 14, DeadLetterReason.INVALID_ID, None),
+    ("duplicate_id_whose_first_row_is_empty", "a", 16, DeadLetterReason.EMPTY_TEXT, "dup-empty-first"),
+    ("duplicate_id_later_row_with_null_text", "a", 19, DeadLetterReason.NULL_TEXT, "dup-valid-first"),
 ]
 
 
@@ -287,6 +299,9 @@ RESULT_CASES = [
     ("first_of_duplicate_ids_across_files", "dup-across", {}),
     ("text_500k_chars_truncated", "huge", {"truncated": True}),
     ("invalid_utf8_repaired_and_flagged", "bad-utf8", {"text_repaired": True}),
+    ("lone_surrogate_in_text_repaired_and_flagged", "surrogate-text", {"text_repaired": True}),
+    ("lone_surrogate_in_an_unused_column_ignored", "surrogate-unused", {}),
+    ("duplicate_id_first_valid_row_wins", "dup-empty-first", {}),
 ]
 
 
@@ -310,10 +325,10 @@ def test_marker_counts_match_the_catalogue(jsonl_run) -> None:
     for m in markers:
         for k, v in m.dead_letter_reasons.items():
             reasons[k] = reasons.get(k, 0) + v
-    assert reasons[DeadLetterReason.EMPTY_TEXT.value] == 2 + JSONL_SAMPLE_LINES
+    assert reasons[DeadLetterReason.EMPTY_TEXT.value] == 3 + JSONL_SAMPLE_LINES
     assert reasons[DeadLetterReason.DUPLICATE_ID.value] == 2
     assert sum(m.rows_truncated for m in markers) == 1
-    assert sum(m.rows_text_repaired for m in markers) == 1
+    assert sum(m.rows_text_repaired for m in markers) == 2
 
 
 def test_rerun_of_a_shard_whose_rows_were_all_done_writes_nothing(jsonl_run) -> None:
@@ -384,3 +399,114 @@ def test_duplicate_id_across_shards_is_not_lost_silently(tmp_path: Path) -> None
         assert "same" in str(exc), "the error names the duplicated id"
         return
     assert summary["rows_published"] + summary["rows_dead_letter"] == summary["rows_input"] == 4
+
+
+def test_id_with_lone_surrogate_is_matched_by_position(jsonl_run) -> None:
+    letter = jsonl_run["dead"][(jsonl_run["a"], 14)][0]
+    assert letter["id"] is None and "surrogate" in letter["detail"]
+
+
+# ------------------------------------------------------------------------------------ not valid UTF-8 in Parquet
+
+
+def _invalid_utf8(values: list[bytes | None]) -> pa.Array:
+    """A Parquet/Arrow string column holding bytes that are not UTF-8 (as other writers produce)."""
+    return pa.array(values, pa.binary()).view(pa.string())
+
+
+def test_parquet_strings_that_are_not_utf8_never_fail_the_shard_or_publish(tmp_path: Path) -> None:
+    """Text is repaired (U+FFFD, ``text_repaired``), the id becomes an ``invalid_id`` dead letter matched by
+    position, an unused column is never read; plan, worker and publish all succeed."""
+    from batch_inference.publish.api import publish_run
+    from batch_inference.publish.target import PublishTarget
+
+    src = _parquet(tmp_path / "in" / "bad.parquet", pa.table({
+        "id": _invalid_utf8([b"ok", b"bad-\xff-id", b"txt", b"\xed\xa0\x80"]),
+        "text": _invalid_utf8([b"fine", b"words", b"caf\xc3 cut", b"more"]),
+        "section": _invalid_utf8([b"\xff", b"\xfe", b"x", b"y"]),
+    }))
+    manifest, refs = _plan(tmp_path, str(src), run_id="not_utf8")
+    assert [_run_worker(r["run_dir"], r["shard_id"]) for r in refs] == [0]
+    results, dead = _outputs(refs[0]["run_dir"], [r["shard_id"] for r in refs])
+    assert sorted(results) == ["ok", "txt"]
+    assert results["txt"][0]["text_repaired"] is True and results["ok"][0]["text_repaired"] is False
+    assert {k[1]: (v[0]["id"], v[0]["reason"]) for k, v in dead.items()} == {
+        1: (None, "invalid_id"), 3: (None, "invalid_id")}
+    target = PublishTarget(backend="duckdb", table="utf8", duckdb_path=str(tmp_path / "pub.duckdb"))
+    summary = publish_run(refs[0]["run_dir"], target)
+    assert (summary["rows_published"], summary["rows_dead_letter"], summary["rows_missing"]) == (2, 2, 0)
+
+
+# ------------------------------------------------------------------------------------ sharding invariance
+
+
+def _published(db: Path, table: str) -> tuple[list[tuple], list[tuple]]:
+    import duckdb
+
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        results = con.execute(f"SELECT id, text_repaired, truncated FROM {table} ORDER BY id").fetchall()
+        dead = con.execute(f"SELECT id, reason, detail, source_uri, source_row FROM {table}__dead_letters "
+                           "ORDER BY source_uri, source_row").fetchall()
+    finally:
+        con.close()
+    return results, dead
+
+
+def test_duplicate_ids_publish_the_same_table_whatever_the_shard_boundaries(tmp_path: Path) -> None:
+    """The defect: one id on an empty-text row and then a valid row gave no result in one shard and a
+    result in two. Every ``rows_per_shard`` from 1 to n must publish identical tables."""
+    from batch_inference.publish.api import publish_run
+    from batch_inference.publish.target import PublishTarget
+
+    lines: list[bytes | dict] = [
+        {"id": "x", "text": ""}, {"id": "y", "text": "first y"}, {"id": "x", "text": "valid x"},
+        {"id": "y", "text": "second y"}, {"id": "x", "text": "third x"}, {"id": "z", "text": None},
+        {"id": "z", "text": "valid z after a null text"}, {"id": "w", "text": "w once"},
+        {"id": "w", "text": " \t "},
+    ]
+    src = _jsonl(tmp_path / "in" / "dups.jsonl", lines)
+    tables = {}
+    for rows_per_shard in range(1, len(lines) + 1):
+        run_id = f"dups_{rows_per_shard}"
+        _, refs = _plan(tmp_path, str(src), run_id=run_id, rows_per_shard=rows_per_shard)
+        assert all(_run_worker(r["run_dir"], r["shard_id"]) == 0 for r in refs)
+        target = PublishTarget(backend="duckdb", table=f"t{rows_per_shard}", duckdb_path=str(tmp_path / "p.duckdb"))
+        summary = publish_run(refs[0]["run_dir"], target)
+        assert summary["rows_published"] + summary["rows_dead_letter"] == len(lines)
+        tables[rows_per_shard] = _published(tmp_path / "p.duckdb", f"t{rows_per_shard}")
+    results, dead = tables[len(lines)]
+    assert [r[0] for r in results] == ["w", "x", "y", "z"]
+    assert [(d[0], d[1], d[4]) for d in dead] == [
+        ("x", "empty_text", 0), ("y", "duplicate_id", 3), ("x", "duplicate_id", 4), ("z", "null_text", 5),
+        ("w", "empty_text", 8)]
+    assert dead[1][2] == f"duplicate of {src}#1, the first valid row with this id in input order (the one processed)"
+    for rows_per_shard, got in tables.items():
+        assert got == tables[len(lines)], f"rows_per_shard={rows_per_shard} published another table"
+
+
+# ------------------------------------------------------------------------------------ torn committed files
+
+
+def test_torn_part_file_without_marker_is_quarantined_and_recomputed(tmp_path: Path) -> None:
+    """A truncated committed part and no marker used to crash every retry ("Parquet magic bytes not
+    found"). The restart sets it aside, recomputes its rows and completes; the marker counts it."""
+    src = _jsonl(tmp_path / "in" / "rows.jsonl", [{"id": f"r{i}", "text": f"row number {i}"} for i in range(12)])
+    _, refs = _plan(tmp_path, str(src), run_id="torn", worker={**WORKER, "chunk_rows": 4})
+    run_dir, sid = refs[0]["run_dir"], refs[0]["shard_id"]
+    assert _run_worker(run_dir, sid) == 0
+    layout = RunLayout.from_run_dir(run_dir)
+    shard = storage.local_path(layout.shard_dir(sid))
+    parts = sorted(shard.glob("part-*.parquet"))
+    assert len(parts) == 3, "4-row chunks"
+    before, _ = _outputs(run_dir, [sid])
+    torn = parts[1]
+    torn.write_bytes(torn.read_bytes()[: torn.stat().st_size // 2])
+    storage.delete(layout.marker_uri(sid))
+    assert _run_worker(run_dir, sid) == 0
+    assert (shard / "quarantine" / torn.name).exists() and not torn.exists()
+    after, _ = _outputs(run_dir, [sid])
+    assert sorted(after) == sorted(before) and all(len(v) == 1 for v in after.values())
+    marker = ShardMarker.from_json_bytes(storage.read_bytes(layout.marker_uri(sid)))
+    assert marker.files_quarantined == 1 and marker.rows_ok == 12
+    assert set(marker.files) == {p.name for p in shard.glob("part-*.parquet")}

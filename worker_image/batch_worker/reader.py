@@ -72,7 +72,7 @@ def _values(col: pa.ChunkedArray | pa.Array) -> list[Any]:
         return col.to_pylist()
     except UnicodeDecodeError:
         binary = pa.large_binary() if pat.is_large_string(col.type) else pa.binary()
-        return col.view(binary).to_pylist()
+        return col.cast(binary).to_pylist()
 
 
 def _repaired_texts(values: list[Any]) -> tuple[list[Any], list[bool]]:
