@@ -7,14 +7,18 @@ after truncation (see :data:`batch_contract.schemas.COMMON_FIELDS`).
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 from batch_contract import storage
 from batch_contract.layout import PART_PREFIX, RunLayout, chunk_of, join_uri
 from batch_contract.marker import ShardMarker
+
+log = logging.getLogger(__name__)
 
 
 def part_names(layout: RunLayout, shard_id: str, marker: ShardMarker | None) -> list[str]:
@@ -33,6 +37,7 @@ def shard_length_counts(layout: RunLayout, shard_id: str, marker: ShardMarker | 
 
     Raises:
         ValueError: a part file lacks the ``n_tokens`` column or has a negative count (names the file).
+            A file that is gone or unreadable (quarantined after the marker) is skipped with a warning.
     """
     counts = np.zeros(0, dtype=np.int64)
     shard_dir = layout.shard_dir(shard_id)
@@ -43,6 +48,9 @@ def shard_length_counts(layout: RunLayout, shard_id: str, marker: ShardMarker | 
             col = pq.read_table(path, columns=["n_tokens"], filesystem=fs).column("n_tokens")
         except KeyError:
             raise ValueError(f"{uri}: part file has no n_tokens column") from None
+        except (pa.ArrowInvalid, OSError) as exc:  # quarantined or torn since the marker was written
+            log.warning("length histogram: skipping %s (%s)", uri, exc)
+            continue
         values = col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
         if values.size == 0:
             continue
