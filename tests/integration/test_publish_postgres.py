@@ -167,10 +167,10 @@ def test_crash_after_staging_keeps_old_table_and_rerun_completes(
                           env={**os.environ, "PYTHONPATH": str(REPO / "plugins")})
     assert proc.returncode == 17, proc.stderr
     assert _q(pg_dsn, "SELECT count(*), min(fingerprint) FROM crashy")[0] == (400, "f" * 32)
-    assert _q(pg_dsn, "SELECT count(*) FROM crashy__staging")[0][0] == 399  # staged, never swapped
+    assert _q(pg_dsn, "SELECT count(*) FROM crashy__staging")[0][0] == 400  # staged, never swapped (row 0 is dead, row 401 repeats its id and wins)
     summary = publish_run(run2.run_dir, target)
     assert summary["noop"] is False
-    assert _q(pg_dsn, "SELECT count(*), min(fingerprint) FROM crashy")[0] == (399, "9" * 32)
+    assert _q(pg_dsn, "SELECT count(*), min(fingerprint) FROM crashy")[0] == (400, "9" * 32)
     assert _q(pg_dsn, "SELECT to_regclass('crashy__staging') IS NULL")[0][0] is True
 
 
