@@ -4,6 +4,8 @@ One rule per question, so the three readers of the same input can never disagree
 
 * **Lines** (:func:`iter_jsonl_lines`): a JSONL row is a line that is not blank (ASCII whitespace only
   counts as blank); row numbers count non-blank lines from 0. ``\\r\\n`` endings are tolerated.
+* **Decoding** (:func:`decode_line`): a JSONL line's invalid UTF-8 bytes become lone surrogates, so the
+  id and text rules below see exactly which value held them.
 * **Ids** (:func:`canonical_id`): integers (not booleans) are written in decimal; strings are kept
   verbatim. A null id is ``null_id``; any other type, a string that is not valid Unicode (invalid
   UTF-8 bytes, or a lone UTF-16 surrogate such as the JSON escape ``"\\ud800"``) is ``invalid_id`` with
@@ -68,6 +70,14 @@ def iter_jsonl_lines(stream: BinaryIO, block_bytes: int = READ_BLOCK_BYTES) -> I
 def count_jsonl_rows(stream: BinaryIO) -> int:
     """Number of rows (non-blank lines) in a JSONL stream, by :func:`iter_jsonl_lines`' rule."""
     return sum(1 for _ in iter_jsonl_lines(stream))
+
+
+def decode_line(raw: bytes) -> str:
+    """Decode one JSONL line for ``json.loads`` without losing where it was not UTF-8: each invalid byte
+    becomes a lone surrogate (``surrogateescape``), so a bad byte inside the id makes the id
+    ``invalid_id`` (:func:`canonical_id`), inside the text repairs only the text (:func:`repair_text`),
+    and inside a column nobody reads changes nothing."""
+    return raw.decode("utf-8", errors="surrogateescape")
 
 
 def has_lone_surrogate(text: str) -> bool:

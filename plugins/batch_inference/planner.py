@@ -29,7 +29,7 @@ from batch_contract.engine_config import ConfigError, WorkerSettings
 from batch_contract.enums import InputFormat
 from batch_contract.layout import RunLayout, shard_id_for
 from batch_contract.manifest import InputFile, InputSpec, Manifest, Segment, ShardSpec
-from batch_contract.rows import iter_jsonl_lines, repair_text
+from batch_contract.rows import decode_line, iter_jsonl_lines
 
 from batch_inference.params import DEFAULT_MAX_MAP_LENGTH, SHARD_BY, param_default
 
@@ -318,15 +318,15 @@ def _jsonl_meta(uri: str, columns: dict[str, str]) -> tuple[_FileMeta, dict[str,
 def _sample_line(line: bytes, row: int, uri: str, columns: dict[str, str], seen: dict[str, set[str]]) -> None:
     """Record the JSON types of the id/text columns on one sampled JSONL line.
 
-    Invalid UTF-8 is decoded with U+FFFD (``errors="replace"``), as the worker reads the same line (it
-    repairs the text and flags the row ``text_repaired``), so a bad byte in the first
+    Invalid UTF-8 is decoded as the worker decodes it (:func:`batch_contract.rows.decode_line`: the
+    worker repairs the text and flags the row ``text_repaired``), so a bad byte in the first
     ``JSONL_SAMPLE_LINES`` lines is planned like one on a later line instead of failing the plan.
 
     Raises:
         PlanError: the line is not valid JSON or not a JSON object.
     """
     try:
-        obj = json.loads(repair_text(line)[0])
+        obj = json.loads(decode_line(line))
     except ValueError as exc:
         raise PlanError(f"input: {uri} line {row + 1} (non-blank) is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):

@@ -21,7 +21,7 @@ import pyarrow.types as pat
 from batch_contract import storage
 from batch_contract.enums import InputFormat
 from batch_contract.manifest import InputSpec, Segment
-from batch_contract.rows import iter_jsonl_lines, repair_text, repair_value
+from batch_contract.rows import decode_line, iter_jsonl_lines, repair_text, repair_value
 
 from batch_worker.errors import BadInputError
 
@@ -153,22 +153,22 @@ def _extras_table(records: list[dict[str, Any]], extra: Sequence[str]) -> pa.Tab
     cols = {k: [repair_value(r.get(k)) for r in records] for k in extra}
     try:
         return pa.table(cols)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
-        # mixed types in a column across lines: keep every value, as its JSON text
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
+        # mixed types in a column across lines, integers beyond int64: keep every value as its JSON text
         return pa.table({k: [None if v is None else json.dumps(v, ensure_ascii=False) for v in vals]
                          for k, vals in cols.items()})
 
 
-def _parse_line(raw: bytes) -> tuple[dict[str, Any], str | None, bool]:
-    """``(record, error, repaired)`` of one JSONL line (``{}`` and a reason when unreadable)."""
-    text, repaired = repair_text(raw)
+def _parse_line(raw: bytes) -> tuple[dict[str, Any], str | None]:
+    """``(record, error)`` of one JSONL line (``{}`` and a reason when unreadable). Invalid UTF-8 bytes
+    stay in the values as lone surrogates (:func:`batch_contract.rows.decode_line`)."""
     try:
-        rec = json.loads(text)
+        rec = json.loads(decode_line(raw))
     except json.JSONDecodeError as exc:
-        return {}, f"invalid JSON: {exc.msg} at column {exc.colno}", repaired
+        return {}, f"invalid JSON: {exc.msg} at column {exc.colno}"
     if not isinstance(rec, dict):
-        return {}, f"line is JSON {type(rec).__name__}, not an object", repaired
-    return rec, None, repaired
+        return {}, f"line is JSON {type(rec).__name__}, not an object"
+    return rec, None
 
 
 def _jsonl_block(spec: InputSpec, uri: str, lines: list[tuple[int, bytes]], extra: Sequence[str]) -> RawBlock:
@@ -177,12 +177,12 @@ def _jsonl_block(spec: InputSpec, uri: str, lines: list[tuple[int, bytes]], extr
     texts: list[Any] = []
     repaired: list[bool] = []
     for _rowno, raw in lines:
-        rec, err, bad_bytes = _parse_line(raw)
+        rec, err = _parse_line(raw)
         text, bad_text = repair_text(rec.get(spec.text_column))
         records.append(rec)
         errors.append(err)
         texts.append(text)
-        repaired.append(bad_bytes or bad_text)
+        repaired.append(bad_text)
     return RawBlock(
         source_uri=uri,
         source_rows=[r for r, _ in lines],

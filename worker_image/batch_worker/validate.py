@@ -19,6 +19,7 @@ Every id is converted to its canonical string (:func:`batch_contract.rows.canoni
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -155,13 +156,13 @@ class Validator:
 
 
 def concat_rows(parts: list[ChunkRows]) -> ChunkRows:
-    """Concatenate chunk rows in order (fields tables are unified by column name)."""
+    """Concatenate chunk rows in order (fields tables are unified by column name; a column whose type
+    differs between parts, e.g. a JSON list in one block and a string in another, becomes JSON text)."""
     tables = [p.fields for p in parts if p.fields.num_rows or p.fields.num_columns]
     try:
         fields = pa.concat_tables(tables, promote_options="permissive") if tables else pa.table({})
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        fields = pa.concat_tables([t.cast(pa.schema([(n, pa.string()) for n in t.column_names])) for t in tables],
-                                  promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        fields = pa.concat_tables([_as_json_text(t) for t in tables], promote_options="permissive")
     return ChunkRows(
         ids=[x for p in parts for x in p.ids],
         texts=[x for p in parts for x in p.texts],
@@ -170,3 +171,16 @@ def concat_rows(parts: list[ChunkRows]) -> ChunkRows:
         source_row=[x for p in parts for x in p.source_row],
         fields=fields,
     )
+
+
+def _as_json_text(table: pa.Table) -> pa.Table:
+    """Every non-string column of ``table`` as JSON text (nulls stay null)."""
+    cols = {}
+    for name in table.column_names:
+        col = table.column(name)
+        if pa.types.is_string(col.type):
+            cols[name] = col
+        else:
+            cols[name] = pa.array([None if v is None else json.dumps(v, ensure_ascii=False, default=str)
+                                   for v in col.to_pylist()], pa.string())
+    return pa.table(cols)

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from batch_contract import storage
 from batch_contract.enums import InputFormat
 from batch_contract.manifest import InputFile, Manifest, Segment
-from batch_contract.rows import canonical_id, iter_jsonl_lines, repair_text
+from batch_contract.rows import canonical_id, decode_line, iter_jsonl_lines
 
 from batch_inference.publish.errors import PublishError
 
@@ -139,7 +139,7 @@ def _jsonl_id(raw: bytes, column: str) -> str | None:
     """Canonical id of one JSONL line (:func:`batch_contract.rows.canonical_id`); ``None`` for a line
     that is not a JSON object and for ids matched by position."""
     try:
-        record = json.loads(repair_text(raw)[0])
+        record = json.loads(decode_line(raw))
     except ValueError:
         return None  # an unparsable line is dead-lettered by position
     if not isinstance(record, dict):
