@@ -138,16 +138,17 @@ def whole_path(ds: Dataset, base: Path) -> None:
                 plan_run(input_uri, work / "out", "rejected", ds, ds.rows)
             return
         exp = expected_outcome(ds, uris)
-        one = run_whole_path(ds, input_uri, work, "one", rows_per_shard=ds.rows)
-        assert one.n_shards == 1
-        check_complete(ds, exp, one, "one shard")
+        # kill invariance first (same sharding), so a sharding or spec defect does not mask a resume defect
         split = run_whole_path(ds, input_uri, work, "split", rows_per_shard=ds.rows_per_shard)
         check_complete(ds, exp, split, f"rows_per_shard={ds.rows_per_shard}")
-        check_same(one, split, f"one shard vs rows_per_shard={ds.rows_per_shard} ({split.n_shards} shards)")
         if ds.kills:
             killed = run_whole_path(ds, input_uri, work, "killed", rows_per_shard=ds.rows_per_shard, kills=ds.kills)
             check_complete(ds, exp, killed, f"killed at {ds.kills}")
             check_same(split, killed, f"uninterrupted vs killed at commits {ds.kills} (attempts {killed.exit_codes})")
+        one = run_whole_path(ds, input_uri, work, "one", rows_per_shard=ds.rows)
+        assert one.n_shards == 1
+        check_complete(ds, exp, one, "one shard")
+        check_same(one, split, f"one shard vs rows_per_shard={ds.rows_per_shard} ({split.n_shards} shards)")
         check_spec(exp, one, "one shard")
         check_spec(exp, split, f"rows_per_shard={ds.rows_per_shard}")
 
