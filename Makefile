@@ -45,11 +45,15 @@ bench-report: venv
 	$(PY) bench/report_padding.py
 
 # Crash/preemption chaos: a shard killed at random moments (SIGKILL/SIGTERM) until it completes, checked
-# against an uninterrupted run (every id once, vectors within tolerance, <= one chunk re-done per kill).
+# against an uninterrupted run (every id once, vectors within tolerance, <= one chunk re-done per kill);
+# then the whole-path property tests (generated bad inputs, sharding and kill invariance) with many
+# random examples (PROPS_EXAMPLES per test).
 CHAOS_TRIALS ?= 50
+PROPS_EXAMPLES ?= 200
 .PHONY: chaos bench-chaos
 chaos: venv
 	$(PY) bench/chaos.py --trials $(CHAOS_TRIALS)
+	HYPOTHESIS_PROFILE=chaos PROPS_EXAMPLES=$(PROPS_EXAMPLES) $(PY) -m pytest tests/integration/test_properties.py -q
 bench-chaos: chaos
 
 # The main job end to end (local runner, embedded DuckDB); `make run INPUT=... OUTPUT=...` for other data.
