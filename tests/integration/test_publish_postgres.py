@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from batch_contract import storage
+from batch_contract.partfiles import digest_of
 from batch_inference.publish import CoverageError, PublishTarget, publish_run, rollback
 from batch_inference.publish.__main__ import main as cli_main
 from batch_inference.publish.synthetic import RunSpec, build_run, write_input
@@ -197,6 +198,9 @@ def test_copy_error_in_a_worker_fails_cleanly(pg_dsn: str, input_path: str, tmp_
     broken = table.set_column(table.schema.get_field_index("label"), "label", pa.array(labels, pa.string()))
     path.unlink()
     pq.write_table(broken, path)
+    marker = json.loads(storage.read_bytes(bad.marker_uri("00001")))
+    marker["files"][path.name] = digest_of(path.read_bytes())  # as if committed like this
+    storage.write_replace(bad.marker_uri("00001"), json.dumps(marker).encode())
     with pytest.raises(psycopg.Error):
         publish_run(bad.run_dir, target)
     assert _q(pg_dsn, "SELECT count(*), min(fingerprint) FROM nul_text")[0] == (400, "f" * 32)

@@ -52,7 +52,8 @@ def _marker(run_dir: str) -> ShardMarker:
 
 def _embeddings(run_dir: str, fingerprint: str) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
-    for p in sorted(_shard_dir(run_dir).glob("part-*.parquet")):
+    shard = _shard_dir(run_dir)  # files of an earlier fingerprint are set aside in quarantine/
+    for p in sorted(shard.glob("part-*.parquet")) + sorted(shard.glob("quarantine/part-*.parquet")):
         t = pq.read_table(p)
         if set(t.column("fingerprint").to_pylist()) != {fingerprint}:
             continue
@@ -226,6 +227,10 @@ def test_rerun_after_changing_pooling_or_model_redoes_every_row(rows_parquet: Pa
         redone = [a for a in marker.attempts if a["fingerprint"] == marker.fingerprint]
         assert len(redone) == 1 and redone[0]["rows_skipped_resume"] == 0 and redone[0]["rows_processed"] == rows
         assert len(_embeddings(run_dir, marker.fingerprint)) == rows
+        stale = {f for f in fingerprints - {marker.fingerprint}}
+        left = {fp for p in _shard_dir(run_dir).glob("*.parquet") for fp in pq.read_table(p)["fingerprint"].to_pylist()}
+        assert not left & stale, "parts of an earlier fingerprint are quarantined, not left beside the new ones"
+        assert marker.files_quarantined > 0
     cls = _embeddings(run_dir, sorted(fingerprints - {first.fingerprint, marker.fingerprint})[0])
     assert _cosines(mean, cls).mean() < 0.99  # cls pooling really changed the outputs
 
