@@ -154,8 +154,8 @@ def canonical_id(value: Any) -> CanonicalId:
                            f"id {value!r:.200} is a {type(value).__name__}, not an integer or string")
     if isinstance(value, str):
         if has_lone_surrogate(value):
-            return CanonicalId(None, DeadLetterReason.INVALID_ID,
-                               f"id {value!r:.200} holds a lone UTF-16 surrogate (not valid Unicode)")
+            return CanonicalId(None, DeadLetterReason.INVALID_ID, f"id {value!r:.200} is not valid Unicode "
+                               "(invalid UTF-8 bytes, shown as \\udcXX, or a lone UTF-16 surrogate)")
         if not value.strip():
             return CanonicalId(value, DeadLetterReason.INVALID_ID, "id is an empty or whitespace-only string")
         return CanonicalId(value)
