@@ -36,10 +36,12 @@ Semantics (same as the local backend, see ``docs/gcs.md``):
 from __future__ import annotations
 
 import base64
+import fnmatch
 import hashlib
 import json
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Mapping
@@ -484,6 +486,30 @@ def list_sizes(dir_uri: str) -> dict[str, int]:
     """``{name: size in bytes}`` of the objects directly under ``dir_uri`` (one listing; no
     sub-"directories"). Raises ``StorageError`` as :func:`list_names`."""
     return _list(dir_uri, None)[0]
+
+
+def list_glob(dir_uri: str, pattern: str) -> list[str]:
+    """Object names below ``dir_uri`` (relative, ``/``-separated) matching the glob ``pattern``, from
+    one listing with GCS's ``match_glob`` (``*`` does not cross ``/``; paged, :data:`LIST_PAGE_SIZE`).
+    The result is filtered again client-side, so a server that ignores ``match_glob`` (an emulator)
+    gives the same answer, only slower.
+
+    Raises:
+        StorageError: the bucket does not exist, or the listing failed after retries.
+    """
+    gexc = _errors()
+    bucket, key = split_uri(dir_uri)
+    prefix = f"{key.rstrip('/')}/" if key.strip("/") else ""
+    regex = re.compile(fnmatch.translate(pattern).replace(".*", "[^/]*"))
+    try:
+        blobs = client().list_blobs(bucket, prefix=prefix, match_glob=prefix + pattern, page_size=LIST_PAGE_SIZE,
+                                    retry=_retry(), timeout=REQUEST_TIMEOUT_S)
+        names = [blob.name[len(prefix):] for blob in blobs]
+    except gexc.NotFound:
+        raise StorageError(f"{dir_uri}: bucket {bucket!r} not found") from None
+    except _failures() as exc:
+        raise _api_error(dir_uri, "list", exc) from exc
+    return [n for n in names if regex.fullmatch(n)]
 
 
 def move(src: str, dst: str) -> None:

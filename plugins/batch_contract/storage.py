@@ -143,6 +143,19 @@ def list_sizes(dir_uri: str) -> dict[str, int]:
     return {n: s for n, s in sorted(sizes.items()) if TEMP_MARK not in n}
 
 
+def list_glob(dir_uri: str, pattern: str) -> list[str]:
+    """Sorted paths (relative to ``dir_uri``, ``/``-separated) of the objects below ``dir_uri`` that
+    match the glob ``pattern`` (``*`` does not cross ``/``), e.g. ``"*/_SUCCESS.json"``: one listing
+    (paged on GCS) instead of one request per sub-directory. Temp files excluded."""
+    backend = _backend(dir_uri)
+    if backend is not None:
+        names = backend.list_glob(dir_uri, pattern)
+    else:
+        path = local_path(dir_uri)
+        names = [p.relative_to(path).as_posix() for p in path.glob(pattern) if p.is_file()] if path.is_dir() else []
+    return sorted(n for n in names if TEMP_MARK not in n.rsplit("/", 1)[-1])
+
+
 def move(src: str, dst: str) -> None:
     """Move the object ``src`` to ``dst`` (same scheme): locally an atomic rename (the target's directory
     is created and fsync'ed); on GCS a server-side copy then a delete.

@@ -145,21 +145,14 @@ def run_allowed_roots(conf: dict[str, Any], env: dict[str, str]) -> str:
 
 def _timing(report_uri: str, wall_s: float) -> dict[str, Any]:
     """Share of wall time in worker inference and in whole worker processes, from the run's markers."""
-    from batch_contract.layout import RunLayout
+    from batch_contract.runstore import RunStore
 
-    from batch_inference.local_runner import read_marker
-    from batch_inference.planner import manifest_for
-
-    run_dir = RunLayout.from_run_dir(report_uri.rsplit("/", 1)[0]).run_dir
-    manifest = manifest_for(run_dir)
+    store = RunStore.open(report_uri.rsplit("/", 1)[0])
     inference = worker = 0.0
-    for spec in manifest.shards:
-        marker = read_marker(run_dir, spec.shard_id)
-        if marker is None:
-            continue
+    for marker in store.markers().values():
         inference += float(marker.stage_seconds.get("inference", 0.0))
         worker += sum(float(v) for v in marker.stage_seconds.values())
-    tasks = task_seconds(AIRFLOW_HOME / "airflow.db", RunLayout.from_run_dir(run_dir).run_id)
+    tasks = task_seconds(AIRFLOW_HOME / "airflow.db", store.run_id)
     in_tasks = sum(tasks.values())
     return {"wall_s": round(wall_s, 2), "worker_inference_s": round(inference, 2),
             "worker_total_s": round(worker, 2),

@@ -5,9 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass, field
 
-from batch_contract import storage
-from batch_contract.layout import MARKER_NAME, RunLayout
-from batch_contract.manifest import Manifest
+from batch_contract.runstore import RunStore
 
 log = logging.getLogger(__name__)
 MAX_NAMED = 20
@@ -45,30 +43,29 @@ def name_shards(shard_ids: list[str]) -> str:
     return f"{head} (+{rest} more)" if rest > 0 else head
 
 
-def _complete_ids(layout: RunLayout, manifest: Manifest) -> set[str]:
-    """Shard ids with a committed marker. One listing of ``shards/`` then one existence check per
-    listed shard directory (a shard without a directory has no marker)."""
-    present = set(storage.list_names(layout.shards_dir()))
-    done = set()
-    for spec in manifest.shards:
-        if spec.shard_id in present and MARKER_NAME in storage.list_names(layout.shard_dir(spec.shard_id)):
-            done.add(spec.shard_id)
-    return done
+def _store(run: str | RunStore) -> RunStore:
+    return run if isinstance(run, RunStore) else RunStore.open(run)
 
 
-def check_completion(run_dir: str, min_success_ratio: float = 1.0) -> CompletionStatus:
-    """Read the manifest and markers of ``run_dir`` and decide whether the gate opens.
+def check_completion(run: str | RunStore, min_success_ratio: float = 1.0) -> CompletionStatus:
+    """Read which shards of the run are complete and decide whether the gate opens.
+
+    Args:
+        run: the run directory, or a :class:`~batch_contract.runstore.RunStore` kept across polls: then
+            the manifest is read once and each poll costs one listing of the run's markers plus one
+            read per shard completed since the previous poll (:meth:`RunStore.poll`).
+        min_success_ratio: fraction of manifest rows that must be in complete shards.
 
     Raises:
         FileNotFoundError: the run has no manifest (never planned).
     """
-    layout = RunLayout.from_run_dir(run_dir)
-    manifest = Manifest.from_json_bytes(storage.read_bytes(layout.manifest_uri))
-    done = _complete_ids(layout, manifest)
+    store = _store(run)
+    manifest = store.manifest
+    done = set(store.poll())
     missing = [s.shard_id for s in manifest.shards if s.shard_id not in done]
     return CompletionStatus(
         shards_total=len(manifest.shards),
-        shards_complete=len(done),
+        shards_complete=len(manifest.shards) - len(missing),
         rows_total=manifest.rows,
         rows_complete=sum(s.rows for s in manifest.shards if s.shard_id in done),
         min_success_ratio=min_success_ratio,
@@ -76,7 +73,7 @@ def check_completion(run_dir: str, min_success_ratio: float = 1.0) -> Completion
     )
 
 
-def progress_line(run_dir: str, status: CompletionStatus) -> str:
+def progress_line(run: str | RunStore, status: CompletionStatus) -> str:
     """One log line: shard counts, missing shards, and the live progress summary
     (``batch_inference.progress.format_progress``) when that module is installed."""
     line = (f"shards complete {status.shards_complete}/{status.shards_total}, rows in complete shards "
@@ -87,7 +84,6 @@ def progress_line(run_dir: str, status: CompletionStatus) -> str:
         from batch_inference.progress import collect_progress, format_progress
     except ImportError:
         return line
-    layout = RunLayout.from_run_dir(run_dir)
-    manifest = Manifest.from_json_bytes(storage.read_bytes(layout.manifest_uri))
-    summary = collect_progress(run_dir, [s.shard_id for s in manifest.shards])
+    store = _store(run)
+    summary = collect_progress(store, [s.shard_id for s in store.manifest.shards])
     return f"{line} | {format_progress(summary)}"

@@ -26,10 +26,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from batch_contract import storage
 from batch_contract.enums import ExitCode
 from batch_contract.layout import RunLayout
-from batch_contract.marker import ShardMarker
+from batch_contract.runstore import RunStore, is_complete
 
 from batch_inference.pod_spec import worker_arguments
 
@@ -69,8 +68,7 @@ def worker_command() -> list[str]:
 
 
 def _lock_dir(run_dir: str) -> Path:
-    layout = RunLayout.from_run_dir(run_dir)
-    path = Path(tempfile.gettempdir()) / "batch-inference-slots" / layout.run_id
+    path = Path(tempfile.gettempdir()) / "batch-inference-slots" / RunLayout.from_run_dir(run_dir).run_id
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -97,15 +95,6 @@ def parallelism_slot(run_dir: str, parallelism: int, poll_seconds: float = 0.5) 
                 fh.close()
             return
         time.sleep(poll_seconds)
-
-
-def read_marker(run_dir: str, shard_id: str) -> ShardMarker | None:
-    """The shard's committed marker, or ``None`` if the shard is not complete."""
-    uri = RunLayout.from_run_dir(run_dir).marker_uri(shard_id)
-    try:
-        return ShardMarker.from_json_bytes(storage.read_bytes(uri))
-    except FileNotFoundError:
-        return None
 
 
 def _stream(proc: subprocess.Popen, prefix: str) -> None:
@@ -163,8 +152,9 @@ def run_shard(run_dir: str, shard_id: str, *, parallelism: int = 1) -> ShardResu
         ShardBadInputError: exit code 2 (do not retry).
         ShardRetryableError: exit code 75, 1, any other code, or exit 0 without a marker.
     """
-    marker = read_marker(run_dir, shard_id)
-    if marker is not None:
+    store = RunStore.open(run_dir)
+    marker = store.marker(shard_id)
+    if is_complete(marker):
         log.info("shard %s already complete (marker in storage): not run again", shard_id)
         return ShardResult(shard_id, 0, 0.0, True, marker.rows_ok, marker.rows_dead_letter)
     cmd = worker_command() + worker_arguments(run_dir, shard_id)
@@ -173,10 +163,10 @@ def run_shard(run_dir: str, shard_id: str, *, parallelism: int = 1) -> ShardResu
         start = time.monotonic()
         code = _run_subprocess(cmd, f"[shard {shard_id}]")
         seconds = time.monotonic() - start
-    return _result(run_dir, shard_id, code, seconds)
+    return _result(store, shard_id, code, seconds)
 
 
-def _result(run_dir: str, shard_id: str, code: int, seconds: float) -> ShardResult:
+def _result(store: RunStore, shard_id: str, code: int, seconds: float) -> ShardResult:
     if code == ExitCode.BAD_INPUT:
         raise ShardBadInputError(f"shard {shard_id}: worker exited {code} (bad input or config; see the "
                                  "worker log above for the field/row); not retrying")
@@ -185,8 +175,8 @@ def _result(run_dir: str, shard_id: str, code: int, seconds: float) -> ShardResu
                                   "are kept and the retry resumes after them")
     if code != ExitCode.OK:
         raise ShardRetryableError(f"shard {shard_id}: worker failed with exit code {code}; retrying")
-    marker = read_marker(run_dir, shard_id)
-    if marker is None:
+    marker = store.marker(shard_id)
+    if not is_complete(marker):
         raise ShardRetryableError(f"shard {shard_id}: worker exited 0 but wrote no _SUCCESS.json marker")
     log.info("shard %s done in %.1f s: %d rows ok, %d dead letters", shard_id, seconds, marker.rows_ok,
              marker.rows_dead_letter)

@@ -30,6 +30,7 @@ from batch_contract.enums import InputFormat
 from batch_contract.layout import RunLayout, shard_id_for
 from batch_contract.manifest import InputFile, InputSpec, Manifest, Segment, ShardSpec
 from batch_contract.rows import decode_line, iter_jsonl_lines
+from batch_contract.runstore import RunStore
 
 from batch_inference.params import DEFAULT_MAX_MAP_LENGTH, SHARD_BY, param_default
 
@@ -515,8 +516,9 @@ def plan(request: PlanRequest) -> tuple[Manifest, list[dict[str, Any]]]:
 
 
 def manifest_for(run_dir: str) -> Manifest:
-    """Read the committed manifest of ``run_dir`` (``FileNotFoundError`` if the run was never planned)."""
-    return Manifest.from_json_bytes(storage.read_bytes(RunLayout.from_run_dir(run_dir).manifest_uri))
+    """Read the committed manifest of ``run_dir`` through the run store (``FileNotFoundError`` if the
+    run was never planned)."""
+    return RunStore.open(run_dir).manifest
 
 
 __all__ = ["DEFAULT_MAX_MAP_LENGTH", "PlanError", "PlanRequest", "build_shards", "manifest_for", "plan",

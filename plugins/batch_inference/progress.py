@@ -8,42 +8,24 @@ Never imports Airflow; the completion trigger calls :func:`collect_progress` and
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
-from batch_contract import storage
 from batch_contract.enums import ShardStatus
-from batch_contract.layout import RunLayout
-from batch_contract.marker import ShardMarker, ShardProgress
+from batch_contract.runstore import RunStore
 
 STALE_AFTER_SECONDS = 300.0
 """A running shard whose progress object is older than this is reported as ``stale`` (its worker may
 be gone) and its rate is left out of the run's rows/s."""
 
 _MAX_LISTED = 10
-IO_THREADS = 16
-"""Shards read concurrently (each read is one storage round trip)."""
 
 
-def _read(uri: str) -> bytes | None:
-    try:
-        return storage.read_bytes(uri)
-    except FileNotFoundError:
-        return None
-
-
-def _manifest_rows(layout: RunLayout) -> dict[str, int]:
+def _manifest_rows(store: RunStore) -> dict[str, int]:
     """Rows per shard id from the manifest (``{}`` if it cannot be read: progress must not fail)."""
-    import json
-
-    raw = _read(layout.manifest_uri)
-    if raw is None:
-        return {}
     try:
-        shards = json.loads(raw)["shards"]
-        return {s["shard_id"]: sum(int(g["row_stop"]) - int(g["row_start"]) for g in s["segments"]) for s in shards}
-    except (ValueError, KeyError, TypeError):
+        return {s.shard_id: s.rows for s in store.manifest.shards}
+    except (OSError, ValueError, KeyError, TypeError):
         return {}
 
 
@@ -56,11 +38,14 @@ def _age_seconds(updated_at: str, now: datetime) -> float | None:
     return (now - ts).total_seconds()
 
 
-def collect_progress(run_dir: str, shard_ids: list[str], *, now: datetime | None = None) -> dict[str, Any]:
-    """Summarise the progress of ``shard_ids`` of the run at ``run_dir``.
+def collect_progress(run: str | RunStore, shard_ids: list[str], *, now: datetime | None = None) -> dict[str, Any]:
+    """Summarise the progress of ``shard_ids`` of a run.
 
     Args:
-        run_dir: ``<output_root>/runs/<run_id>`` (local path, ``file://`` or ``gs://``).
+        run: ``<output_root>/runs/<run_id>`` (local path, ``file://`` or ``gs://``), or a
+            :class:`~batch_contract.runstore.RunStore` kept across calls (then complete markers are
+            read once each): a call costs one listing of the markers, one of the progress objects, one
+            read per newly complete shard and one per shard with a progress object and no marker.
         shard_ids: the shards to watch (five-digit ids).
         now: the current time (UTC) for staleness; default: the clock.
 
@@ -72,7 +57,7 @@ def collect_progress(run_dir: str, shard_ids: list[str], *, now: datetime | None
         ``eta_s`` (remaining rows / rows_per_s, seconds; ``None`` without a rate), ``fraction_done``,
         ``missing`` (ids without marker), ``failed_ids``, ``stale_ids``.
     """
-    layout = RunLayout.from_run_dir(run_dir)
+    store = run if isinstance(run, RunStore) else RunStore.open(run)
     now = now or datetime.now(UTC)
     manifest_rows: dict[str, int] | None = None
     counts = dict.fromkeys(("completed", "failed", "running", "pending", "stale"), 0)
@@ -80,31 +65,25 @@ def collect_progress(run_dir: str, shard_ids: list[str], *, now: datetime | None
     rows_done = rows_dead = 0
     rate = 0.0
     missing, failed_ids, stale_ids = [], [], []
-
-    def read_shard(sid: str) -> tuple[bytes | None, bytes | None]:
-        marker_raw = _read(layout.marker_uri(sid))
-        return marker_raw, (_read(layout.progress_uri(sid)) if marker_raw is None else None)
-
-    with ThreadPoolExecutor(max_workers=max(1, min(IO_THREADS, len(shard_ids)))) as pool:
-        objects = list(pool.map(read_shard, shard_ids))
-    for sid, (raw, progress_raw) in zip(shard_ids, objects, strict=True):
-        if raw is not None:
-            marker = ShardMarker.from_json_bytes(raw)
+    markers = store.poll()
+    progress = store.progress_of(sid for sid in shard_ids if sid not in markers)
+    for sid in shard_ids:
+        marker = markers.get(sid)
+        if marker is not None:
             counts["completed"] += 1
             rows_total = None if rows_total is None else rows_total + marker.rows_input
             rows_done += marker.rows_ok + marker.rows_dead_letter
             rows_dead += marker.rows_dead_letter
             continue
         missing.append(sid)
-        raw = progress_raw
-        if raw is None:
+        prog = progress.get(sid)
+        if prog is None:
             counts["pending"] += 1
             if manifest_rows is None:
-                manifest_rows = _manifest_rows(layout)
+                manifest_rows = _manifest_rows(store)
             size = manifest_rows.get(sid)
             rows_total = None if rows_total is None or size is None else rows_total + size
             continue
-        prog = ShardProgress.from_json_bytes(raw)
         rows_total = None if rows_total is None else rows_total + prog.rows_total
         rows_done += prog.rows_done
         rows_dead += prog.rows_dead_letter

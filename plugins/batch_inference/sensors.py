@@ -9,6 +9,7 @@ from typing import Any
 
 from airflow.sdk import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+from batch_contract.runstore import RunStore
 
 from batch_inference.completion import check_completion, name_shards, progress_line
 from batch_inference.params import PARAM_FIELDS
@@ -69,9 +70,15 @@ class ShardMarkerSensor(BaseSensorOperator):
     def _is_dry_run(self) -> bool:
         return self._truthy(self.dry_run)
 
+    def _store(self) -> RunStore:
+        """One store for this task's life (manifest read once, markers once each)."""
+        if getattr(self, "_run_store", None) is None:
+            self._run_store = RunStore.open(self.run_dir)
+        return self._run_store
+
     def poke(self, context: Any) -> bool:
-        status = check_completion(self.run_dir, float(self.min_success_ratio))
-        self.log.info("%s", progress_line(self.run_dir, status))
+        status = check_completion(self._store(), float(self.min_success_ratio))
+        self.log.info("%s", progress_line(self._store(), status))
         if status.satisfied:
             return True
         if time.time() >= self._deadline_epoch(context):
@@ -86,15 +93,15 @@ class ShardMarkerSensor(BaseSensorOperator):
                 "completion gate: the plan task produced no run directory (it failed: its log has the "
                 "reason), so there is nothing to wait for"
             )
-        status = check_completion(self.run_dir, float(self.min_success_ratio))
-        self.log.info("%s", progress_line(self.run_dir, status))
+        status = check_completion(self._store(), float(self.min_success_ratio))
+        self.log.info("%s", progress_line(self._store(), status))
         if status.satisfied:
             return status.to_dict()
         if not self._truthy(self.wait_for_stragglers):
             self._fail(status.to_dict(), "the fan-out finished")
         if not self.deferrable:
             super().execute(context)
-            return check_completion(self.run_dir, float(self.min_success_ratio)).to_dict()
+            return check_completion(self._store(), float(self.min_success_ratio)).to_dict()
         deadline = self._deadline_epoch(context)
         if time.time() >= deadline:
             self._fail(status.to_dict(), "deadline passed")

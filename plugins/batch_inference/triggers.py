@@ -1,7 +1,9 @@
 """Completion trigger: polls shard markers in storage (storage, not task state, is the truth).
 
-:class:`ShardMarkerTrigger` runs in the triggerer. It reads the run's manifest once, then every
-``poll_seconds`` checks which shards have a ``_SUCCESS.json`` marker, logs a progress line, and yields
+:class:`ShardMarkerTrigger` runs in the triggerer. It keeps one :class:`~batch_contract.runstore.RunStore`
+for its whole life, so the manifest is read once and every ``poll_seconds`` a poll costs one listing of
+the run's ``_SUCCESS.json`` markers (plus one of its progress objects) and one read per shard completed
+since the previous poll, whatever the number of shards. It logs a progress line and yields
 exactly one event: ``success`` (enough rows complete), ``timeout`` (deadline passed; names the missing
 shards) or ``error`` (storage failure; never raises, as the provider's triggers do).
 """
@@ -14,6 +16,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
+from batch_contract.runstore import RunStore
 
 from batch_inference.completion import check_completion, progress_line
 
@@ -45,9 +48,10 @@ class ShardMarkerTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         try:
+            store = RunStore.open(self.run_dir)  # kept across polls: manifest once, markers once each
             while True:
-                status = await asyncio.to_thread(check_completion, self.run_dir, self.min_success_ratio)
-                line = await asyncio.to_thread(progress_line, self.run_dir, status)
+                status = await asyncio.to_thread(check_completion, store, self.min_success_ratio)
+                line = await asyncio.to_thread(progress_line, store, status)
                 self.log.info("%s", line)
                 if status.satisfied:
                     yield TriggerEvent({"status": "success", **status.to_dict()})

@@ -32,9 +32,9 @@ from typing import Any
 from batch_contract import storage
 from batch_contract.engine_config import ConfigError
 from batch_contract.jsonutil import pretty_json
-from batch_contract.layout import RunLayout
 from batch_contract.llm_config import LLMConfig
 from batch_contract.manifest import Manifest
+from batch_contract.runstore import RunStore
 
 from batch_worker.prompting import template_columns
 
@@ -250,8 +250,8 @@ def run_quality_gate(
         raise ConfigError(f"quality-gate --sample: {sample} must be >= 1")
     if not 0.0 <= min_agreement <= 1.0:
         raise ConfigError(f"quality-gate --min-agreement: {min_agreement} is outside [0, 1]")
-    layout = RunLayout.from_run_dir(run_dir)
-    manifest = Manifest.from_json_bytes(storage.read_bytes(layout.manifest_uri))
+    store = RunStore.open(run_dir)
+    layout, manifest = store.layout, store.manifest
     if manifest.engine.get("kind") != "llm":
         raise ConfigError(f"quality-gate: run {manifest.run_id} has engine kind {manifest.engine.get('kind')!r}, not 'llm'")
     base_engine = merged_engine(manifest.engine, baseline or {})

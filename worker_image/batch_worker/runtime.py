@@ -32,6 +32,7 @@ from batch_contract.layout import DEAD_LETTER_PREFIX, PART_PREFIX, RunLayout, jo
 from batch_contract.manifest import Manifest, result_fingerprint
 from batch_contract.marker import AttemptRecord, ShardMarker
 from batch_contract.partfiles import digest_of, quarantined_count
+from batch_contract.runstore import RunStore, is_complete
 from batch_contract.storage import AlreadyExistsError
 
 from batch_worker.engines.base import ChunkOutput, Engine, LoadedModel, check_chunk_output, engine_class
@@ -55,11 +56,18 @@ class CoverageError(RuntimeError):
 class ShardContext:
     """Everything one shard run needs, resolved from the run dir and shard id."""
 
-    layout: RunLayout
-    manifest: Manifest
+    store: RunStore
     shard_id: str
     engine: Engine
     fingerprint: str
+
+    @property
+    def layout(self) -> RunLayout:
+        return self.store.layout
+
+    @property
+    def manifest(self) -> Manifest:
+        return self.store.manifest
 
     @property
     def shard_dir(self) -> str:
@@ -73,13 +81,12 @@ def load_context(run_dir: str, shard_id: str) -> ShardContext:
         BadInputError: no manifest, or the shard is not in it.
         ConfigError: invalid engine/worker config or model path.
     """
-    layout = RunLayout.from_run_dir(run_dir)
+    store = RunStore.open(run_dir)
+    layout = store.layout
     try:
-        raw = storage.read_bytes(layout.manifest_uri)
+        manifest = store.manifest
     except FileNotFoundError:
         raise BadInputError(f"run_dir: no manifest at {layout.manifest_uri}") from None
-    try:
-        manifest = Manifest.from_json_bytes(raw)
     except ConfigError:
         raise
     except (KeyError, ValueError, TypeError) as exc:
@@ -91,21 +98,19 @@ def load_context(run_dir: str, shard_id: str) -> ShardContext:
     config = engine_config_from_dict(manifest.engine)
     engine = engine_class(config.kind)(config, manifest.worker)
     fingerprint = result_fingerprint(manifest.config_fingerprint, engine.model_digest())
-    return ShardContext(layout=layout, manifest=manifest, shard_id=shard_id, engine=engine, fingerprint=fingerprint)
+    return ShardContext(store=store, shard_id=shard_id, engine=engine, fingerprint=fingerprint)
 
 
 def existing_marker(ctx: ShardContext) -> ShardMarker | None:
     """The shard's marker if it exists and matches the fingerprint; a stale one is deleted."""
-    uri = ctx.layout.marker_uri(ctx.shard_id)
-    try:
-        marker = ShardMarker.from_json_bytes(storage.read_bytes(uri))
-    except FileNotFoundError:
+    marker = ctx.store.marker(ctx.shard_id)
+    if marker is None:
         return None
-    if marker.fingerprint == ctx.fingerprint and marker.status == ShardStatus.COMPLETE.value:
+    if is_complete(marker, ctx.fingerprint):
         return marker
     log.warning("shard %s: marker has fingerprint %s, current is %s: redoing the shard",
                 ctx.shard_id, marker.fingerprint, ctx.fingerprint)
-    storage.delete(uri)
+    ctx.store.delete_marker(ctx.shard_id)
     return None
 
 
@@ -313,8 +318,8 @@ class ShardRun:
         try:
             storage.write_create_only(uri, marker.to_json_bytes())
         except AlreadyExistsError:
-            other = ShardMarker.from_json_bytes(storage.read_bytes(uri))
-            if other.fingerprint != ctx.fingerprint:
+            ctx.store.forget(ctx.shard_id)
+            if not is_complete(ctx.store.marker(ctx.shard_id), ctx.fingerprint):
                 raise
             log.info("shard %s: another attempt wrote the marker first", ctx.shard_id)
         log.info("shard %s: complete: %d results, %d dead letters, marker %s",
@@ -374,19 +379,7 @@ class ShardRun:
 
     def _attempts(self) -> list[dict]:
         """Attempt records of this fingerprint, oldest first (killed attempts included)."""
-        adir = self.ctx.layout.attempts_dir(self.ctx.shard_id)
-        out = []
-        for name in storage.list_names(adir):
-            if not name.endswith(".json"):
-                continue
-            try:
-                rec = AttemptRecord.from_json_bytes(storage.read_bytes(join_uri(adir, name)))
-            except (ValueError, TypeError, FileNotFoundError) as exc:
-                log.warning("ignoring unreadable attempt record %s: %s", name, exc)
-                continue
-            if rec.fingerprint == self.ctx.fingerprint:
-                out.append(asdict(rec))
-        return sorted(out, key=lambda a: a["attempt_id"])
+        return [asdict(rec) for rec in self.ctx.store.attempts(self.ctx.shard_id, self.ctx.fingerprint)]
 
 
 def _sum_stages(attempts: list[dict]) -> dict[str, float]:

@@ -7,17 +7,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from batch_contract import partfiles, storage
+from batch_contract import partfiles
 from batch_contract.jsonutil import sha256_hex
 from batch_contract.layout import (
-    DEAD_LETTER_PREFIX,
     PART_PREFIX,
     RunLayout,
-    chunk_of,
     join_uri,
 )
 from batch_contract.manifest import Manifest
 from batch_contract.marker import ShardMarker
+from batch_contract.runstore import RunStore, is_complete
 
 from batch_inference.publish.errors import PublishError
 
@@ -88,7 +87,7 @@ def _file_problem(uri: str, size: int, recorded: dict | None, fingerprint: str) 
     return None
 
 
-def _check_shard_files(layout: RunLayout, marker: ShardMarker) -> _ShardFiles:
+def _check_shard_files(store: RunStore, marker: ShardMarker) -> _ShardFiles:
     """List a complete shard's committed files and verify each (:mod:`batch_contract.partfiles`): size
     against the marker's commit record, a readable Parquet footer, the fingerprint in its statistics.
 
@@ -96,12 +95,10 @@ def _check_shard_files(layout: RunLayout, marker: ShardMarker) -> _ShardFiles:
     ``parts``/``dead_letter_parts`` for older markers) the shard is broken (``broken``: the caller
     removes the marker); otherwise it was a leftover (``set_aside``) and the shard stays complete.
     """
-    shard_dir = layout.shard_dir(marker.shard_id)
+    shard_dir = store.layout.shard_dir(marker.shard_id)
     counted = set(marker.files) or set(marker.parts) | set(marker.dead_letter_parts)
     out = _ShardFiles()
-    for name, size in storage.list_sizes(shard_dir).items():
-        if chunk_of(name) is None or not name.startswith((PART_PREFIX, DEAD_LETTER_PREFIX)):
-            continue
+    for name, size in store.committed_files(marker.shard_id).items():
         uri = join_uri(shard_dir, name)
         recorded = marker.files.get(name)
         why = _file_problem(uri, size, recorded, marker.fingerprint)
@@ -117,11 +114,12 @@ def _check_shard_files(layout: RunLayout, marker: ShardMarker) -> _ShardFiles:
     return out
 
 
-def _reopen_broken_shards(layout: RunLayout, broken: dict[str, list[tuple[str, str]]]) -> None:
+def _reopen_broken_shards(store: RunStore, broken: dict[str, list[tuple[str, str]]]) -> None:
     """Remove the markers of shards whose counted files were quarantined (so those shards run again
     and recompute the rows) and raise a ``PublishError`` saying so."""
+    layout = store.layout
     for shard_id in broken:
-        storage.delete(layout.marker_uri(shard_id))
+        store.delete_marker(shard_id)
     detail = "; ".join(f"shard {sid}: {name}: {why}" for sid, files in broken.items() for name, why in files[:3])
     raise PublishError(
         f"run {layout.run_id}: {sum(map(len, broken.values()))} committed file(s) of shard(s) "
@@ -131,19 +129,11 @@ def _reopen_broken_shards(layout: RunLayout, broken: dict[str, list[tuple[str, s
     )
 
 
-def _read_marker(layout: RunLayout, shard_id: str) -> ShardMarker | None:
-    try:
-        raw = storage.read_bytes(layout.marker_uri(shard_id))
-    except FileNotFoundError:
-        return None
-    return ShardMarker.from_json_bytes(raw)
-
-
-def load_inventory(run_dir: str) -> RunInventory:
+def load_inventory(run_dir: str | RunStore) -> RunInventory:
     """Read the manifest, every shard marker and the committed file listing of a run.
 
     Args:
-        run_dir: ``<output_root>/runs/<run_id>`` (local path, ``file://`` or ``gs://``).
+        run_dir: ``<output_root>/runs/<run_id>`` (local path, ``file://`` or ``gs://``), or its store.
 
     Returns:
         The run's :class:`RunInventory`.
@@ -154,9 +144,10 @@ def load_inventory(run_dir: str) -> RunInventory:
             are not ``complete``; a file a marker counted is torn, unreadable or of another fingerprint
             (it is quarantined and the shard's marker removed first, so the shard runs again).
     """
-    layout = RunLayout.from_run_dir(run_dir)
+    store = run_dir if isinstance(run_dir, RunStore) else RunStore.open(run_dir)
+    layout = store.layout
     try:
-        manifest = Manifest.from_json_bytes(storage.read_bytes(layout.manifest_uri))
+        manifest = store.manifest
     except FileNotFoundError:
         raise PublishError(f"run {layout.run_id}: no manifest at {layout.manifest_uri}") from None
     if manifest.run_id != layout.run_id:
@@ -168,12 +159,13 @@ def load_inventory(run_dir: str) -> RunInventory:
     missing: list[str] = []
     parts: list[str] = []
     dead: list[str] = []
+    found = store.markers()
     for spec in manifest.shards:
-        marker = _read_marker(layout, spec.shard_id)
+        marker = found.get(spec.shard_id)
         if marker is None:
             missing.append(spec.shard_id)
             continue
-        if marker.status != "complete":
+        if not is_complete(marker):
             raise PublishError(
                 f"run {layout.run_id}: shard {spec.shard_id} marker status is {marker.status!r}, "
                 "not 'complete'"
@@ -197,7 +189,7 @@ def load_inventory(run_dir: str) -> RunInventory:
     broken: dict[str, list[tuple[str, str]]] = {}
     set_aside = 0
     for marker in markers:
-        files = _check_shard_files(layout, marker)
+        files = _check_shard_files(store, marker)
         parts.extend(files.parts)
         dead.extend(files.dead)
         records.update(files.records)
@@ -205,7 +197,7 @@ def load_inventory(run_dir: str) -> RunInventory:
         if files.broken:
             broken[marker.shard_id] = files.broken
     if broken:
-        _reopen_broken_shards(layout, broken)
+        _reopen_broken_shards(store, broken)
     return RunInventory(
         layout=layout,
         manifest=manifest,

@@ -1,26 +1,24 @@
 """Read one run's measured stats from storage: manifest, shard markers and attempt records.
 
-Only :mod:`batch_contract.storage` is used, so local paths, ``file://`` and ``gs://`` all work.
+Every read goes through the contract's :class:`~batch_contract.runstore.RunStore`, so local paths,
+``file://`` and ``gs://`` all work.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from batch_contract import storage
-from batch_contract.layout import RunLayout, join_uri
+from batch_contract.layout import RunLayout
 from batch_contract.manifest import Manifest
-from batch_contract.marker import AttemptRecord, ShardMarker, ShardProgress
+from batch_contract.marker import ShardMarker, ShardProgress
+from batch_contract.runstore import RunStore
 
 IO_THREADS = 16
 """Shards read concurrently (storage reads are I/O bound; on GCS each is an HTTP round trip)."""
 
-_OPTIONAL_ENGINE_MODULES = ("batch_contract.llm_config",)
-"""Contract modules that register more engine kinds (the LLM config) when present."""
 
 
 @dataclass
@@ -43,47 +41,7 @@ class RunData:
     progress: dict[str, ShardProgress] = field(default_factory=dict)
 
 
-def _register_engine_kinds() -> None:
-    for name in _OPTIONAL_ENGINE_MODULES:
-        try:
-            importlib.import_module(name)
-        except ModuleNotFoundError:
-            pass
-
-
-def read_manifest(layout: RunLayout) -> Manifest:
-    """The run's manifest.
-
-    Raises:
-        FileNotFoundError: no ``manifest.json`` under the run directory (the message names the URI).
-    """
-    _register_engine_kinds()
-    try:
-        raw = storage.read_bytes(layout.manifest_uri)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{layout.manifest_uri}: no manifest; was the run planned?") from None
-    return Manifest.from_json_bytes(raw)
-
-
-def read_marker(layout: RunLayout, shard_id: str) -> ShardMarker | None:
-    """The shard's ``_SUCCESS.json`` or ``None`` if the shard has not completed."""
-    try:
-        raw = storage.read_bytes(layout.marker_uri(shard_id))
-    except FileNotFoundError:
-        return None
-    return ShardMarker.from_json_bytes(raw)
-
-
-def read_progress(layout: RunLayout, shard_id: str) -> ShardProgress | None:
-    """The shard's ``_PROGRESS.json`` or ``None`` if no worker has written one yet."""
-    try:
-        raw = storage.read_bytes(layout.progress_uri(shard_id))
-    except FileNotFoundError:
-        return None
-    return ShardProgress.from_json_bytes(raw)
-
-
-def read_attempts(layout: RunLayout, shard_id: str, marker: ShardMarker | None) -> list[dict[str, Any]]:
+def merged_attempts(store: RunStore, shard_id: str, marker: ShardMarker | None) -> list[dict[str, Any]]:
     """Attempt records of one shard, merged by ``attempt_id`` and sorted by start time.
 
     The marker carries the attempts known when it was written; the ``attempts/`` directory holds each
@@ -92,40 +50,27 @@ def read_attempts(layout: RunLayout, shard_id: str, marker: ShardMarker | None) 
     merged: dict[str, dict[str, Any]] = {}
     for rec in marker.attempts if marker is not None else []:
         merged[str(rec.get("attempt_id", f"marker-{len(merged)}"))] = dict(rec)
-    adir = layout.attempts_dir(shard_id)
-    for name in storage.list_names(adir):
-        if not name.endswith(".json"):
-            continue
-        rec = AttemptRecord.from_json_bytes(storage.read_bytes(join_uri(adir, name)))
+    for rec in store.attempts(shard_id):
         merged[rec.attempt_id] = {**merged.get(rec.attempt_id, {}), **json.loads(rec.to_json_bytes())}
     return sorted(merged.values(), key=lambda r: (str(r.get("started_at", "")), str(r.get("attempt_id"))))
 
 
-def load_run(run_dir: str) -> RunData:
+def load_run(run: str | RunStore) -> RunData:
     """Read the manifest, every shard's marker and attempts, and progress of unfinished shards.
 
     Args:
-        run_dir: ``<output_root>/runs/<run_id>`` (local path, ``file://`` or ``gs://``).
+        run: ``<output_root>/runs/<run_id>`` (local path, ``file://`` or ``gs://``) or its store.
 
     Raises:
         FileNotFoundError: the manifest is missing.
         ValueError: a marker/record has an unreadable ``schema_version`` or the run dir is malformed.
     """
-    layout = RunLayout.from_run_dir(run_dir)
-    manifest = read_manifest(layout)
-    data = RunData(layout=layout, manifest=manifest)
-
-    def read_shard(shard_id: str) -> tuple[ShardMarker | None, ShardProgress | None, list[dict[str, Any]]]:
-        marker = read_marker(layout, shard_id)
-        progress = read_progress(layout, shard_id) if marker is None else None
-        return marker, progress, read_attempts(layout, shard_id, marker)
-
-    ids = [spec.shard_id for spec in manifest.shards]
+    store = run if isinstance(run, RunStore) else RunStore.open(run)
+    data = RunData(layout=store.layout, manifest=store.manifest)
+    ids = [spec.shard_id for spec in store.manifest.shards]
+    data.markers.update(store.markers(ids))
+    data.progress.update(store.progress_of(sid for sid in ids if sid not in data.markers))
     with ThreadPoolExecutor(max_workers=max(1, min(IO_THREADS, len(ids)))) as pool:
-        for shard_id, (marker, progress, attempts) in zip(ids, pool.map(read_shard, ids), strict=True):
-            if marker is not None:
-                data.markers[shard_id] = marker
-            if progress is not None:
-                data.progress[shard_id] = progress
-            data.attempts[shard_id] = attempts
+        attempts = pool.map(lambda sid: merged_attempts(store, sid, data.markers.get(sid)), ids)
+        data.attempts.update(zip(ids, attempts, strict=True))
     return data

@@ -1,0 +1,116 @@
+"""The contract's run store: manifest read once, markers cached, the one shard-state rule, and a gate
+poll whose storage calls grow with the shards completed since the last poll, not with the run's size."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from batch_contract import storage
+from batch_contract.layout import RunLayout
+from batch_contract.marker import ShardMarker, ShardProgress
+from batch_contract.runstore import RunStore, is_complete
+from batch_inference.completion import check_completion
+from batch_inference.progress import collect_progress
+from run_helpers import SAMPLE_PARQUET, write_run
+
+SHARDS = 40
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> str:
+    return write_run(tmp_path, SAMPLE_PARQUET, rows=400, shards=SHARDS)
+
+
+def _complete(run_dir: str, shard_id: str, fingerprint: str = "f" * 32, status: str = "complete") -> None:
+    layout = RunLayout.from_run_dir(run_dir)
+    marker = ShardMarker(run_id=layout.run_id, shard_id=shard_id, fingerprint=fingerprint, rows_input=10,
+                         rows_ok=10, rows_dead_letter=0, status=status)
+    storage.write_replace(layout.marker_uri(shard_id), marker.to_json_bytes())
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> Counter:
+    """Counts storage reads and listings (by function name) made through ``batch_contract.storage``."""
+    counter: Counter = Counter()
+    for name in ("read_bytes", "list_names", "list_glob", "list_sizes", "exists"):
+        real = getattr(storage, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            counter[_name] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(storage, name, counted)
+    return counter
+
+
+def test_is_complete_is_the_one_rule() -> None:
+    def marker(status: str = "complete", fp: str = "a") -> ShardMarker:
+        return ShardMarker(run_id="r", shard_id="00000", fingerprint=fp, rows_input=1, rows_ok=1,
+                           rows_dead_letter=0, status=status)
+
+    assert not is_complete(None)
+    assert is_complete(marker()) and is_complete(marker(), "a")
+    assert not is_complete(marker(), "b"), "another fingerprint is stale"
+    assert not is_complete(marker(status="failed"))
+
+
+def test_manifest_is_read_once_and_markers_once_each(run_dir: str, calls: Counter) -> None:
+    store = RunStore.open(run_dir)
+    for _ in range(3):
+        assert len(store.manifest.shards) == SHARDS
+    assert calls["read_bytes"] == 1
+    _complete(run_dir, "00003")
+    calls.clear()
+    for _ in range(3):
+        assert store.marker("00003").shard_id == "00003"
+    assert calls["read_bytes"] == 1, "a complete marker is cached"
+
+
+def test_gate_poll_costs_one_listing_plus_one_read_per_newly_completed_shard(run_dir: str, calls: Counter) -> None:
+    store = RunStore.open(run_dir)
+    status = check_completion(store)
+    assert status.shards_complete == 0 and len(status.missing) == SHARDS
+    for sid in ("00001", "00007", "00020"):
+        _complete(run_dir, sid)
+    calls.clear()
+    status = check_completion(store)
+    assert status.shards_complete == 3
+    assert (calls["list_glob"], calls["read_bytes"], calls["list_names"], calls["exists"]) == (1, 3, 0, 0)
+    _complete(run_dir, "00030")
+    calls.clear()
+    assert check_completion(store).shards_complete == 4
+    assert (calls["list_glob"], calls["read_bytes"]) == (1, 1), "only the new marker is read"
+    calls.clear()
+    assert check_completion(store).shards_complete == 4
+    assert (calls["list_glob"], calls["read_bytes"]) == (1, 0), "nothing new: one listing, no read"
+
+
+def test_poll_notices_a_reopened_shard_and_ignores_other_objects(run_dir: str) -> None:
+    store = RunStore.open(run_dir)
+    _complete(run_dir, "00002")
+    _complete(run_dir, "00004", status="failed")
+    layout = store.layout
+    storage.write_replace(layout.progress_uri("00005"), b"{}")  # not a marker
+    assert set(store.poll()) == {"00002"}, "a marker that is not complete does not count"
+    store.delete_marker("00002")
+    assert store.poll() == {}
+    _complete(run_dir, "00002")
+    assert "00002" in store.poll()
+    storage.delete(layout.marker_uri("00002"))  # reopened by another process (publish)
+    assert "00002" not in store.poll()
+
+
+def test_progress_reads_only_shards_with_a_progress_object(run_dir: str, calls: Counter) -> None:
+    store = RunStore.open(run_dir)
+    ids = [s.shard_id for s in store.manifest.shards]
+    _complete(run_dir, "00000")
+    progress = ShardProgress(shard_id="00001", status="running", rows_total=10, rows_done=4, rows_dead_letter=0,
+                             rows_per_s=2.0, eta_s=3.0, updated_at="2026-12-01T00:00:00+00:00")
+    storage.write_replace(store.layout.progress_uri("00001"), progress.to_json_bytes())
+    calls.clear()
+    summary = collect_progress(store, ids)
+    assert (summary["completed"], summary["running"] + summary["stale"], summary["pending"]) == (1, 1, SHARDS - 2)
+    assert calls["read_bytes"] == 2, "the new marker and the one progress object; no read per pending shard"
+    assert calls["list_glob"] == 2
