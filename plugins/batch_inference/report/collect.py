@@ -5,7 +5,6 @@ Only :mod:`batch_contract.storage` is used, so local paths, ``file://`` and ``gs
 
 from __future__ import annotations
 
-import importlib
 import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -18,9 +17,6 @@ from batch_contract.marker import AttemptRecord, ShardMarker, ShardProgress
 
 IO_THREADS = 16
 """Shards read concurrently (storage reads are I/O bound; on GCS each is an HTTP round trip)."""
-
-_OPTIONAL_ENGINE_MODULES = ("batch_contract.llm_config",)
-"""Contract modules that register more engine kinds (the LLM config) when present."""
 
 
 @dataclass
@@ -43,21 +39,12 @@ class RunData:
     progress: dict[str, ShardProgress] = field(default_factory=dict)
 
 
-def _register_engine_kinds() -> None:
-    for name in _OPTIONAL_ENGINE_MODULES:
-        try:
-            importlib.import_module(name)
-        except ModuleNotFoundError:
-            pass
-
-
 def read_manifest(layout: RunLayout) -> Manifest:
     """The run's manifest.
 
     Raises:
         FileNotFoundError: no ``manifest.json`` under the run directory (the message names the URI).
     """
-    _register_engine_kinds()
     try:
         raw = storage.read_bytes(layout.manifest_uri)
     except FileNotFoundError:
