@@ -1,14 +1,14 @@
 """LLM engine configuration (``engine.kind == "llm"``), carried in the manifest, validated when built.
 
-Stdlib only (part of the contract). Importing this module registers :class:`LLMConfig` in
-:data:`batch_contract.engine_config.ENGINE_CONFIG_TYPES` under ``"llm"``; ``batch_contract/__init__``
-imports it so the registration always happens.
+Stdlib only (part of the contract). :data:`batch_contract.engines.ENGINE_CONFIG_TYPES` maps
+``EngineKind.LLM`` to :class:`LLMConfig`.
 
 The prompt is three parts: ``system_prompt`` and ``few_shot`` are identical for every row (the
 cacheable prefix vLLM's prefix cache serves after the first row), ``user_template`` is a Jinja template
 over named row fields (``id``, ``text``) rendered in a sandbox by ``batch_worker.prompting``. All three
-live in the engine dict, so :func:`batch_contract.manifest.config_fingerprint` (a hash of the whole engine
-dict) changes when any of them changes and a changed prompt never reuses committed rows.
+live in the engine dict, so :func:`batch_contract.manifest.config_fingerprint` (a hash of the normalised engine
+dict minus its speed-only fields) changes when any of them changes and a changed prompt never reuses
+committed rows.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from batch_contract.engine_config import ENGINE_CONFIG_TYPES, ConfigError, _check, _known_fields
+from batch_contract.engine_config import ConfigError, _check, _known_fields
 from batch_contract.enums import EngineKind
 
 LLM_DTYPES = ("auto", "bfloat16", "float16", "float32")
@@ -58,9 +58,16 @@ def _check_json_schema(value: Any) -> None:
 class LLMConfig:
     """An LLM generation job run through vLLM's offline ``LLM.generate`` (one call per chunk).
 
-    Every field below is part of the fingerprint (the whole engine dict is hashed), including the
-    prompt templates and sampling parameters: change any and committed rows are re-done.
+    Every field below except those in :attr:`NOT_IN_FINGERPRINT` is part of the fingerprint, including
+    the prompt templates and sampling parameters: change any and committed rows are re-done.
     """
+
+    NOT_IN_FINGERPRINT: ClassVar[frozenset[str]] = frozenset(
+        {"gpu_memory_utilization", "max_num_seqs", "enable_prefix_caching"})
+    """Fields left out of :func:`batch_contract.manifest.config_fingerprint`: KV-cache memory, scheduler
+    concurrency and prefix-cache reuse change which rows share a step (speed), not what a row generates,
+    like the worker's batching settings. Fields that change kernels or sharding (``dtype``,
+    ``quantization``, ``enforce_eager``, ``tensor_parallel_size``) stay in."""
 
     kind: str = EngineKind.LLM.value
     model_path: str = ""
@@ -185,5 +192,3 @@ def _is_int(value: Any) -> bool:
 def _is_num(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
-
-ENGINE_CONFIG_TYPES[EngineKind.LLM.value] = LLMConfig

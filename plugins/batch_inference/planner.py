@@ -26,6 +26,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from batch_contract import storage
 from batch_contract.engine_config import ConfigError, WorkerSettings
+from batch_contract.engines import engine_config_from_dict
 from batch_contract.enums import InputFormat
 from batch_contract.layout import RunLayout, shard_id_for
 from batch_contract.manifest import InputFile, InputSpec, Manifest, Segment, ShardSpec
@@ -461,7 +462,9 @@ def shard_refs(manifest: Manifest, run_dir: str) -> list[dict[str, Any]]:
 
 
 def _reuse(existing: Manifest, request: PlanRequest, manifest_uri: str) -> Manifest:
-    if existing.input.uri != request.input_uri or existing.engine != request.engine:
+    """``existing`` if it was planned for the request's input and engine config (compared normalised:
+    a default written out equals it omitted), else :class:`PlanError`."""
+    if existing.input.uri != request.input_uri or existing.engine_config != engine_config_from_dict(request.engine):
         raise PlanError(
             f"run_id: {manifest_uri} was planned for input {existing.input.uri!r} with engine "
             f"{existing.engine}; this request differs. Use a new run id (a run's plan never changes)."

@@ -143,6 +143,8 @@ def test_rerun_reuses_the_manifest_and_refuses_a_changed_plan(tmp_path: Path) ->
     first, refs1 = plan(_request(str(SAMPLE), tmp_path, rows_per_shard=2000))
     second, refs2 = plan(_request(str(SAMPLE), tmp_path, rows_per_shard=500))  # same run id: reused
     assert refs1 == refs2 and first.created_at == second.created_at
+    explicit = plan(_request(str(SAMPLE), tmp_path, engine={"kind": "encoder", "pooling": "auto"}))[0]
+    assert explicit.created_at == first.created_at  # a default written out is the same config: reused
     with pytest.raises(PlanError, match="Use a new run id"):
         plan(_request(str(SAMPLE), tmp_path, engine={"kind": "encoder", "dtype": "float32"}))
 
