@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
@@ -106,7 +107,8 @@ class LLMConfig:
     user_template: str = "{{ text }}"
     """Jinja template of the row's user message over the row fields ``id`` and ``text`` (rendered in a
     sandbox with undefined names as errors: a template error dead-letters the row ``template_error``).
-    Validated at plan time by ``batch_worker.prompting.validate_template``."""
+    Checked at plan time by :func:`check_user_template` (syntax; for Parquet input also that every field
+    it reads is a column) when ``jinja2`` is installed, as it is beside Airflow."""
     use_chat_template: bool = True
     """Apply the tokenizer's chat template (instruction-tuned models). ``False``: the prompt is the plain
     concatenation system prompt + few-shot pairs + user message, separated by blank lines (base models)."""
@@ -183,6 +185,47 @@ class LLMConfig:
             ConfigError: unknown or invalid field; the message names it.
         """
         return cls(**_known_fields(cls, dict(data), "engine"))
+
+
+def user_template_fields(source: str) -> set[str] | None:
+    """Names the Jinja template ``source`` reads from its context (``{"text", "title"}``); ``None`` when
+    ``jinja2`` is not installed (the contract itself is stdlib-only, so the import is optional).
+
+    Raises:
+        ConfigError: syntax error (the message names ``engine.user_template`` and the line).
+    """
+    try:
+        import jinja2
+        from jinja2 import meta
+    except ImportError:
+        return None
+    try:
+        return set(meta.find_undeclared_variables(jinja2.Environment().parse(source)))
+    except jinja2.TemplateSyntaxError as exc:
+        raise ConfigError(f"engine.user_template: template syntax error (line {exc.lineno}): {exc}") from None
+
+
+def check_user_template(config: LLMConfig, columns: Sequence[str] | None) -> None:
+    """Plan-time check of ``config.user_template``: it parses, and every field it reads is one of
+    ``columns`` or the aliases ``id``/``text``. Skipped when ``jinja2`` is missing; the column check is
+    skipped when ``columns`` is ``None`` (JSONL rows have no fixed columns: a row missing a field is
+    dead-lettered ``template_error`` by the worker).
+
+    Args:
+        config: the LLM engine config.
+        columns: the input's column names, or ``None`` when not known.
+
+    Raises:
+        ConfigError: syntax error, or a field that is not a column (the message names it).
+    """
+    used = user_template_fields(config.user_template)
+    if used is None or columns is None:
+        return
+    available = set(columns) | {"id", "text"}
+    unknown = sorted(used - available)
+    if unknown:
+        raise ConfigError(f"engine.user_template: reads field(s) {unknown} that are not input columns; "
+                          f"available: {sorted(available)}")
 
 
 def _is_int(value: Any) -> bool:

@@ -29,6 +29,7 @@ from batch_contract.engine_config import ConfigError, WorkerSettings
 from batch_contract.engines import engine_config_from_dict
 from batch_contract.enums import InputFormat
 from batch_contract.layout import RunLayout, shard_id_for
+from batch_contract.llm_config import LLMConfig, check_user_template
 from batch_contract.manifest import InputFile, InputSpec, Manifest, Segment, ShardSpec
 from batch_contract.rows import decode_line, iter_jsonl_lines
 
@@ -506,6 +507,8 @@ def plan(request: PlanRequest) -> tuple[Manifest, list[dict[str, Any]]]:
         params=dict(request.params),
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
+    if isinstance(manifest.engine_config, LLMConfig):
+        check_user_template(manifest.engine_config, _input_columns(fmt, metas))
     storage.makedirs(layout.run_dir)
     try:
         storage.write_create_only(layout.manifest_uri, manifest.to_json_bytes())
@@ -515,6 +518,19 @@ def plan(request: PlanRequest) -> tuple[Manifest, list[dict[str, Any]]]:
     log.info("planned %d rows from %d %s file(s) into %d shard(s) at %s", manifest.rows, len(files),
              fmt.value, len(manifest.shards), layout.manifest_uri)
     return manifest, shard_refs(manifest, layout.run_dir)
+
+
+def _input_columns(fmt: InputFormat, metas: list[_FileMeta]) -> list[str] | None:
+    """Column names of the first non-empty Parquet file (the planner has checked the files agree on the id
+    and text columns); ``None`` for JSONL, whose rows have no fixed columns, or an empty input."""
+    if fmt != InputFormat.PARQUET:
+        return None
+    for meta in metas:
+        if meta.rows > 0:
+            fs, path = storage.arrow_filesystem(meta.uri)
+            with fs.open_input_file(path) as fh:
+                return list(pq.ParquetFile(fh).schema_arrow.names)
+    return None
 
 
 def manifest_for(run_dir: str) -> Manifest:

@@ -1,7 +1,7 @@
 """Completion trigger: polls shard markers in storage (storage, not task state, is the truth).
 
-:class:`ShardMarkerTrigger` runs in the triggerer. It reads the run's manifest once, then every
-``poll_seconds`` checks which shards have a ``_SUCCESS.json`` marker, logs a progress line, and yields
+:class:`ShardMarkerTrigger` runs in the triggerer. Every ``poll_seconds`` it reads the run's manifest
+and checks which shards have a ``_SUCCESS.json`` marker, logs a progress line, and yields
 exactly one event: ``success`` (enough rows complete), ``timeout`` (deadline passed; names the missing
 shards) or ``error`` (storage failure; never raises, as the provider's triggers do).
 """
