@@ -32,10 +32,11 @@ import pyarrow as pa
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "plugins"))
+sys.path.insert(0, str(REPO / "tests"))  # synthetic_runs: test-data generation, not shipped in plugins/
 
 from batch_contract.layout import RunLayout  # noqa: E402
 from batch_inference.publish import PublishTarget, publish_run  # noqa: E402
-from batch_inference.publish.synthetic import RunSpec, build_run, write_input  # noqa: E402
+from synthetic_runs import RunSpec, build_run, write_input  # noqa: E402
 
 ROWS = int(os.environ.get("BENCH_PUBLISH_ROWS", "1000000"))
 DIM = 384

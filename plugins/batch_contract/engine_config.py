@@ -2,13 +2,14 @@
 
 The Airflow side builds these from Params and validates them at plan time (so a bad trigger form fails
 before any GPU starts); the worker rebuilds them from the manifest. Both engines share
-:class:`WorkerSettings` (batching, chunking, signals).
+:class:`WorkerSettings` (batching, chunking, signals). The registry of engine kinds (and
+``engine_config_from_dict``) is :mod:`batch_contract.engines`.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, ClassVar
 
 from batch_contract.enums import EngineKind
 
@@ -33,6 +34,10 @@ def _known_fields(cls: type, data: dict[str, Any], where: str) -> dict[str, Any]
 @dataclass(frozen=True)
 class EncoderConfig:
     """An encoder job: embeddings (pooled hidden states) or sequence-classification scores."""
+
+    NOT_IN_FINGERPRINT: ClassVar[frozenset[str]] = frozenset({"pad_to_multiple_of"})
+    """Fields left out of :func:`batch_contract.manifest.config_fingerprint`: padding changes batch shapes
+    (speed), not outputs, like the token budget. ``compile`` stays in: other kernels, other numerics."""
 
     kind: str = EngineKind.ENCODER.value
     model_path: str | None = None
@@ -132,19 +137,3 @@ class WorkerSettings:
     def from_dict(cls, data: dict[str, Any]) -> WorkerSettings:
         return cls(**_known_fields(cls, dict(data), "worker"))
 
-
-ENGINE_CONFIG_TYPES: dict[str, type] = {EngineKind.ENCODER.value: EncoderConfig}
-"""Engine kind -> config class. The LLM engine registers its config here (see ``llm_config``)."""
-
-
-def engine_config_from_dict(data: dict[str, Any]) -> Any:
-    """Build and validate the engine config named by ``data['kind']``.
-
-    Raises:
-        ConfigError: unknown kind or invalid field (the message names it).
-    """
-    kind = data.get("kind", EngineKind.ENCODER.value)
-    cls = ENGINE_CONFIG_TYPES.get(kind)
-    if cls is None:
-        raise ConfigError(f"engine.kind: {kind!r} is not one of {sorted(ENGINE_CONFIG_TYPES)}")
-    return cls.from_dict({**data, "kind": kind})

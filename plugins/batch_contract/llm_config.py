@@ -1,24 +1,25 @@
 """LLM engine configuration (``engine.kind == "llm"``), carried in the manifest, validated when built.
 
-Stdlib only (part of the contract). Importing this module registers :class:`LLMConfig` in
-:data:`batch_contract.engine_config.ENGINE_CONFIG_TYPES` under ``"llm"``; ``batch_contract/__init__``
-imports it so the registration always happens.
+Stdlib only (part of the contract). :data:`batch_contract.engines.ENGINE_CONFIG_TYPES` maps
+``EngineKind.LLM`` to :class:`LLMConfig`.
 
 The prompt is three parts: ``system_prompt`` and ``few_shot`` are identical for every row (the
 cacheable prefix vLLM's prefix cache serves after the first row), ``user_template`` is a Jinja template
 over named row fields (``id``, ``text``) rendered in a sandbox by ``batch_worker.prompting``. All three
-live in the engine dict, so :func:`batch_contract.manifest.config_fingerprint` (a hash of the whole engine
-dict) changes when any of them changes and a changed prompt never reuses committed rows.
+live in the engine dict, so :func:`batch_contract.manifest.config_fingerprint` (a hash of the normalised engine
+dict minus its speed-only fields) changes when any of them changes and a changed prompt never reuses
+committed rows.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from batch_contract.engine_config import ENGINE_CONFIG_TYPES, ConfigError, _check, _known_fields
+from batch_contract.engine_config import ConfigError, _check, _known_fields
 from batch_contract.enums import EngineKind
 
 LLM_DTYPES = ("auto", "bfloat16", "float16", "float32")
@@ -58,9 +59,16 @@ def _check_json_schema(value: Any) -> None:
 class LLMConfig:
     """An LLM generation job run through vLLM's offline ``LLM.generate`` (one call per chunk).
 
-    Every field below is part of the fingerprint (the whole engine dict is hashed), including the
-    prompt templates and sampling parameters: change any and committed rows are re-done.
+    Every field below except those in :attr:`NOT_IN_FINGERPRINT` is part of the fingerprint, including
+    the prompt templates and sampling parameters: change any and committed rows are re-done.
     """
+
+    NOT_IN_FINGERPRINT: ClassVar[frozenset[str]] = frozenset(
+        {"gpu_memory_utilization", "max_num_seqs", "enable_prefix_caching"})
+    """Fields left out of :func:`batch_contract.manifest.config_fingerprint`: KV-cache memory, scheduler
+    concurrency and prefix-cache reuse change which rows share a step (speed), not what a row generates,
+    like the worker's batching settings. Fields that change kernels or sharding (``dtype``,
+    ``quantization``, ``enforce_eager``, ``tensor_parallel_size``) stay in."""
 
     kind: str = EngineKind.LLM.value
     model_path: str = ""
@@ -99,7 +107,8 @@ class LLMConfig:
     user_template: str = "{{ text }}"
     """Jinja template of the row's user message over the row fields ``id`` and ``text`` (rendered in a
     sandbox with undefined names as errors: a template error dead-letters the row ``template_error``).
-    Validated at plan time by ``batch_worker.prompting.validate_template``."""
+    Checked at plan time by :func:`check_user_template` (syntax; for Parquet input also that every field
+    it reads is a column) when ``jinja2`` is installed, as it is beside Airflow."""
     use_chat_template: bool = True
     """Apply the tokenizer's chat template (instruction-tuned models). ``False``: the prompt is the plain
     concatenation system prompt + few-shot pairs + user message, separated by blank lines (base models)."""
@@ -178,6 +187,47 @@ class LLMConfig:
         return cls(**_known_fields(cls, dict(data), "engine"))
 
 
+def user_template_fields(source: str) -> set[str] | None:
+    """Names the Jinja template ``source`` reads from its context (``{"text", "title"}``); ``None`` when
+    ``jinja2`` is not installed (the contract itself is stdlib-only, so the import is optional).
+
+    Raises:
+        ConfigError: syntax error (the message names ``engine.user_template`` and the line).
+    """
+    try:
+        import jinja2
+        from jinja2 import meta
+    except ImportError:
+        return None
+    try:
+        return set(meta.find_undeclared_variables(jinja2.Environment().parse(source)))
+    except jinja2.TemplateSyntaxError as exc:
+        raise ConfigError(f"engine.user_template: template syntax error (line {exc.lineno}): {exc}") from None
+
+
+def check_user_template(config: LLMConfig, columns: Sequence[str] | None) -> None:
+    """Plan-time check of ``config.user_template``: it parses, and every field it reads is one of
+    ``columns`` or the aliases ``id``/``text``. Skipped when ``jinja2`` is missing; the column check is
+    skipped when ``columns`` is ``None`` (JSONL rows have no fixed columns: a row missing a field is
+    dead-lettered ``template_error`` by the worker).
+
+    Args:
+        config: the LLM engine config.
+        columns: the input's column names, or ``None`` when not known.
+
+    Raises:
+        ConfigError: syntax error, or a field that is not a column (the message names it).
+    """
+    used = user_template_fields(config.user_template)
+    if used is None or columns is None:
+        return
+    available = set(columns) | {"id", "text"}
+    unknown = sorted(used - available)
+    if unknown:
+        raise ConfigError(f"engine.user_template: reads field(s) {unknown} that are not input columns; "
+                          f"available: {sorted(available)}")
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -185,5 +235,3 @@ def _is_int(value: Any) -> bool:
 def _is_num(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
-
-ENGINE_CONFIG_TYPES[EngineKind.LLM.value] = LLMConfig

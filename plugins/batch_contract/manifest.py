@@ -8,10 +8,12 @@ own row order (Parquet row order; JSONL line order counting only non-blank lines
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from batch_contract.engine_config import ConfigError, WorkerSettings, engine_config_from_dict
+from batch_contract.engine_config import ConfigError, WorkerSettings
+from batch_contract.engines import EngineConfig, engine_config_from_dict
 from batch_contract.enums import InputFormat
 from batch_contract.jsonutil import canonical_json, pretty_json, sha256_hex
 from batch_contract.version import SCHEMA_VERSION, check_schema_version
@@ -72,10 +74,35 @@ class InputSpec:
         return sum(f.rows for f in self.files)
 
 
-def config_fingerprint(engine: dict[str, Any]) -> str:
-    """Hash of the engine config (canonical JSON) and ``SCHEMA_VERSION``: the half of the fingerprint
-    the planner knows. The worker adds the model digest (see :func:`result_fingerprint`)."""
-    return sha256_hex(canonical_json({"engine": engine, "schema_version": SCHEMA_VERSION}))[:32]
+def fingerprint_dict(config: EngineConfig) -> dict[str, Any]:
+    """The part of ``config`` that decides outputs: its full ``to_dict()`` (every default filled in) minus
+    the fields its class lists in ``NOT_IN_FINGERPRINT`` (scheduling, memory and padding settings that
+    change speed, never outputs, like :class:`WorkerSettings`)."""
+    skip = getattr(type(config), "NOT_IN_FINGERPRINT", frozenset())
+    return {k: v for k, v in config.to_dict().items() if k not in skip}
+
+
+def config_fingerprint(engine: Mapping[str, Any] | EngineConfig) -> str:
+    """Hash of the normalised engine config and ``SCHEMA_VERSION``: the half of the fingerprint the
+    planner knows. The worker adds the model digest (see :func:`result_fingerprint`).
+
+    The config is parsed (validated) and hashed as :func:`fingerprint_dict` in canonical JSON (sorted
+    keys), so a default written out (``{"kind": "encoder", "pooling": "auto"}``) and the same default
+    omitted (``{"kind": "encoder"}``) give one fingerprint, and speed-only fields do not count.
+
+    Note: before this normalisation the raw engine dict was hashed, so every fingerprint changed once:
+    rows committed by runs planned with older code are not reused and are recomputed once (their own
+    manifests keep the fingerprint they were planned with, so an in-flight run still resumes).
+    ``SCHEMA_VERSION`` was not bumped: no on-disk layout or schema changed.
+
+    Args:
+        engine: an engine config dict (as in the manifest or Params) or config object.
+
+    Raises:
+        ConfigError: ``engine`` is an invalid engine dict (the message names the field).
+    """
+    config = engine_config_from_dict(engine) if isinstance(engine, Mapping) else engine
+    return sha256_hex(canonical_json({"engine": fingerprint_dict(config), "schema_version": SCHEMA_VERSION}))[:32]
 
 
 def result_fingerprint(config_fp: str, model_digest: str) -> str:
@@ -95,10 +122,14 @@ class Manifest:
         run_id: Airflow run id (a safe path segment).
         input: what to read.
         shards: the plan; ``shards[i].shard_id == shard_id_for(i)``.
-        engine: engine config dict (validated through ``engine_config_from_dict``).
+        engine: engine config dict, normalised when built: validated through ``engine_config_from_dict``
+            and replaced by the config's full ``to_dict()`` (every default written out, so a worker
+            whose code has other defaults still runs the planned config). Parsed once per process:
+            use :attr:`engine_config`.
         worker: batching/chunking/signal settings.
         params: the run's user-facing parameters, for the record (table name, costs, ...).
-        config_fingerprint: :func:`config_fingerprint` of ``engine``.
+        config_fingerprint: :func:`config_fingerprint` of ``engine``; one read from a stored manifest
+            is kept as written (a run keeps the fingerprint it was planned with).
     """
 
     run_id: str
@@ -112,9 +143,17 @@ class Manifest:
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
-        engine_config_from_dict(self.engine)  # raises ConfigError naming the field
+        config = engine_config_from_dict(self.engine)  # raises ConfigError naming the field
+        object.__setattr__(self, "_engine_config", config)  # not a field: not in to_dict() or ==
+        object.__setattr__(self, "engine", config.to_dict())
         if not self.config_fingerprint:
-            object.__setattr__(self, "config_fingerprint", config_fingerprint(self.engine))
+            object.__setattr__(self, "config_fingerprint", config_fingerprint(config))
+
+    @property
+    def engine_config(self) -> EngineConfig:
+        """The validated engine config object (an ``EncoderConfig``, ``LLMConfig``, ...), parsed once
+        when the manifest was built: read it here instead of calling ``engine_config_from_dict`` again."""
+        return self._engine_config  # type: ignore[attr-defined]
 
     @property
     def rows(self) -> int:

@@ -27,6 +27,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from batch_contract.engine_config import AUTO_TOKEN_BUDGET, MIN_TOKEN_BUDGET, ConfigError, WorkerSettings
+from batch_contract.engines import DEFAULT_ENGINE_KIND, engine_kinds
+from batch_contract.enums import EngineKind
 
 from batch_inference.publish.target import (
     BACKENDS,
@@ -53,7 +55,8 @@ ALLOWED_ROOTS_ENV = "BATCH_INFERENCE_ALLOWED_ROOTS"
 ``output_root`` and ``duckdb_path`` must lie (see :func:`allowed_roots`)."""
 PATH_FIELDS = ("input_uri", "output_root", "duckdb_path")
 RUNNERS = ("local", "kubernetes")
-ENGINES = ("encoder", "llm")
+ENGINES = engine_kinds()
+"""The ``engine`` Param's allowed values: every :class:`~batch_contract.enums.EngineKind`."""
 SHARD_BY = ("rows", "tokens")
 PRICING = ("spot", "on_demand")
 DEFAULT_MAX_MAP_LENGTH = 1024
@@ -266,7 +269,7 @@ PARAM_FIELDS: Mapping[str, ParamField] = _fields(
                "Where runs/<run_id>/ (manifest, part files, markers, report) is written; local path or "
                "gs://bucket/prefix. Must be reachable by every worker.", "Output", min_length=1,
                required=True),
-    ParamField("engine", "encoder", "string", "Engine", "encoder: embeddings/classification with a "
+    ParamField("engine", DEFAULT_ENGINE_KIND.value, "string", "Engine", "encoder: embeddings/classification with a "
                "transformers encoder; llm: generation with vLLM.", "Engine", enum=ENGINES, required=True),
     ParamField("model", None, "string", "Model", "Local model directory (or path inside the image). "
                "Empty: the engine's default (all-MiniLM-L6-v2 for the encoder; the LLM engine needs one).",
@@ -593,7 +596,7 @@ def resolve_run_config(params: Mapping[str, Any]) -> RunConfig:
             _require(getattr(cfg, name).startswith("gs://"), name,
                      "the kubernetes runner needs storage its pods can reach: use a gs:// URI "
                      "(or dry_run=true to only render the pods)")
-    if cfg.engine == "llm":
+    if cfg.engine == EngineKind.LLM.value:
         _require(bool(cfg.model), "model", "the llm engine needs a model directory")
     roots = allowed_roots()
     for name in PATH_FIELDS:

@@ -26,8 +26,10 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from batch_contract import storage
 from batch_contract.engine_config import ConfigError, WorkerSettings
+from batch_contract.engines import engine_config_from_dict
 from batch_contract.enums import InputFormat
 from batch_contract.layout import RunLayout, shard_id_for
+from batch_contract.llm_config import LLMConfig, check_user_template
 from batch_contract.manifest import InputFile, InputSpec, Manifest, Segment, ShardSpec
 from batch_contract.rows import decode_line, iter_jsonl_lines
 from batch_contract.runstore import RunStore
@@ -462,7 +464,9 @@ def shard_refs(manifest: Manifest, run_dir: str) -> list[dict[str, Any]]:
 
 
 def _reuse(existing: Manifest, request: PlanRequest, manifest_uri: str) -> Manifest:
-    if existing.input.uri != request.input_uri or existing.engine != request.engine:
+    """``existing`` if it was planned for the request's input and engine config (compared normalised:
+    a default written out equals it omitted), else :class:`PlanError`."""
+    if existing.input.uri != request.input_uri or existing.engine_config != engine_config_from_dict(request.engine):
         raise PlanError(
             f"run_id: {manifest_uri} was planned for input {existing.input.uri!r} with engine "
             f"{existing.engine}; this request differs. Use a new run id (a run's plan never changes)."
@@ -504,6 +508,8 @@ def plan(request: PlanRequest) -> tuple[Manifest, list[dict[str, Any]]]:
         params=dict(request.params),
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
+    if isinstance(manifest.engine_config, LLMConfig):
+        check_user_template(manifest.engine_config, _input_columns(fmt, metas))
     storage.makedirs(layout.run_dir)
     try:
         storage.write_create_only(layout.manifest_uri, manifest.to_json_bytes())
@@ -513,6 +519,19 @@ def plan(request: PlanRequest) -> tuple[Manifest, list[dict[str, Any]]]:
     log.info("planned %d rows from %d %s file(s) into %d shard(s) at %s", manifest.rows, len(files),
              fmt.value, len(manifest.shards), layout.manifest_uri)
     return manifest, shard_refs(manifest, layout.run_dir)
+
+
+def _input_columns(fmt: InputFormat, metas: list[_FileMeta]) -> list[str] | None:
+    """Column names of the first non-empty Parquet file (the planner has checked the files agree on the id
+    and text columns); ``None`` for JSONL, whose rows have no fixed columns, or an empty input."""
+    if fmt != InputFormat.PARQUET:
+        return None
+    for meta in metas:
+        if meta.rows > 0:
+            fs, path = storage.arrow_filesystem(meta.uri)
+            with fs.open_input_file(path) as fh:
+                return list(pq.ParquetFile(fh).schema_arrow.names)
+    return None
 
 
 def manifest_for(run_dir: str) -> Manifest:

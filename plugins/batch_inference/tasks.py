@@ -2,6 +2,11 @@
 
 The DAG factory wraps them in ``@task``; keeping them here keeps the DAG files to wiring and makes each
 step testable without a scheduler. Airflow-side only: no torch, no vLLM.
+
+The plan task is the only one that resolves the Params (:func:`run_config`: render, validate, apply the
+Asset event's model); it records the resolved :class:`RunConfig` in the manifest's ``params``. Every later
+task reads that record (:func:`planned_run`) instead of resolving the raw Params again, so all tasks of a
+run see one config.
 """
 
 from __future__ import annotations
@@ -9,11 +14,13 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Mapping
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from batch_contract.engine_config import ConfigError
 from batch_contract.layout import RunLayout
+from batch_contract.manifest import Manifest
 
 from batch_inference.params import REPO_ROOT, RunConfig, resolve_run_config
 from batch_inference.planner import PlanRequest, manifest_for, plan
@@ -48,6 +55,28 @@ def run_config(context: Mapping[str, Any], overrides: Mapping[str, Any] | None =
 
 def run_dir_of(cfg: RunConfig, run_id: str) -> str:
     return RunLayout(cfg.output_root, run_id).run_dir
+
+
+def run_config_of(manifest: Manifest) -> RunConfig:
+    """The :class:`RunConfig` the plan task resolved, read back from ``manifest.params`` (other keys
+    there, such as ``dag_id``, are ignored; a field missing from an older manifest takes its default)."""
+    names = {f.name for f in fields(RunConfig)}
+    return RunConfig(**{k: v for k, v in manifest.params.items() if k in names})
+
+
+def planned_run(context: Mapping[str, Any]) -> tuple[RunConfig, Manifest, str]:
+    """``(config, manifest, run_dir)`` of this run as planned: the run dir the plan task pushed as XCom
+    ``run_dir``, its manifest, and the resolved config recorded in it.
+
+    Raises:
+        ConfigError: the plan task pushed no run dir (it did not run in this DAG run).
+        FileNotFoundError: no manifest under that run dir.
+    """
+    run_dir = context["ti"].xcom_pull(task_ids="plan", key="run_dir")
+    if not run_dir:
+        raise ConfigError("run_dir: the plan task pushed no XCom 'run_dir' in this DAG run; plan first")
+    manifest = manifest_for(run_dir)
+    return run_config_of(manifest), manifest, run_dir
 
 
 def _extra_of(event: Any) -> dict[str, Any]:
@@ -129,7 +158,7 @@ def _plan(context: Mapping[str, Any], *, model_from_asset: bool) -> list[dict[st
 
 def choose_runner_task(context: Mapping[str, Any]) -> str:
     """Branch: ``render_k8s`` for a dry run, else ``infer_local`` or ``kpo_args`` (kubernetes)."""
-    cfg = run_config(context)
+    cfg, _, _ = planned_run(context)
     if cfg.dry_run:
         return "render_k8s"
     return "infer_local" if cfg.runner == "local" else "kpo_args"
@@ -215,9 +244,7 @@ def publish_and_report_task(context: Mapping[str, Any], gate: dict[str, Any] | N
     from batch_inference.publish import publish_run
     from batch_inference.report import asset_extra, build_report
 
-    cfg = run_config(context)
-    run_dir = run_dir_of(cfg, context["run_id"])
-    manifest = manifest_for(run_dir)
+    cfg, manifest, run_dir = planned_run(context)
     if not manifest.shards:
         summary = empty_publish_summary(cfg, manifest.config_fingerprint)
         log.info("empty input: nothing to publish; table %s left as it was", cfg.output_table)

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from batch_contract import storage
 from batch_inference.publish import PublishTarget, publish_run
-from batch_inference.publish.synthetic import RunSpec, build_run, write_input
+from synthetic_runs import RunSpec, build_run, write_input
 
 pytestmark = pytest.mark.integration
 

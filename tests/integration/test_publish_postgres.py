@@ -18,8 +18,8 @@ from batch_contract import storage
 from batch_contract.partfiles import digest_of
 from batch_inference.publish import CoverageError, PublishTarget, publish_run, rollback
 from batch_inference.publish.__main__ import main as cli_main
-from batch_inference.publish.synthetic import RunSpec, build_run, write_input
 from pg_fixture import pg_dsn  # noqa: F401  (module-scoped server fixture)
+from synthetic_runs import RunSpec, build_run, write_input
 
 pytestmark = pytest.mark.integration
 

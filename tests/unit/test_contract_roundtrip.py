@@ -9,7 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from batch_contract import storage
-from batch_contract.engine_config import ConfigError, EncoderConfig, WorkerSettings, engine_config_from_dict
+from batch_contract.engine_config import ConfigError, EncoderConfig, WorkerSettings
+from batch_contract.engines import engine_config_from_dict
 from batch_contract.enums import DeadLetterReason, ExitCode, ShardStatus
 from batch_contract.layout import TEMP_MARK, RunLayout, chunk_of, part_name, shard_id_for, validate_run_id
 from batch_contract.manifest import (

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from batch_contract import storage
+from batch_contract.engine_config import ConfigError
 from batch_contract.layout import RunLayout
 from batch_contract.manifest import Manifest
 from batch_inference.planner import (
@@ -143,6 +145,8 @@ def test_rerun_reuses_the_manifest_and_refuses_a_changed_plan(tmp_path: Path) ->
     first, refs1 = plan(_request(str(SAMPLE), tmp_path, rows_per_shard=2000))
     second, refs2 = plan(_request(str(SAMPLE), tmp_path, rows_per_shard=500))  # same run id: reused
     assert refs1 == refs2 and first.created_at == second.created_at
+    explicit = plan(_request(str(SAMPLE), tmp_path, engine={"kind": "encoder", "pooling": "auto"}))[0]
+    assert explicit.created_at == first.created_at  # a default written out is the same config: reused
     with pytest.raises(PlanError, match="Use a new run id"):
         plan(_request(str(SAMPLE), tmp_path, engine={"kind": "encoder", "dtype": "float32"}))
 
@@ -152,3 +156,21 @@ def test_bad_settings_name_the_field() -> None:
         _request(str(SAMPLE), Path("/tmp"), rows_per_shard=0)
     with pytest.raises(ValueError, match="shard_by"):
         _request(str(SAMPLE), Path("/tmp"), shard_by="bytes")
+
+
+def test_llm_user_template_is_checked_against_the_input_columns_at_plan_time(tmp_path: Path) -> None:
+    llm = {"kind": "llm", "model_path": "/models/tiny", "max_tokens": 16}
+    with pytest.raises(ConfigError, match=r"user_template: reads field\(s\) \['no_such_column'\]"):
+        plan(_request(str(SAMPLE), tmp_path, run_id="bad", engine={**llm, "user_template": "{{ no_such_column }}"}))
+    with pytest.raises(ConfigError, match="template syntax error"):
+        plan(_request(str(SAMPLE), tmp_path, run_id="bad", engine={**llm, "user_template": "{{ text "}))
+    assert not (tmp_path / "runs" / "bad").exists()
+    manifest, _ = plan(_request(str(SAMPLE), tmp_path, engine={**llm, "user_template": "{{ id }}: {{ text }}"}))
+    assert manifest.engine_config.user_template == "{{ id }}: {{ text }}"
+
+
+def test_template_check_is_skipped_without_jinja2(monkeypatch: pytest.MonkeyPatch) -> None:
+    from batch_contract.llm_config import LLMConfig, check_user_template
+
+    monkeypatch.setitem(sys.modules, "jinja2", None)  # import jinja2 -> ImportError
+    check_user_template(LLMConfig(model_path="/m", max_tokens=8, user_template="{{ nosuch }}"), ["id", "text"])

@@ -1,6 +1,6 @@
 """Publish to DuckDB: coverage, de-duplication, dead letters, min_success_ratio, no-op rerun, rollback,
-identifier validation. Runs are generated with :mod:`batch_inference.publish.synthetic` over real ids
-from the bundled Debian sample."""
+identifier validation. Runs are generated with :mod:`synthetic_runs` (``tests/synthetic_runs.py``) over
+real ids from the bundled Debian sample."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from batch_contract.rows import duplicate_detail
 from batch_contract.schemas import part_schema
 from batch_inference.publish import CoverageError, PublishError, PublishTarget, publish_run, rollback
 from batch_inference.publish.__main__ import main as cli_main
-from batch_inference.publish.synthetic import RunSpec, build_run, write_input, write_jsonl_input
+from synthetic_runs import RunSpec, build_run, write_input, write_jsonl_input
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "data" / "sample" / "debian_descriptions_sample.parquet"

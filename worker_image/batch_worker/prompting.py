@@ -1,7 +1,8 @@
 """Prompt rendering for the LLM engine: a sandboxed Jinja user template plus the tokenizer's chat template.
 
-No vLLM or torch import here, so the Airflow side can validate a template from a trigger form at plan
-time (:func:`validate_template`) with only ``jinja2`` installed.
+No vLLM or torch import here. The Airflow side never imports this module: the planner checks the template
+with the contract's :func:`batch_contract.llm_config.check_user_template`, which
+:func:`validate_template` also applies (after compiling in this sandbox).
 
 Sandbox: templates come from people filling in a form, so they are rendered by
 :class:`RowTemplateEnvironment`, an ``ImmutableSandboxedEnvironment`` that additionally refuses *every*
@@ -27,7 +28,7 @@ from typing import Any
 
 import jinja2
 from batch_contract.engine_config import ConfigError
-from batch_contract.llm_config import LLMConfig
+from batch_contract.llm_config import LLMConfig, check_user_template
 from jinja2 import StrictUndefined, meta
 from jinja2.exceptions import SecurityError, TemplateError
 from jinja2.runtime import LoopContext
@@ -113,7 +114,9 @@ def template_columns(config: LLMConfig) -> list[str]:
 
 
 def validate_template(config: LLMConfig, available_fields: Sequence[str]) -> None:
-    """Plan-time check of the user template against the input's columns (Airflow side, no model).
+    """Check the user template against the input's columns: it compiles in the row sandbox, and reads
+    only columns (the contract's :func:`~batch_contract.llm_config.check_user_template`, which the
+    planner runs at plan time).
 
     Args:
         config: the LLM engine config.
@@ -124,13 +127,7 @@ def validate_template(config: LLMConfig, available_fields: Sequence[str]) -> Non
         ConfigError: syntax error, or the template reads a field that is not a column (names it).
     """
     compile_template(config.user_template)
-    available = set(available_fields) | {"id", "text"}
-    unknown = sorted(template_fields(config.user_template) - available)
-    if unknown:
-        raise ConfigError(
-            f"engine.user_template: reads field(s) {unknown} that are not input columns; "
-            f"available: {sorted(available)}"
-        )
+    check_user_template(config, list(available_fields))
 
 
 class RowRenderError(ValueError):

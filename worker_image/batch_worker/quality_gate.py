@@ -31,6 +31,7 @@ from typing import Any
 
 from batch_contract import storage
 from batch_contract.engine_config import ConfigError
+from batch_contract.enums import EngineKind
 from batch_contract.jsonutil import pretty_json
 from batch_contract.llm_config import LLMConfig
 from batch_contract.manifest import Manifest
@@ -167,7 +168,7 @@ def merged_engine(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict
     Raises:
         ConfigError: the result is not a valid LLM config, or ``overrides`` changes ``kind``.
     """
-    if overrides.get("kind", "llm") != "llm":
+    if overrides.get("kind", EngineKind.LLM.value) != EngineKind.LLM.value:
         raise ConfigError("quality-gate: engine overrides must keep kind 'llm'")
     merged = {**base, **overrides}
     return LLMConfig.from_dict(merged).to_dict()
@@ -252,8 +253,9 @@ def run_quality_gate(
         raise ConfigError(f"quality-gate --min-agreement: {min_agreement} is outside [0, 1]")
     store = RunStore.open(run_dir)
     layout, manifest = store.layout, store.manifest
-    if manifest.engine.get("kind") != "llm":
-        raise ConfigError(f"quality-gate: run {manifest.run_id} has engine kind {manifest.engine.get('kind')!r}, not 'llm'")
+    if manifest.engine_config.kind != EngineKind.LLM.value:
+        raise ConfigError(f"quality-gate: run {manifest.run_id} has engine kind {manifest.engine_config.kind!r}, "
+                          "not 'llm'")
     base_engine = merged_engine(manifest.engine, baseline or {})
     cand_engine = merged_engine(manifest.engine, candidate)
     columns = sorted({c for e in (base_engine, cand_engine) for c in template_columns(LLMConfig.from_dict(e))})

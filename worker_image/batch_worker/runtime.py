@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 
 import pyarrow.compute as pc
 from batch_contract import storage
-from batch_contract.engine_config import ConfigError, engine_config_from_dict
+from batch_contract.engine_config import ConfigError
 from batch_contract.enums import ExitCode, ShardStatus
 from batch_contract.layout import DEAD_LETTER_PREFIX, PART_PREFIX, RunLayout, join_uri
 from batch_contract.manifest import Manifest, result_fingerprint
@@ -95,7 +95,7 @@ def load_context(run_dir: str, shard_id: str) -> ShardContext:
         manifest.shard(shard_id)
     except KeyError as exc:
         raise BadInputError(f"shard: {exc.args[0]}") from None
-    config = engine_config_from_dict(manifest.engine)
+    config = manifest.engine_config  # parsed and validated once, when the manifest was read
     engine = engine_class(config.kind)(config, manifest.worker)
     fingerprint = result_fingerprint(manifest.config_fingerprint, engine.model_digest())
     return ShardContext(store=store, shard_id=shard_id, engine=engine, fingerprint=fingerprint)

@@ -175,7 +175,7 @@ def compute_report(data: RunData, *, dag_id: str, publish_summary: dict[str, Any
         "dag_id": dag_id,
         "uris": {"run_dir": layout.run_dir, "report_json": layout.report_json_uri,
                  "report_html": layout.report_html_uri},
-        "engine_kind": str(manifest.engine.get("kind", "encoder")),
+        "engine_kind": manifest.engine_config.kind,
         "engine": engine,
         "complete": len(markers) == len(manifest.shards),
         "shards_total": len(manifest.shards),

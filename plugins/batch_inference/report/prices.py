@@ -11,7 +11,7 @@ one whole 2-vCPU / 8 GiB machine per hour (local runs and CPU-only workers count
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from batch_contract.engine_config import ConfigError
@@ -194,8 +194,3 @@ def cost_params_from_dict(data: dict[str, Any] | None) -> CostParams:
         price_taken_on="" if user_priced else default.taken_on,
     )
 
-
-def price_table() -> list[dict[str, Any]]:
-    """The defaults as rows (accelerator, spot/on-demand USD per hour, source, taken_on) for docs/HTML."""
-    return [{"accelerator": name, **{f.name: getattr(p, f.name) for f in fields(p)}}
-            for name, p in DEFAULT_PRICES.items()]

@@ -1,4 +1,4 @@
-"""The engine interface every worker engine implements, and the registry of engines by kind.
+"""The engine interface every worker engine implements, and how an engine kind finds its class.
 
 The worker runtime (``batch_worker.runtime``) owns everything that is the same for all engines: reading
 the shard's rows, resume, validation, chunked commit, signals, progress and stats. An engine only turns
@@ -23,10 +23,12 @@ Contract of :meth:`Engine.process` (checked by :func:`check_chunk_output`):
 * ``out.table`` has an ``id`` column plus every column of ``loaded.part_schema`` except
   ``fingerprint`` and ``text_repaired``, which the runtime adds; row order is free.
 
-Writing a new engine (e.g. ``llm``): subclass :class:`Engine`, set ``kind``, implement ``load``,
-``process`` (and ``prepare`` if it has CPU work worth overlapping), and add a line to :data:`_ENGINES`.
-Engines never import Airflow; heavy imports (torch, vLLM) happen inside ``load`` or the engine module,
-which the registry imports lazily.
+Writing a new engine: add its :class:`~batch_contract.enums.EngineKind` member and config class in the
+contract (``batch_contract.engines``), then write the module ``batch_worker/engines/<kind value>.py`` with
+one :class:`Engine` subclass whose ``kind`` is that member; implement ``load``, ``process`` (and
+``prepare`` if it has CPU work worth overlapping). :func:`engine_class` finds it by that name, so there
+is no list to extend (``docs/extending.md``). Engines never import Airflow; heavy imports (torch, vLLM)
+happen inside ``load`` or the engine module, which :func:`engine_class` imports lazily.
 """
 
 from __future__ import annotations
@@ -228,19 +230,19 @@ def check_chunk_output(rows: ChunkRows, out: ChunkOutput) -> set[str]:
     return missing
 
 
-_ENGINES: dict[EngineKind, tuple[str, str]] = {
-    EngineKind.ENCODER: ("batch_worker.engines.encoder", "EncoderEngine"),
-    EngineKind.LLM: ("batch_worker.engines.llm", "LLMEngine"),
-}
-"""Engine kind -> (module, class name), imported only when that kind is asked for."""
+def engine_module(kind: EngineKind) -> str:
+    """The module that holds ``kind``'s engine: ``batch_worker.engines.<kind value>``."""
+    return f"{__name__.rpartition('.')[0]}.{kind.value}"
 
 
 def engine_class(kind: EngineKind | str) -> type[Engine]:
-    """The engine class for ``kind``, importing its module lazily (torch/vLLM load only when needed).
+    """The engine class for ``kind``: the one :class:`Engine` subclass defined in :func:`engine_module`
+    whose ``kind`` is ``kind``. The module is imported lazily (torch/vLLM load only when needed).
 
     Raises:
         batch_contract.engine_config.ConfigError: unknown kind.
         ImportError: the engine's module or its libraries are not installed in this image.
+        TypeError: the module defines no such class, or more than one (a developer error).
     """
     from batch_contract.engine_config import ConfigError
 
@@ -248,6 +250,11 @@ def engine_class(kind: EngineKind | str) -> type[Engine]:
         key = EngineKind(kind)
     except ValueError:
         raise ConfigError(f"engine.kind: {kind!r} is not one of {[k.value for k in EngineKind]}") from None
-    module_name, class_name = _ENGINES[key]
-    module = importlib.import_module(module_name)
-    return getattr(module, class_name)
+    module = importlib.import_module(engine_module(key))
+    found = [obj for obj in vars(module).values()
+             if isinstance(obj, type) and issubclass(obj, Engine) and obj.__module__ == module.__name__
+             and getattr(obj, "kind", None) is key]
+    if len(found) != 1:
+        raise TypeError(f"{module.__name__} must define exactly one Engine subclass with kind = "
+                        f"EngineKind.{key.name}; found {[c.__name__ for c in found]}")
+    return found[0]

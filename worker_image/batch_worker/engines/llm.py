@@ -357,7 +357,12 @@ class LLMEngine(Engine):
 
         Returns:
             Results table (``id`` + part-schema columns except ``fingerprint``/``text_repaired``),
-            rejects (those from ``prepare`` plus ``invalid_output``), token totals and stage seconds.
+            rejects (those from ``prepare`` plus ``invalid_output``), ``tokens_real``/``tokens_padded``
+            (prompt tokens of the rows in the table), ``tokens_prompt``/``tokens_cached``/
+            ``tokens_output`` (summed over every finished request, ``invalid_output`` rejects included)
+            and stage seconds. The runtime does not use the last three: the shard marker's LLM token
+            counts are summed from the committed part files' columns, so they leave out the tokens of
+            dead-lettered outputs.
         """
         if self.llm is None:
             raise RuntimeError("LLMEngine.process called before load()")

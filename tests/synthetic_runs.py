@@ -1,5 +1,8 @@
 """Synthetic runs that follow the data contract, for publish tests and ``bench/publish.py``.
 
+Test-only: lives under ``tests/`` (importable as ``synthetic_runs`` with ``tests`` on ``sys.path``, as
+pytest's ``pythonpath`` and ``bench/publish.py`` set it), so it does not ship with the plugins.
+
 Writes what the worker would: an input Parquet file, ``manifest.json``, per-shard ``part-*.parquet``
 files (any of the three part schemas), ``dead-letter-*.parquet`` files and ``_SUCCESS.json`` markers.
 Knobs inject the faults publish must catch: rows with neither result nor dead letter, a re-committed
