@@ -223,10 +223,10 @@ def committed_rows(shard_dir: str) -> dict[str, int]:
     for name in storage.list_names(shard_dir):
         if chunk_of(name) is not None:
             uri = join_uri(shard_dir, name)
-            if storage.is_gcs(uri):
-                rows[name] = _read_parquet(uri).num_rows
-            else:
+            if storage.is_local(uri):
                 rows[name] = pq.ParquetFile(storage.local_path(uri)).metadata.num_rows
+            else:
+                rows[name] = _read_parquet(uri).num_rows
     return rows
 
 

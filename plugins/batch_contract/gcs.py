@@ -1,8 +1,10 @@
 """``gs://`` backend of :mod:`batch_contract.storage` (google-cloud-storage + pyarrow ``GcsFileSystem``).
 
-Only :mod:`batch_contract.storage` calls this module, and only for ``gs://bucket/key`` URIs, so the
-contract stays importable without google-cloud-storage: the library is imported on first use and a
-missing install raises :class:`~batch_contract.storage.StorageError` saying what to install.
+:class:`GcsBackend` (registered for ``gs`` in :data:`batch_contract.storage.BACKENDS`) wraps this
+module's functions. Only :mod:`batch_contract.storage` calls it, and only for ``gs://bucket/key`` URIs, so
+the contract stays importable without google-cloud-storage: the registry imports this module on the first
+``gs://`` URI, the library is imported on first use and a missing install raises
+:class:`~batch_contract.storage.StorageError` saying what to install.
 
 Semantics (same as the local backend, see ``docs/gcs.md``):
 
@@ -41,6 +43,7 @@ import hashlib
 import json
 import logging
 import os
+import posixpath
 import re
 import threading
 import time
@@ -50,7 +53,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from batch_contract.storage import AlreadyExistsError, StorageError
+from batch_contract.storage.base import AlreadyExistsError, StorageBackend, StorageError, is_segment_prefix
 
 log = logging.getLogger(__name__)
 
@@ -591,3 +594,75 @@ def arrow_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
         with _lock:
             _arrow_filesystems[cache_key] = cached
     return cached[0], f"{bucket}/{key}".rstrip("/")
+
+
+class GcsBackend(StorageBackend):
+    """``gs://bucket/key`` objects: the module functions above as a :class:`StorageBackend`.
+
+    ``shared``: every machine with credentials sees the same objects (what Kubernetes pods need).
+    """
+
+    scheme = "gs"
+    shared = True
+
+    def read_bytes(self, uri: str) -> bytes:
+        """See :func:`read_bytes`."""
+        return read_bytes(uri)
+
+    def write_create_only(self, uri: str, data: bytes) -> None:
+        """See :func:`write_create_only`."""
+        write_create_only(uri, data)
+
+    def write_replace(self, uri: str, data: bytes) -> None:
+        """See :func:`write_replace`."""
+        write_replace(uri, data)
+
+    def exists(self, uri: str) -> bool:
+        """See :func:`exists`."""
+        return exists(uri)
+
+    def list_names(self, dir_uri: str) -> list[str]:
+        """See :func:`list_names`."""
+        return list_names(dir_uri)
+
+    def list_sizes(self, dir_uri: str) -> dict[str, int]:
+        """See :func:`list_sizes`."""
+        return list_sizes(dir_uri)
+
+    def delete(self, uri: str) -> None:
+        """See :func:`delete`."""
+        delete(uri)
+
+    def move(self, src: str, dst: str) -> None:
+        """See :func:`move` (not atomic: copy, then delete)."""
+        move(src, dst)
+
+    def list_glob(self, dir_uri: str, pattern: str) -> list[str]:
+        """See :func:`list_glob` (one listing with ``match_glob``)."""
+        return list_glob(dir_uri, pattern)
+
+    def arrow_filesystem(self, uri: str) -> tuple[pafs.FileSystem, str]:
+        """See :func:`arrow_filesystem` (path ``"bucket/key"``)."""
+        return arrow_filesystem(uri)
+
+    def normalize(self, uri: str) -> str:
+        """``gs://bucket/a/../b`` -> ``gs://bucket/b`` (no trailing ``/``).
+
+        Raises:
+            StorageError: not a ``gs://`` URI, or no bucket name.
+        """
+        bucket, key = split_uri(uri)
+        key = posixpath.normpath("/" + key).lstrip("/")
+        return f"gs://{bucket}/{key}".rstrip("/")
+
+    def is_under(self, uri: str, root: str) -> bool:
+        """Whether ``uri`` lies under ``root`` by bucket and object prefix, both as written (no trailing
+        ``/``) and with ``.``/``..`` segments collapsed: object names are not normalized by GCS, so
+        whichever way a reader takes the name, the object stays under the root.
+
+        Raises:
+            StorageError: either URI is not ``gs://bucket[/prefix]``.
+        """
+        top = self.normalize(root)
+        forms = (self.normalize(uri), uri.rstrip("/"))
+        return all(is_segment_prefix(form, top, "/") for form in forms)

@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from batch_contract import storage
 from batch_contract.engine_config import ConfigError
 
 from batch_inference.params import (
@@ -108,13 +109,14 @@ def _short(line: str) -> str:
 
 
 def _conf(args: argparse.Namespace) -> dict[str, Any]:
-    # gs:// (or file://) output stays a URI; the DuckDB file is always local (repo output/ for gs://).
-    remote = "://" in args.output
-    output = args.output if remote else str(Path(args.output).resolve())
+    # A URI (file://, gs://) stays as written, a plain path is resolved; the DuckDB file is always local:
+    # next to a local output, in the repo's output/ for a remote one (gs://).
+    output = args.output if storage.scheme_of(args.output) else str(Path(args.output).resolve())
+    duckdb_dir = storage.local_path(output) if storage.is_local(output) else REPO_ROOT / "output"
     conf: dict[str, Any] = {
-        "input_uri": args.input if "://" in args.input else str(Path(args.input).resolve()),
+        "input_uri": args.input if storage.scheme_of(args.input) else str(Path(args.input).resolve()),
         "output_root": output,
-        "duckdb_path": str((REPO_ROOT / "output" if remote else Path(output)) / "warehouse.duckdb"),
+        "duckdb_path": str(duckdb_dir / "warehouse.duckdb"),
         "runner": args.runner,
         "rows_per_shard": args.rows_per_shard,
         "parallelism": args.parallelism,
@@ -128,11 +130,12 @@ def _conf(args: argparse.Namespace) -> dict[str, Any]:
 
 def _parent_of(uri: str) -> str:
     """The directory holding ``uri``: a local directory itself, else the parent (``gs://b/in/x`` ->
-    ``gs://b/in``; a glob -> the directory the pattern is written in)."""
-    if "://" in uri and not uri.startswith("file://"):
-        return posixpath.dirname(uri.rstrip("/")) if uri.rstrip("/").count("/") > 2 else uri.rstrip("/")
-    path = Path(uri[len("file://"):] if uri.startswith("file://") else uri)
-    return str(path if path.is_dir() else path.parent)
+    ``gs://b/in``; ``gs://b`` stays; a glob -> the directory the pattern is written in)."""
+    if storage.is_local(uri):
+        path = storage.local_path(uri)
+        return str(path if path.is_dir() else path.parent)
+    trimmed = uri.rstrip("/")
+    return posixpath.dirname(trimmed) if trimmed.count("/") > 2 else trimmed
 
 
 def run_allowed_roots(conf: dict[str, Any], env: dict[str, str]) -> str:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import copy
 import math
 import os
-import posixpath
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -26,6 +25,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from batch_contract import storage
 from batch_contract.engine_config import AUTO_TOKEN_BUDGET, MIN_TOKEN_BUDGET, ConfigError, WorkerSettings
 from batch_contract.engines import DEFAULT_ENGINE_KIND, engine_kinds
 from batch_contract.enums import EngineKind
@@ -449,38 +449,17 @@ def _require(cond: bool, name: str, message: str) -> None:
         raise ConfigError(f"params.{name}: {message}")
 
 
-def _normalize_location(uri: str) -> str:
-    """Canonical form of a local path, ``file://`` URI or ``gs://`` URI, for the allowed-roots check.
-
-    Local paths (and ``file://`` URIs) become ``os.path.realpath`` (absolute, symlinks of existing parts
-    resolved, ``..`` collapsed); ``gs://bucket/a/../b`` becomes ``gs://bucket/b`` (no trailing slash).
-
-    Raises:
-        ValueError: another scheme, or a ``gs://`` URI without a bucket.
-    """
-    if uri.startswith("gs://"):
-        bucket, _, path = uri[len("gs://"):].partition("/")
-        if not bucket:
-            raise ValueError(f"{uri!r} has no bucket")
-        path = posixpath.normpath("/" + path).lstrip("/")
-        return f"gs://{bucket}/{path}".rstrip("/")
-    if uri.startswith("file://"):
-        uri = uri[len("file://"):]
-    elif "://" in uri:
-        raise ValueError(f"{uri!r} is not a local path, file:// or gs:// URI")
-    return os.path.realpath(uri)
-
-
-def _is_under(location: str, root: str) -> bool:
-    """Whether normalized ``location`` is ``root`` or inside it (whole path segments, same bucket)."""
-    if location.startswith("gs://") != root.startswith("gs://"):
+def _is_shared(uri: str) -> bool:
+    """Whether ``uri``'s storage backend is shared (every machine, pods included, sees its objects);
+    ``False`` for a scheme no backend serves (the allow-list check then names the problem)."""
+    try:
+        return storage.backend_for(uri).shared
+    except storage.StorageError:
         return False
-    sep = "/" if root.startswith("gs://") else os.sep
-    return location == root or location.startswith(root.rstrip(sep) + sep)
 
 
 def allowed_roots(environ: Mapping[str, str] | None = None) -> list[str]:
-    """The storage roots the path params must lie under, normalized (see :func:`_normalize_location`).
+    """The storage roots the path params must lie under, normalized (:func:`batch_contract.storage.normalize`).
 
     ``BATCH_INFERENCE_ALLOWED_ROOTS`` (comma-separated local directories and/or ``gs://bucket[/prefix]``)
     when set and not blank; else the repository's ``data/`` and ``output/`` directories plus
@@ -490,7 +469,8 @@ def allowed_roots(environ: Mapping[str, str] | None = None) -> list[str]:
         environ: environment to read (default ``os.environ``, read at call time).
 
     Raises:
-        ConfigError: an entry is neither a local path, ``file://`` nor ``gs://bucket[/prefix]``.
+        ConfigError: an entry has a scheme no storage backend serves, or is malformed for its scheme
+            (``gs://`` without a bucket).
     """
     env = os.environ if environ is None else environ
     entries = [e.strip() for e in env.get(ALLOWED_ROOTS_ENV, "").split(",") if e.strip()]
@@ -505,12 +485,13 @@ def _add_roots(roots: list[str], entries: Iterable[str]) -> list[str]:
     """Append each entry, normalised, to ``roots`` unless already there; returns ``roots``.
 
     Raises:
-        ConfigError: an entry is neither a local path, ``file://`` nor ``gs://bucket[/prefix]``.
+        ConfigError: an entry has a scheme no storage backend serves, or is malformed for its scheme
+            (``gs://`` without a bucket).
     """
     for entry in entries:
         try:
-            root = _normalize_location(entry)
-        except ValueError as exc:
+            root = storage.normalize(entry)
+        except storage.StorageError as exc:
             raise ConfigError(f"{ALLOWED_ROOTS_ENV}: {exc}") from None
         if root not in roots:
             roots.append(root)
@@ -522,7 +503,8 @@ def allowed_roots_value(extra: Iterable[str], environ: Mapping[str, str] | None 
     when unset) plus ``extra`` (for a trusted caller such as the operator CLI).
 
     Raises:
-        ConfigError: an entry is neither a local path, ``file://`` nor ``gs://bucket[/prefix]``.
+        ConfigError: an entry has a scheme no storage backend serves, or is malformed for its scheme
+            (``gs://`` without a bucket).
     """
     return ",".join(_add_roots(allowed_roots(environ), extra))
 
@@ -530,22 +512,22 @@ def allowed_roots_value(extra: Iterable[str], environ: Mapping[str, str] | None 
 def check_allowed_location(name: str, uri: str, roots: list[str] | None = None) -> None:
     """Raise unless ``uri`` lies under one of ``roots`` (default :func:`allowed_roots`).
 
-    Local paths are compared after ``os.path.realpath``; ``gs://`` URIs by bucket and object prefix,
-    both as written and with ``.``/``..`` segments collapsed (whichever way the storage reads them, the
-    object stays under the root).
+    The check is the storage backend's (:func:`batch_contract.storage.is_under`): local paths are
+    compared after ``os.path.realpath``; ``gs://`` URIs by bucket and object prefix, both as written and
+    with ``.``/``..`` segments collapsed (whichever way the storage reads them, the object stays under
+    the root).
 
     Raises:
-        ConfigError: ``params.<name>: ... outside the allowed roots [...]``.
+        ConfigError: ``params.<name>: ... outside the allowed roots [...]``, or ``uri`` has a scheme no
+            storage backend serves or is malformed for its scheme.
     """
     roots = allowed_roots() if roots is None else roots
     try:
-        location = _normalize_location(uri)
-    except ValueError as exc:
+        location = storage.normalize(uri)
+        if any(storage.is_under(uri, root) for root in roots):
+            return
+    except storage.StorageError as exc:
         raise ConfigError(f"params.{name}: {exc}") from None
-    # gs:// object names are not normalized: check the path as written too (no trailing slash)
-    forms = [location, uri.rstrip("/")] if uri.startswith("gs://") else [location]
-    if all(any(_is_under(form, root) for root in roots) for form in forms):
-        return
     shown = f"{uri!r}" if location == uri else f"{uri!r} (resolved {location!r})"
     raise ConfigError(f"params.{name}: {shown} is outside the allowed roots {roots}; set "
                       f"{ALLOWED_ROOTS_ENV} (comma-separated directories and/or gs://bucket[/prefix]) "
@@ -559,8 +541,9 @@ def resolve_run_config(params: Mapping[str, Any]) -> RunConfig:
     except the ``required`` ones (``input_uri``, ``id_column``, ``text_column``, ``output_root``,
     ``engine``). Types are strict (:meth:`ParamField.problem`): a string where an integer or a boolean
     is expected is an error, never coerced. Then the checks the form cannot make: the table name is one
-    the publish step accepts, the kubernetes runner (unless ``dry_run``) needs ``gs://`` input and
-    output, the llm engine needs a model, and the path fields lie under :func:`allowed_roots`.
+    the publish step accepts, the kubernetes runner (unless ``dry_run``) needs input and output on
+    shared storage (a storage backend whose ``shared`` is true: ``gs://``), the llm engine needs a
+    model, and the path fields lie under :func:`allowed_roots`.
 
     Args:
         params: the run's params (``context["params"]``, a ``dag_run.conf``-like mapping).
@@ -593,9 +576,9 @@ def resolve_run_config(params: Mapping[str, Any]) -> RunConfig:
         raise ConfigError(f"params.output_table: {exc}") from None
     if cfg.runner == "kubernetes" and not cfg.dry_run:
         for name in ("output_root", "input_uri"):
-            _require(getattr(cfg, name).startswith("gs://"), name,
-                     "the kubernetes runner needs storage its pods can reach: use a gs:// URI "
-                     "(or dry_run=true to only render the pods)")
+            _require(_is_shared(getattr(cfg, name)), name,
+                     "the kubernetes runner needs storage its pods can reach: use a gs:// URI or another "
+                     "shared storage scheme (or dry_run=true to only render the pods)")
     if cfg.engine == EngineKind.LLM.value:
         _require(bool(cfg.model), "model", "the llm engine needs a model directory")
     roots = allowed_roots()

@@ -126,9 +126,7 @@ class PlanRequest:
 
 def _to_uri(original: str, path: str) -> str:
     """URI a worker can open for ``path`` of ``fs``, in the style of the user's ``original`` URI."""
-    if storage.is_gcs(original):
-        return f"gs://{path}"
-    return path
+    return storage.backend_for(original).uri_from_arrow_path(path)
 
 
 def _format_of(path: str) -> InputFormat:

@@ -170,3 +170,36 @@ def test_same_content_by_md5_crc32c_or_streamed_bytes(monkeypatch: pytest.Monkey
     assert gcs._same_content(blob, ours) is False
     assert blob.ranges == ([] if md5 or crc else [(0, 999), (1000, 1999), (2000, 2559)])
     assert gcs._same_content(_FakeBlob(ours[:-1], md5, crc), ours) is False  # size differs: no hashing
+
+
+@pytest.mark.parametrize(
+    ("uri", "root", "under"),
+    [
+        ("gs://b/root/x", "gs://b/root/", True),
+        ("gs://b/root", "gs://b/root", True),
+        ("gs://b/rootless/x", "gs://b/root", False),
+        ("gs://b/root/../x", "gs://b/root", False),  # collapsed: gs://b/x
+        ("gs://b/other/../root/x", "gs://b/root", False),  # as written: not under the root
+        ("gs://c/root/x", "gs://b/root", False),
+        ("gs://b/anything", "gs://b", True),
+        ("/b/root/x", "gs://b/root", False),  # another backend never matches
+    ],
+)
+def test_is_under_by_backend(uri: str, root: str, under: bool) -> None:
+    assert storage.is_under(uri, root) is under
+
+
+def test_normalize_and_local_is_under(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    real = str((tmp_path / "real").resolve())
+    assert storage.normalize(f"file://{tmp_path}/link/x/../y") == f"{real}/y"
+    assert storage.normalize("gs://b/a/./c/../d/") == "gs://b/a/d"
+    assert storage.is_under(f"{tmp_path}/link/z", real) and not storage.is_under(f"{real}x", real)
+    for bad in ("gs://", "gs:///key"):
+        with pytest.raises(storage.StorageError, match="no bucket"):
+            storage.normalize(bad)
+    with pytest.raises(storage.StorageError, match="no storage backend for scheme 's3'"):
+        storage.normalize("s3://b/k")
+    assert storage.scheme_of("GS://b/k") == "gs" and storage.scheme_of("/a/b") == ""
+    assert storage.backend_for("file:///x") is storage.backend_for("/x")

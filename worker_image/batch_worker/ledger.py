@@ -44,10 +44,11 @@ class Ledger:
 
 
 def read_parquet_columns(uri: str, columns: list[str]):
-    """Read some columns of a committed Parquet object (local or ``gs://``) as an Arrow table."""
-    if storage.is_gcs(uri):
-        return pq.read_table(io.BytesIO(storage.read_bytes(uri)), columns=columns)
-    return pq.read_table(str(storage.local_path(uri)), columns=columns)
+    """Read some columns of a committed Parquet object (local or remote, ``gs://``) as an Arrow table:
+    a local file in place, a remote object through one :func:`~batch_contract.storage.read_bytes`."""
+    if storage.is_local(uri):
+        return pq.read_table(str(storage.local_path(uri)), columns=columns)
+    return pq.read_table(io.BytesIO(storage.read_bytes(uri)), columns=columns)
 
 
 def _read_committed(uri: str, name: str) -> pa.Table:

@@ -143,7 +143,7 @@ def _load_expected(con: duckdb.DuckDBPyConnection, inv: RunInventory) -> None:
     streamed: set[int] = set()
     for file_index, ranges in merged_ranges(inv.manifest).items():
         info = inv.manifest.input.files[file_index]
-        if inv.manifest.input.format != InputFormat.PARQUET.value or storage.is_gcs(info.uri):
+        if inv.manifest.input.format != InputFormat.PARQUET.value or not storage.is_local(info.uri):
             streamed.add(file_index)
             continue
         if not _load_expected_parquet(con, info.uri, file_index, column, ranges):

@@ -1,17 +1,17 @@
-"""Local paths for the run's Parquet files (DuckDB reads local files; ``gs://`` files are copied)."""
+"""Local paths for the run's Parquet files (DuckDB reads local files; remote ones, ``gs://``, are copied)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pyarrow.fs as pafs
 from batch_contract import storage
 
 
 def localize(uris: list[str], workdir: Path) -> list[str]:
     """Local paths of ``uris``, in the same order and sorting the same way.
 
-    Local paths and ``file://`` URIs are returned resolved. ``gs://`` objects are streamed to
+    Each URI's storage backend decides (:func:`batch_contract.storage.localize`): local paths and
+    ``file://`` URIs are returned resolved; remote objects (``gs://``) are streamed to
     ``workdir/<shard_id>/<name>`` (64 MiB buffers; never whole files in memory) because DuckDB reads
     object stores only through an extension that needs network access to install.
 
@@ -24,14 +24,6 @@ def localize(uris: list[str], workdir: Path) -> list[str]:
     """
     out: list[str] = []
     for uri in uris:
-        if not storage.is_gcs(uri):
-            out.append(str(storage.local_path(uri).resolve()))
-            continue
         shard_id, name = uri.rstrip("/").split("/")[-2:]
-        dest = workdir / shard_id / name
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fs, path = storage.arrow_filesystem(uri)
-        pafs.copy_files(path, str(dest), source_filesystem=fs,
-                        destination_filesystem=pafs.LocalFileSystem(), chunk_size=64 << 20)
-        out.append(str(dest))
+        out.append(storage.localize(uri, workdir / shard_id / name))
     return out

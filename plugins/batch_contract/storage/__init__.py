@@ -1,0 +1,256 @@
+"""Storage: one small API over every URI scheme, each scheme a backend in a registry.
+
+Callers use the module functions (:func:`read_bytes`, :func:`write_create_only`, ...) and never test a
+scheme themselves: :func:`backend_for` is the one dispatch point. :data:`BACKENDS` maps URI schemes to
+backends (``""``, a plain path, and ``file`` -> :class:`~batch_contract.storage.local.LocalBackend`;
+``gs`` -> :class:`batch_contract.gcs.GcsBackend`, imported on first use so google-cloud-storage stays
+optional). Adding a scheme is one module with a :class:`StorageBackend` subclass plus one line in
+:data:`BACKENDS` (``docs/extending.md``, "Storage scheme").
+
+Commit semantics (the heart of exactly-once at the row level):
+
+* :func:`write_create_only` makes an object visible only complete and never overwrites: locally a temp
+  file is written, fsync'ed, hard-linked to its final name (``link`` fails if the name exists) and the
+  directory fsync'ed; on GCS an upload with ``if_generation_match=0``.
+* :func:`write_replace` atomically replaces small mutable objects (progress, attempt records).
+* Temp files carry :data:`~batch_contract.layout.TEMP_MARK` in their name; readers ignore them and
+  :func:`clean_temp` removes strays left by a killed process.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import threading
+from pathlib import Path
+
+import pyarrow.fs as pafs
+
+from batch_contract.layout import TEMP_MARK
+from batch_contract.storage.base import AlreadyExistsError, StorageBackend, StorageError
+
+__all__ = [
+    "BACKENDS", "AlreadyExistsError", "StorageBackend", "StorageError", "arrow_filesystem", "backend_for",
+    "clean_temp", "delete", "exists", "is_gcs", "is_local", "is_under", "list_names", "list_sizes",
+    "local_path", "localize", "makedirs", "move", "normalize", "read_bytes", "register_backend",
+    "scheme_of", "unregister_backend", "write_create_only", "write_replace",
+]
+
+BACKENDS: dict[str, str] = {
+    "": "batch_contract.storage.local:LocalBackend",
+    "file": "batch_contract.storage.local:LocalBackend",
+    "gs": "batch_contract.gcs:GcsBackend",
+}
+"""URI scheme (``""`` for a plain path) -> ``"module:Class"`` of its :class:`StorageBackend`. The module
+is imported and the class instantiated (once per process, shared by schemes naming the same class) on the
+first URI of that scheme."""
+
+_SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_lock = threading.Lock()
+_instances: dict[str, StorageBackend] = {}
+"""``"module:Class"`` -> its instance."""
+_registered: dict[str, StorageBackend] = {}
+"""Backends registered at run time (:func:`register_backend`); they take precedence over BACKENDS."""
+
+
+def scheme_of(uri: str) -> str:
+    """The lower-cased URI scheme of ``uri`` (``"gs"`` for ``gs://b/k``), ``""`` for a plain path.
+
+    Raises:
+        StorageError: ``uri`` contains ``://`` but does not start with a valid scheme.
+    """
+    match = _SCHEME_RE.match(uri)
+    if match:
+        return match.group(1).lower()
+    if "://" in uri:
+        raise StorageError(f"{uri}: not a local path nor a URI of the form scheme://...")
+    return ""
+
+
+def register_backend(scheme: str, backend: StorageBackend) -> None:
+    """Serve URIs of ``scheme`` (lower case, no ``://``) with ``backend`` in this process, replacing any
+    backend that served it (for plugins and tests; a permanent scheme belongs in :data:`BACKENDS`, so
+    that worker subprocesses and pods know it too)."""
+    with _lock:
+        _registered[scheme.lower()] = backend
+
+
+def unregister_backend(scheme: str) -> None:
+    """Undo :func:`register_backend` for ``scheme`` (:data:`BACKENDS` serves it again, if listed)."""
+    with _lock:
+        _registered.pop(scheme.lower(), None)
+
+
+def backend_for(uri: str) -> StorageBackend:
+    """The backend serving ``uri``'s scheme: the one dispatch point of the storage API.
+
+    Raises:
+        StorageError: ``uri`` has a scheme no backend serves (the message lists the known ones).
+    """
+    scheme = scheme_of(uri)
+    with _lock:
+        backend = _registered.get(scheme)
+    if backend is not None:
+        return backend
+    spec = BACKENDS.get(scheme)
+    if spec is None:
+        known = sorted({s for s in (*BACKENDS, *_registered) if s})
+        raise StorageError(f"{uri}: no storage backend for scheme {scheme!r} (known: "
+                           f"{', '.join(s + '://' for s in known)} and local paths)")
+    with _lock:
+        backend = _instances.get(spec)
+    if backend is None:
+        module, _, name = spec.partition(":")
+        made = getattr(importlib.import_module(module), name)()
+        with _lock:
+            backend = _instances.setdefault(spec, made)
+    return backend
+
+
+# ------------------------------------------------------------------------------------------ schemes
+
+
+def is_gcs(uri: str) -> bool:
+    """Whether ``uri`` is a ``gs://`` URI (prefer :func:`is_local` / a backend attribute in new code)."""
+    return uri.startswith("gs://")
+
+
+def is_local(uri: str) -> bool:
+    """Whether ``uri``'s object is a file on the local file system (see :func:`local_path`).
+
+    Raises:
+        StorageError: unknown scheme.
+    """
+    return backend_for(uri).local_path(uri) is not None
+
+
+def local_path(uri: str) -> Path:
+    """Local file system path of ``uri`` (a plain path or ``file://`` URI; not resolved).
+
+    Raises:
+        StorageError: ``uri``'s object is not a local file (``gs://``, unknown scheme).
+    """
+    try:
+        path = backend_for(uri).local_path(uri)
+    except StorageError:
+        path = None
+    if path is None:
+        raise StorageError(f"{uri}: not a local path or file:// URI")
+    return path
+
+
+def normalize(uri: str) -> str:
+    """Canonical form of ``uri`` (local: ``os.path.realpath``, ``file://`` stripped; ``gs://``: bucket
+    checked, ``.``/``..`` collapsed, no trailing ``/``), for comparisons such as the allow-list.
+
+    Raises:
+        StorageError: unknown scheme, or ``uri`` malformed for its scheme (``gs://`` without a bucket).
+    """
+    return backend_for(uri).normalize(uri)
+
+
+def is_under(uri: str, root: str) -> bool:
+    """Whether ``uri`` is ``root`` or inside it: same backend and whole path segments (the allow-list
+    check). ``False`` when the two belong to different backends.
+
+    Raises:
+        StorageError: unknown scheme, or either is malformed for its scheme.
+    """
+    backend = backend_for(uri)
+    return backend_for(root) is backend and backend.is_under(uri, root)
+
+
+def localize(uri: str, dest: Path) -> str:
+    """A local file path holding the object ``uri``: the (resolved) file itself when it is local, else
+    a copy streamed to ``dest`` (parent created). The caller removes ``dest``.
+
+    Raises:
+        FileNotFoundError / StorageError: the object could not be read.
+    """
+    return backend_for(uri).localize(uri, dest)
+
+
+# ------------------------------------------------------------------------------------------ objects
+
+
+def write_create_only(uri: str, data: bytes) -> None:
+    """Commit ``data`` at ``uri`` atomically; never overwrite.
+
+    Raises:
+        AlreadyExistsError: ``uri`` already exists with different content (same content: no-op, which
+            resolves a retried commit whose first reply was lost).
+        StorageError: unknown scheme, or the backend failed.
+    """
+    backend_for(uri).write_create_only(uri, data)
+
+
+def write_replace(uri: str, data: bytes) -> None:
+    """Atomically create or replace the small object at ``uri`` (progress, attempt records)."""
+    backend_for(uri).write_replace(uri, data)
+
+
+def read_bytes(uri: str) -> bytes:
+    """Whole object. Raises ``FileNotFoundError`` if absent."""
+    return backend_for(uri).read_bytes(uri)
+
+
+def exists(uri: str) -> bool:
+    """Whether the object ``uri`` exists."""
+    return backend_for(uri).exists(uri)
+
+
+def list_names(dir_uri: str) -> list[str]:
+    """Sorted names of committed objects directly under ``dir_uri`` (temp files excluded; ``[]`` if
+    the directory does not exist)."""
+    return sorted(n for n in backend_for(dir_uri).list_names(dir_uri) if TEMP_MARK not in n)
+
+
+def list_sizes(dir_uri: str) -> dict[str, int]:
+    """``{name: size in bytes}`` of the committed objects (files) directly under ``dir_uri``, temp files
+    excluded (``{}`` if the directory does not exist); sub-directories are not listed."""
+    sizes = backend_for(dir_uri).list_sizes(dir_uri)
+    return {n: s for n, s in sorted(sizes.items()) if TEMP_MARK not in n}
+
+
+def list_glob(dir_uri: str, pattern: str) -> list[str]:
+    """Sorted paths (relative to ``dir_uri``, ``/``-separated) of the objects below ``dir_uri`` that
+    match the glob ``pattern`` (``*`` does not cross ``/``), e.g. ``"*/_SUCCESS.json"``: one listing on
+    backends that can (local ``glob``, GCS ``match_glob``) instead of one request per sub-directory.
+    Temp files excluded."""
+    names = backend_for(dir_uri).list_glob(dir_uri, pattern)
+    return sorted(n for n in names if TEMP_MARK not in n.rsplit("/", 1)[-1])
+
+
+def move(src: str, dst: str) -> None:
+    """Move the object ``src`` to ``dst`` (same backend): locally an atomic rename (the target's
+    directory is created and fsync'ed); on GCS a server-side copy then a delete.
+
+    Raises:
+        FileNotFoundError: ``src`` does not exist.
+        StorageError: ``src`` and ``dst`` belong to different backends.
+    """
+    backend = backend_for(src)
+    if backend_for(dst) is not backend:
+        raise StorageError(f"{src} -> {dst}: a move stays within one storage backend")
+    backend.move(src, dst)
+
+
+def delete(uri: str) -> None:
+    """Delete ``uri`` if it exists."""
+    backend_for(uri).delete(uri)
+
+
+def clean_temp(dir_uri: str) -> int:
+    """Remove temp files left under ``dir_uri`` by a killed writer; returns how many were removed
+    (always ``0`` on GCS, whose uploads are atomic)."""
+    return backend_for(dir_uri).clean_temp(dir_uri, TEMP_MARK)
+
+
+def arrow_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    """A pyarrow filesystem and path for reading ``uri`` with pyarrow (Parquet/JSON readers)."""
+    return backend_for(uri).arrow_filesystem(uri)
+
+
+def makedirs(dir_uri: str) -> None:
+    """Create a local directory (no-op on object stores, which have no directories)."""
+    backend_for(dir_uri).makedirs(dir_uri)

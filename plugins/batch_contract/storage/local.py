@@ -1,0 +1,169 @@
+"""Local disk backend: plain paths and ``file://`` URIs.
+
+Create-only commits write a temp file (name starting with :data:`~batch_contract.layout.TEMP_MARK`),
+fsync it, hard-link it to its final name (``link`` fails if the name exists) and fsync the directory;
+replaces use ``os.replace``. A killed writer may leave temp files: :meth:`LocalBackend.clean_temp`.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import uuid
+from pathlib import Path
+
+import pyarrow.fs as pafs
+
+from batch_contract.layout import TEMP_MARK
+from batch_contract.storage.base import AlreadyExistsError, StorageBackend, StorageError, is_segment_prefix
+
+FILE_PREFIX = "file://"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_temp(final: Path, data: bytes) -> Path:
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f"{TEMP_MARK}{final.name}-{uuid.uuid4().hex[:8]}"
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return tmp
+
+
+class LocalBackend(StorageBackend):
+    """Files on a local (or mounted) file system, named by a path or a ``file://`` URI.
+
+    Not ``shared``: another machine (a Kubernetes pod) does not see the same files.
+    """
+
+    scheme = "file"
+    shared = False
+
+    def path(self, uri: str) -> Path:
+        """The path named by ``uri`` (``file://`` stripped; not resolved).
+
+        Raises:
+            StorageError: ``uri`` is a URI of another scheme.
+        """
+        if uri.startswith(FILE_PREFIX):
+            return Path(uri[len(FILE_PREFIX) :])
+        if "://" in uri:
+            raise StorageError(f"{uri}: not a local path or file:// URI")
+        return Path(uri)
+
+    def local_path(self, uri: str) -> Path:
+        """Same as :meth:`path`: every object of this backend is a local file."""
+        return self.path(uri)
+
+    def read_bytes(self, uri: str) -> bytes:
+        """The file's bytes. Raises ``FileNotFoundError`` if absent."""
+        return self.path(uri).read_bytes()
+
+    def write_create_only(self, uri: str, data: bytes) -> None:
+        """Temp file + fsync + ``link`` to the final name + directory fsync.
+
+        Raises:
+            AlreadyExistsError: the file exists with other content (same content: no-op).
+        """
+        final = self.path(uri)
+        tmp = _write_temp(final, data)
+        try:
+            os.link(tmp, final)
+        except FileExistsError:
+            if final.read_bytes() != data:
+                raise AlreadyExistsError(f"{uri} already exists with other content") from None
+        finally:
+            tmp.unlink(missing_ok=True)
+        _fsync_dir(final.parent)
+
+    def write_replace(self, uri: str, data: bytes) -> None:
+        """Temp file + fsync + ``os.replace`` + directory fsync."""
+        final = self.path(uri)
+        tmp = _write_temp(final, data)
+        os.replace(tmp, final)
+        _fsync_dir(final.parent)
+
+    def exists(self, uri: str) -> bool:
+        """Whether the path exists (file or directory)."""
+        return self.path(uri).exists()
+
+    def list_names(self, dir_uri: str) -> list[str]:
+        """``iterdir`` names (files and sub-directories); ``[]`` when the directory does not exist."""
+        path = self.path(dir_uri)
+        return [p.name for p in path.iterdir()] if path.is_dir() else []
+
+    def list_sizes(self, dir_uri: str) -> dict[str, int]:
+        """``{name: st_size}`` of the files (not sub-directories); ``{}`` when the directory is absent."""
+        path = self.path(dir_uri)
+        return {p.name: p.stat().st_size for p in path.iterdir() if p.is_file()} if path.is_dir() else {}
+
+    def list_glob(self, dir_uri: str, pattern: str) -> list[str]:
+        """``Path.glob`` of the files matching ``pattern`` below the directory (``[]`` if absent)."""
+        path = self.path(dir_uri)
+        return [p.relative_to(path).as_posix() for p in path.glob(pattern) if p.is_file()] if path.is_dir() else []
+
+    def delete(self, uri: str) -> None:
+        """Unlink the file if it exists."""
+        try:
+            self.path(uri).unlink()
+        except FileNotFoundError:
+            pass
+
+    def move(self, src: str, dst: str) -> None:
+        """Atomic rename; the target's directory is created and fsync'ed.
+
+        Raises:
+            FileNotFoundError: ``src`` does not exist.
+        """
+        target = self.path(dst)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(self.path(src), target)
+        _fsync_dir(target.parent)
+
+    def arrow_filesystem(self, uri: str) -> tuple[pafs.FileSystem, str]:
+        """``LocalFileSystem`` and the absolute (resolved) path."""
+        return pafs.LocalFileSystem(), str(self.path(uri).resolve())
+
+    def uri_from_arrow_path(self, path: str) -> str:
+        """The path itself (local URIs are plain paths)."""
+        return path
+
+    def normalize(self, uri: str) -> str:
+        """``os.path.realpath`` of the path: absolute, symlinks of existing parts resolved, ``..``
+        collapsed, ``file://`` stripped.
+
+        Raises:
+            StorageError: ``uri`` is a URI of another scheme.
+        """
+        return os.path.realpath(self.path(uri))
+
+    def is_under(self, uri: str, root: str) -> bool:
+        """Whether the real path of ``uri`` is ``root``'s or inside it (whole path segments)."""
+        return is_segment_prefix(self.normalize(uri), self.normalize(root), os.sep)
+
+    def clean_temp(self, dir_uri: str, temp_mark: str) -> int:
+        """Unlink the files directly under ``dir_uri`` whose name starts with ``temp_mark``."""
+        path = self.path(dir_uri)
+        removed = 0
+        if path.is_dir():
+            for p in path.iterdir():
+                if p.name.startswith(temp_mark):
+                    try:
+                        p.unlink()
+                        removed += 1
+                    except OSError as exc:  # pragma: no cover - racing cleaner
+                        if exc.errno != errno.ENOENT:
+                            raise
+        return removed
+
+    def makedirs(self, dir_uri: str) -> None:
+        """``mkdir -p``."""
+        self.path(dir_uri).mkdir(parents=True, exist_ok=True)
