@@ -70,6 +70,7 @@ class PublishBackend(Protocol):
 _REGISTRY: dict[str, str] = {
     "duckdb": "batch_inference.publish.duckdb_backend:DuckDBBackend",
     "postgres": "batch_inference.publish.postgres_backend:PostgresBackend",
+    "iceberg": "batch_inference.publish.iceberg_backend:IcebergBackend",
 }
 """Backend name -> ``module:class`` (imported on first use)."""
 assert tuple(_REGISTRY) == BACKENDS, "publish backend registry out of date with target.BACKENDS"
