@@ -37,6 +37,7 @@ from batch_inference.params import (
     allowed_roots_value,
     param_default,
 )
+from batch_inference.publish.target import BACKENDS
 
 AIRFLOW_HOME = REPO_ROOT / "airflow_home"
 REPORT_RE = re.compile(r"BATCH_INFERENCE_REPORT_JSON=(\S+)")
@@ -122,6 +123,7 @@ def _conf(args: argparse.Namespace) -> dict[str, Any]:
         "parallelism": args.parallelism,
         "row_limit": args.row_limit,
         "output_table": args.table,
+        "publish_backend": args.publish_backend,
     }
     if args.model:
         conf["model"] = args.model
@@ -251,6 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--parallelism", type=int, default=param_default("parallelism"))
     run.add_argument("--row-limit", type=int, default=param_default("row_limit"))
     run.add_argument("--table", default=param_default("output_table"))
+    run.add_argument("--publish-backend", default=param_default("publish_backend"), choices=list(BACKENDS))
     run.add_argument("--model", default=None)
     render = sub.add_parser("render-k8s", help="plan and write pod manifests (no cluster)")
     render.add_argument("--input", default=SAMPLE_INPUT)

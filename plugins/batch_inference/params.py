@@ -305,11 +305,16 @@ PARAM_FIELDS: Mapping[str, ParamField] = _fields(
                expected="a SQL identifier (lower-case letters, digits, underscore, not starting with a "
                         f"digit; <= {MAX_TABLE_LEN} chars; not ending in {', '.join(RESERVED_SUFFIXES)})"),
     ParamField("publish_backend", "duckdb", "string", "Publish backend", "duckdb: embedded file; "
-               "postgres: a PostgreSQL server from an Airflow connection.", "Output", enum=BACKENDS),
+               "postgres: a PostgreSQL server from an Airflow connection; iceberg: Apache Iceberg tables "
+               "in <output_root>/iceberg/warehouse (one snapshot per publish).", "Output", enum=BACKENDS),
     ParamField("duckdb_path", str(Path(DEFAULT_OUTPUT_ROOT) / "warehouse.duckdb"), "string", "DuckDB file",
                "DuckDB database file for the duckdb backend.", "Output", min_length=1),
     ParamField("postgres_conn_id", "batch_inference_postgres", "string", "PostgreSQL connection id",
                "Airflow connection used by the postgres backend.", "Output", min_length=1),
+    ParamField("iceberg_catalog_conn_id", None, "string", "Iceberg catalog connection id",
+               "iceberg backend: Airflow connection of a PostgreSQL database holding the Iceberg SQL "
+               "catalog. Empty: a SQLite file <output_root>/iceberg/catalog.db (local output only).",
+               "Output", nullable=True, min_length=1),
     ParamField("min_success_ratio", 1.0, "number", "Min success ratio", "Fraction of input rows that "
                "must have a result before publish (dead letters count as processed).", "Output",
                minimum=0.0, maximum=1.0),
@@ -413,6 +418,7 @@ class RunConfig:
     publish_backend: str = _default("publish_backend")
     duckdb_path: str = _default("duckdb_path")
     postgres_conn_id: str = _default("postgres_conn_id")
+    iceberg_catalog_conn_id: str | None = _default("iceberg_catalog_conn_id")
     min_success_ratio: float = _default("min_success_ratio")
     accelerator: str = _default("accelerator")
     pricing: str = _default("pricing")
@@ -579,6 +585,10 @@ def resolve_run_config(params: Mapping[str, Any]) -> RunConfig:
             _require(_is_shared(getattr(cfg, name)), name,
                      "the kubernetes runner needs storage its pods can reach: use a gs:// URI or another "
                      "shared storage scheme (or dry_run=true to only render the pods)")
+    if cfg.publish_backend == "iceberg" and not storage.is_local(cfg.output_root):
+        _require(bool(cfg.iceberg_catalog_conn_id), "iceberg_catalog_conn_id",
+                 "the iceberg backend with a remote output_root needs a PostgreSQL catalog connection "
+                 "(a SQLite catalog file must be local)")
     if cfg.engine == EngineKind.LLM.value:
         _require(bool(cfg.model), "model", "the llm engine needs a model directory")
     roots = allowed_roots()

@@ -206,7 +206,9 @@ def render_k8s_task(refs: list[dict[str, Any]], context: Mapping[str, Any], out_
 
 
 def publish_target(cfg: RunConfig):
-    """The :class:`PublishTarget` for the run; resolves ``postgres_conn_id`` to a DSN via Airflow.
+    """The :class:`PublishTarget` for the run; resolves ``postgres_conn_id`` (postgres) or
+    ``iceberg_catalog_conn_id`` (iceberg, optional) to a DSN via Airflow. The Iceberg warehouse is
+    ``<output_root>/iceberg/warehouse``.
 
     Raises:
         ConfigError: the connection id does not exist.
@@ -216,16 +218,29 @@ def publish_target(cfg: RunConfig):
     if cfg.publish_backend == "duckdb":
         Path(cfg.duckdb_path).parent.mkdir(parents=True, exist_ok=True)
         return PublishTarget(backend="duckdb", table=cfg.output_table, duckdb_path=cfg.duckdb_path)
+    if cfg.publish_backend == "iceberg":
+        dsn = _conn_dsn("iceberg_catalog_conn_id", cfg.iceberg_catalog_conn_id) if cfg.iceberg_catalog_conn_id else None
+        warehouse = cfg.output_root.rstrip("/") + "/iceberg/warehouse"
+        return PublishTarget(backend="iceberg", table=cfg.output_table, iceberg_warehouse=warehouse, dsn=dsn)
+    return PublishTarget(backend="postgres", table=cfg.output_table,
+                         dsn=_conn_dsn("postgres_conn_id", cfg.postgres_conn_id))
+
+
+def _conn_dsn(field: str, conn_id: str) -> str:
+    """``postgresql://`` URI of an Airflow connection.
+
+    Raises:
+        ConfigError: the connection id does not exist (the message names ``params.<field>``).
+    """
     from airflow.sdk import BaseHook
     from airflow.sdk.exceptions import AirflowNotFoundException
 
     try:
-        conn = BaseHook.get_connection(cfg.postgres_conn_id)
+        conn = BaseHook.get_connection(conn_id)
     except AirflowNotFoundException:
-        raise ConfigError(f"params.postgres_conn_id: Airflow connection {cfg.postgres_conn_id!r} does not "
+        raise ConfigError(f"params.{field}: Airflow connection {conn_id!r} does not "
                           "exist; create it (AIRFLOW_CONN_<ID>=postgresql://...) or pick another") from None
-    dsn = conn.get_uri().replace("postgres://", "postgresql://", 1)
-    return PublishTarget(backend="postgres", table=cfg.output_table, dsn=dsn)
+    return conn.get_uri().replace("postgres://", "postgresql://", 1)
 
 
 def empty_publish_summary(cfg: RunConfig, fingerprint: str) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from batch_contract.rows import duplicate_detail
 from batch_contract.schemas import part_schema
 from batch_inference.publish import CoverageError, PublishError, PublishTarget, publish_run, rollback
 from batch_inference.publish.__main__ import main as cli_main
+from publish_backends import BACKENDS, Published, snapshot_runs
 from synthetic_runs import RunSpec, build_run, write_input, write_jsonl_input
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,6 +36,12 @@ def real_ids() -> list[str]:
 def input_path(tmp_path: Path, real_ids: list[str]) -> str:
     """Real ids plus a null id (row 300) and a repeat of row 3's id (row 301): 302 input rows."""
     return write_input(tmp_path / "input.parquet", real_ids + [None, real_ids[3]], row_group_rows=64)
+
+
+@pytest.fixture(params=BACKENDS)
+def pub(request: pytest.FixtureRequest, tmp_path: Path) -> Published:
+    """The backend-agnostic tests run once per backend: its target and a reader of what it published."""
+    return Published(request.param, tmp_path)
 
 
 def _target(tmp_path: Path, table: str = "emb", schema: str | None = None) -> PublishTarget:
@@ -65,80 +72,83 @@ def test_published_table_uses_the_bounded_row_group_size(tmp_path: Path) -> None
     assert len(counts) == 2 and counts[0][1] == TABLE_ROW_GROUP_ROWS
 
 
-def test_full_coverage_publishes_every_row(tmp_path: Path, input_path: str, real_ids: list[str]) -> None:
+def test_full_coverage_publishes_every_row(pub: Published, tmp_path: Path, input_path: str, real_ids: list[str]) -> None:
     layout = build_run(tmp_path / "out", "run1", input_path, RunSpec(shards=3, chunk_rows=50, dead_rows={5}))
-    summary = publish_run(layout.run_dir, _target(tmp_path))
+    summary = publish_run(layout.run_dir, pub.target())
     assert summary["noop"] is False
     assert (summary["rows_input"], summary["rows_published"], summary["rows_dead_letter"]) == (302, 299, 3)
     assert summary["rows_missing"] == 0 and summary["duplicates_removed"] == 0
     assert summary["success_ratio"] == 1.0 and summary["min_success_ratio"] == 1.0
-    published = {r[0] for r in _query(tmp_path, "SELECT id FROM emb")}
+    published = {r[0] for r in pub.query("SELECT id FROM emb")}
     assert published == set(real_ids) - {real_ids[5]}
-    cols = dict(_query(tmp_path, "SELECT column_name, data_type FROM duckdb_columns() WHERE table_name='emb'"))
-    assert cols["embedding"] == "FLOAT[8]"
+    cols = dict(pub.query("SELECT column_name, data_type FROM duckdb_columns() WHERE table_name='emb'"))
+    # Iceberg has no fixed-size list type: the embedding is list<float> there
+    assert cols["embedding"] == ("FLOAT[8]" if pub.backend == "duckdb" else "FLOAT[]")
     # embedding values survive exactly (row 7: 7e-3 + j)
-    emb = _query(tmp_path, f"SELECT embedding FROM emb WHERE id = '{real_ids[7]}'")[0][0]
+    emb = pub.query(f"SELECT embedding FROM emb WHERE id = '{real_ids[7]}'")[0][0]
     assert emb == pytest.approx([0.007 + j for j in range(8)], rel=1e-6)
+    if pub.backend != "duckdb":
+        return  # Iceberg tables have no primary key
     with pytest.raises(duckdb.ConstraintException):  # primary key on id is live
         duckdb.connect(str(tmp_path / "w.duckdb")).execute(
             f"INSERT INTO emb (id) VALUES ('{real_ids[0]}')")
 
 
-def test_dead_letters_published_with_reasons(tmp_path: Path, input_path: str, real_ids: list[str]) -> None:
+def test_dead_letters_published_with_reasons(pub: Published, tmp_path: Path, input_path: str, real_ids: list[str]) -> None:
     layout = build_run(tmp_path / "out", "run1", input_path, RunSpec(shards=2, chunk_rows=64, dead_rows={5, 9}))
-    publish_run(layout.run_dir, _target(tmp_path))
-    rows = _query(tmp_path, "SELECT id, reason, source_row FROM emb__dead_letters ORDER BY source_row")
+    publish_run(layout.run_dir, pub.target())
+    rows = pub.query("SELECT id, reason, source_row FROM emb__dead_letters ORDER BY source_row")
     assert rows == [(real_ids[5], "empty_text", 5), (real_ids[9], "empty_text", 9), (None, "null_id", 300),
                     (real_ids[3], "duplicate_id", 301)]
 
 
-def test_every_row_dead_lettered_never_swaps_in_an_empty_table(tmp_path: Path) -> None:
+def test_every_row_dead_lettered_never_swaps_in_an_empty_table(pub: Published, tmp_path: Path) -> None:
     path = write_input(tmp_path / "in.parquet", ["a", "b", "c"])
     good = build_run(tmp_path / "out", "good", path, RunSpec(shards=1))
-    publish_run(good.run_dir, _target(tmp_path))
+    publish_run(good.run_dir, pub.target())
     bad = build_run(tmp_path / "out", "bad", path, RunSpec(shards=1, dead_rows={0, 1, 2}))
     with pytest.raises(CoverageError, match="none of its 3 input row"):
-        publish_run(bad.run_dir, _target(tmp_path))
-    assert _query(tmp_path, "SELECT count(*) FROM emb")[0][0] == 3
+        publish_run(bad.run_dir, pub.target())
+    assert pub.query("SELECT count(*) FROM emb")[0][0] == 3
 
 
-def test_missing_rows_fail_with_count_and_sample(tmp_path: Path, input_path: str, real_ids: list[str]) -> None:
+def test_missing_rows_fail_with_count_and_sample(pub: Published, tmp_path: Path, input_path: str, real_ids: list[str]) -> None:
     layout = build_run(tmp_path / "out", "run1", input_path, RunSpec(drop_rows={10, 11, 12, 300}))
     with pytest.raises(CoverageError) as err:
-        publish_run(layout.run_dir, _target(tmp_path))
+        publish_run(layout.run_dir, pub.target())
     assert err.value.missing == 4
     assert set(err.value.sample) == {real_ids[10], real_ids[11], real_ids[12], f"{input_path}#300"}
     assert "4 of 302" in str(err.value)
-    assert "emb" not in _tables(tmp_path)
+    assert "emb" not in pub.tables()
 
 
-def test_min_success_ratio_allows_missing_rows(tmp_path: Path, input_path: str) -> None:
+def test_min_success_ratio_allows_missing_rows(pub: Published, tmp_path: Path, input_path: str) -> None:
     layout = build_run(tmp_path / "out", "run1", input_path, RunSpec(drop_rows={10, 11, 12}))
     with pytest.raises(CoverageError):
-        publish_run(layout.run_dir, _target(tmp_path), min_success_ratio=0.995)
-    summary = publish_run(layout.run_dir, _target(tmp_path), min_success_ratio=0.99)
+        publish_run(layout.run_dir, pub.target(), min_success_ratio=0.995)
+    summary = publish_run(layout.run_dir, pub.target(), min_success_ratio=0.99)
     assert summary["rows_missing"] == 3
     assert summary["success_ratio"] == pytest.approx(299 / 302)
     assert summary["min_success_ratio"] == 0.99
-    assert _query(tmp_path, "SELECT count(*) FROM emb")[0][0] == 297
+    assert pub.query("SELECT count(*) FROM emb")[0][0] == 297
 
 
-def test_duplicates_keep_row_of_first_sorted_part_file(tmp_path: Path, input_path: str) -> None:
+def test_duplicates_keep_row_of_first_sorted_part_file(pub: Published, tmp_path: Path, input_path: str) -> None:
     layout = build_run(tmp_path / "out", "run1", input_path,
                        RunSpec(shards=2, chunk_rows=40, duplicate_chunk=True))
     shard_dir = storage.local_path(layout.shard_dir("00000"))
     chunk0 = sorted(p for p in shard_dir.iterdir() if p.name.startswith("part-00000-"))
     assert len(chunk0) == 2
     first = pq.read_table(chunk0[0]).to_pylist()
-    summary = publish_run(layout.run_dir, _target(tmp_path))
+    summary = publish_run(layout.run_dir, pub.target())
     assert summary["duplicates_removed"] == len(first)
     assert summary["rows_published"] == 300
     for row in first[:5]:
-        got = _query(tmp_path, f"SELECT embedding FROM emb WHERE id = '{row['id']}'")[0][0]
+        got = pub.query(f"SELECT embedding FROM emb WHERE id = '{row['id']}'")[0][0]
         assert got == pytest.approx(row["embedding"])
 
 
-def test_same_id_in_two_shards_dead_letters_the_higher_shard_row(tmp_path: Path, input_path: str,
+def test_same_id_in_two_shards_dead_letters_the_higher_shard_row(pub: Published, tmp_path: Path, input_path: str,
                                                                     real_ids: list[str]) -> None:
     """Rows 3 (shard 00000) and 301 (shard 00001) share an id and the worker de-duplicates within a shard
     only, so both shards commit a result for it. Shard 00000's first chunk is also committed twice (a
@@ -148,13 +158,13 @@ def test_same_id_in_two_shards_dead_letters_the_higher_shard_row(tmp_path: Path,
                        RunSpec(shards=2, chunk_rows=40, duplicate_chunk=True, dedupe_per_shard=True))
     shard1 = storage.local_path(layout.shard_dir("00001"))
     assert real_ids[3] in {r for p in shard1.glob("part-*.parquet") for r in pq.read_table(p)["id"].to_pylist()}
-    summary = publish_run(layout.run_dir, _target(tmp_path))
+    summary = publish_run(layout.run_dir, pub.target())
     assert (summary["rows_input"], summary["rows_published"], summary["rows_dead_letter"]) == (302, 300, 2)
     assert summary["rows_published"] + summary["rows_dead_letter"] == summary["rows_input"]
     assert summary["rows_missing"] == 0 and summary["success_ratio"] == 1.0
     assert summary["duplicates_removed"] == 40  # shard 00000's retried first chunk, same shard: silent
     assert summary["duplicate_ids_across_shards"] == 1
-    dead = _query(tmp_path, "SELECT id, reason, detail, source_uri, source_row, fingerprint "
+    dead = pub.query("SELECT id, reason, detail, source_uri, source_row, fingerprint "
                             "FROM emb__dead_letters ORDER BY source_row")
     assert [(d[0], d[1], d[4]) for d in dead] == [(None, "null_id", 300), (real_ids[3], "duplicate_id", 301)]
     assert dead[1][2] == duplicate_detail(input_path, 3), "names the winning row (row 3, shard 00000)"
@@ -162,21 +172,20 @@ def test_same_id_in_two_shards_dead_letters_the_higher_shard_row(tmp_path: Path,
     # the lowest shard's result is published (row 3's values, from the first sorted part file of the two)
     chunk0 = sorted(storage.local_path(layout.shard_dir("00000")).glob("part-00000-*.parquet"))
     kept = next(r for r in pq.read_table(chunk0[0]).to_pylist() if r["id"] == real_ids[3])
-    emb = _query(tmp_path, f"SELECT embedding FROM emb WHERE id = '{real_ids[3]}'")[0][0]
+    emb = pub.query(f"SELECT embedding FROM emb WHERE id = '{real_ids[3]}'")[0][0]
     assert emb == pytest.approx(kept["embedding"])
-    assert publish_run(layout.run_dir, _target(tmp_path))["noop"] is True
+    assert publish_run(layout.run_dir, pub.target())["noop"] is True
 
 
-def test_dead_letter_in_lower_shard_is_kept_beside_result_of_same_id_in_higher_shard(
-        tmp_path: Path, input_path: str, real_ids: list[str]) -> None:
+def test_dead_letter_in_lower_shard_is_kept_beside_result_of_same_id_in_higher_shard(pub: Published, tmp_path: Path, input_path: str, real_ids: list[str]) -> None:
     """Row 3 (shard 00000) is dead-lettered, row 301 (shard 00001, same id) gets a result: two input rows,
     one result and one dead letter (a dead letter is superseded only by a result in its own shard)."""
     layout = build_run(tmp_path / "out", "run1", input_path,
                        RunSpec(shards=2, chunk_rows=64, dead_rows={3}, dedupe_per_shard=True))
-    summary = publish_run(layout.run_dir, _target(tmp_path))
+    summary = publish_run(layout.run_dir, pub.target())
     assert (summary["rows_published"], summary["rows_dead_letter"], summary["rows_missing"]) == (300, 2, 0)
     assert summary["duplicate_ids_across_shards"] == 0
-    assert _query(tmp_path, "SELECT id, reason, source_row FROM emb__dead_letters ORDER BY source_row") == [
+    assert pub.query("SELECT id, reason, source_row FROM emb__dead_letters ORDER BY source_row") == [
         (real_ids[3], "empty_text", 3), (None, "null_id", 300)]
 
 
@@ -234,35 +243,35 @@ def _truncate(path: Path, keep: float) -> None:
 
 @pytest.mark.parametrize("table", ["emb", "emb_new"], ids=["published_table_noop_check", "new_table"])
 @pytest.mark.parametrize("keep", [0.0, 0.5, 0.999])
-def test_torn_counted_part_file_is_quarantined_before_any_publish(tmp_path: Path, input_path: str,
+def test_torn_counted_part_file_is_quarantined_before_any_publish(pub: Published, tmp_path: Path, input_path: str,
                                                                    keep: float, table: str) -> None:
     """A part file truncated after its shard completed (any length) never reaches DuckDB: publish to the
     already-published table (whose no-op check used to compare file names only) and to a new table
     both refuse with a clear error; the file is set aside and the shard reopened."""
     layout = build_run(tmp_path / "out", "run1", input_path, RunSpec(shards=2))
-    assert publish_run(layout.run_dir, _target(tmp_path))["noop"] is False
+    assert publish_run(layout.run_dir, pub.target())["noop"] is False
     path = sorted(storage.local_path(layout.shard_dir("00001")).glob("part-*.parquet"))[0]
     _truncate(path, keep)
     with pytest.raises(PublishError, match=r"00001 cannot be published.*run those shards again"):
-        publish_run(layout.run_dir, _target(tmp_path, table=table))
+        publish_run(layout.run_dir, pub.target(table=table))
     assert (path.parent / "quarantine" / path.name).exists() and not path.exists()
     assert not storage.exists(layout.marker_uri("00001")) and storage.exists(layout.marker_uri("00000"))
     with pytest.raises(PublishError, match="no completion marker: 00001"):
-        publish_run(layout.run_dir, _target(tmp_path, table=table))
-    assert _query(tmp_path, "SELECT count(*) FROM emb")[0][0] == 300, "the live table is untouched"
+        publish_run(layout.run_dir, pub.target(table=table))
+    assert pub.query("SELECT count(*) FROM emb")[0][0] == 300, "the live table is untouched"
 
 
-def test_noop_check_compares_sizes_and_recorded_digests_not_names(tmp_path: Path, input_path: str) -> None:
+def test_noop_check_compares_sizes_and_recorded_digests_not_names(pub: Published, tmp_path: Path, input_path: str) -> None:
     """Same file names, other content (a file rewritten with the same name): not a no-op."""
     layout = build_run(tmp_path / "out", "run1", input_path, RunSpec(shards=1))
-    assert publish_run(layout.run_dir, _target(tmp_path))["noop"] is False
-    assert publish_run(layout.run_dir, _target(tmp_path))["noop"] is True
+    assert publish_run(layout.run_dir, pub.target())["noop"] is False
+    assert publish_run(layout.run_dir, pub.target())["noop"] is True
     marker_uri = layout.marker_uri("00000")
     marker = json.loads(storage.read_bytes(marker_uri))
     name = sorted(marker["files"])[0]
     marker["files"][name]["sha256"] = "0" * 64  # as if the file had been re-committed with other bytes
     storage.write_replace(marker_uri, json.dumps(marker).encode())
-    assert publish_run(layout.run_dir, _target(tmp_path))["noop"] is False
+    assert publish_run(layout.run_dir, pub.target())["noop"] is False
 
 
 def test_leftover_unreadable_file_not_counted_by_the_marker_is_set_aside(tmp_path: Path, input_path: str) -> None:
@@ -274,8 +283,8 @@ def test_leftover_unreadable_file_not_counted_by_the_marker_is_set_aside(tmp_pat
     assert (stray.parent / "quarantine" / stray.name).exists()
 
 
-def test_rerun_is_noop_and_rollback_restores_previous(tmp_path: Path, input_path: str) -> None:
-    target = _target(tmp_path, schema="analytics")
+def test_rerun_is_noop_and_rollback_restores_previous(pub: Published, tmp_path: Path, input_path: str) -> None:
+    target = pub.target(schema="analytics")
     run1 = build_run(tmp_path / "out", "run1", input_path, RunSpec(dead_rows={1}))
     run2 = build_run(tmp_path / "out", "run2", input_path,
                      RunSpec(fingerprint="a" * 32, version=1.0, dead_rows={1, 2, 3}))
@@ -284,26 +293,26 @@ def test_rerun_is_noop_and_rollback_restores_previous(tmp_path: Path, input_path
     publish_run(run1.run_dir, target)
     again = publish_run(run1.run_dir, target)
     assert again["noop"] is True and again["rows_published"] == 299
-    assert _query(tmp_path, "SELECT count(*) FROM analytics.emb__publish_log")[0][0] == 1
+    assert pub.query("SELECT count(*) FROM analytics.emb__publish_log")[0][0] == 1
 
     publish_run(run2.run_dir, target)
     # rows 1-3 are dead letters; row 301 repeats row 3's id and wins it (row 3 is dead on its own)
-    assert _query(tmp_path, "SELECT count(*), min(fingerprint) FROM analytics.emb")[0] == (298, "a" * 32)
-    assert _query(tmp_path, "SELECT count(*) FROM analytics.emb__previous")[0][0] == 299
+    assert pub.query("SELECT count(*), min(fingerprint) FROM analytics.emb")[0] == (298, "a" * 32)
+    assert pub.query("SELECT count(*) FROM analytics.emb__previous")[0][0] == 299
 
     back = rollback(target)
     assert (back["restored_run_id"], back["replaced_run_id"]) == ("run1", "run2")
-    assert _query(tmp_path, "SELECT count(*), min(fingerprint) FROM analytics.emb")[0] == (299, "f" * 32)
-    assert _query(tmp_path, "SELECT count(*) FROM analytics.emb__dead_letters")[0][0] == 3
+    assert pub.query("SELECT count(*), min(fingerprint) FROM analytics.emb")[0] == (299, "f" * 32)
+    assert pub.query("SELECT count(*) FROM analytics.emb__dead_letters")[0][0] == 3
     # after a rollback, publishing run1 again is a no-op and run2 is one rollback away
     assert publish_run(run1.run_dir, target)["noop"] is True
     assert rollback(target)["restored_run_id"] == "run2"
-    actions = _query(tmp_path, "SELECT action, run_id FROM analytics.emb__publish_log ORDER BY logged_at, rowid")
+    actions = pub.query("SELECT action, run_id FROM analytics.emb__publish_log ORDER BY logged_at, rowid")
     assert actions == [("publish", "run1"), ("publish", "run2"), ("rollback", "run1"), ("rollback", "run2")]
 
 
-def test_crash_after_staging_leaves_live_table_and_rerun_completes(tmp_path: Path, input_path: str) -> None:
-    target = _target(tmp_path)
+def test_crash_after_staging_leaves_live_table_and_rerun_completes(pub: Published, tmp_path: Path, input_path: str) -> None:
+    target = pub.target()
     run1 = build_run(tmp_path / "out", "run1", input_path, RunSpec())
     run2 = build_run(tmp_path / "out", "run2", input_path, RunSpec(fingerprint="a" * 32, dead_rows={1}))
     publish_run(run1.run_dir, target)
@@ -313,33 +322,37 @@ def test_crash_after_staging_leaves_live_table_and_rerun_completes(tmp_path: Pat
 
     with pytest.raises(KeyboardInterrupt):
         publish_run(run2.run_dir, target, after_staging=crash)
-    assert _query(tmp_path, "SELECT min(fingerprint), count(*) FROM emb")[0] == ("f" * 32, 300)
-    assert "emb__staging" in _tables(tmp_path)
+    assert pub.query("SELECT min(fingerprint), count(*) FROM emb")[0] == ("f" * 32, 300)
+    if pub.backend == "duckdb":
+        assert "emb__staging" in pub.tables()
+    else:  # the staged data files are in no snapshot: the live snapshot is still run1's
+        assert snapshot_runs(target) == ["run1"]
     summary = publish_run(run2.run_dir, target)
     assert summary["noop"] is False and summary["rows_published"] == 299
-    assert "emb__staging" not in _tables(tmp_path)
+    assert "emb__staging" not in pub.tables()
+    assert pub.query("SELECT min(fingerprint), count(*) FROM emb")[0] == ("a" * 32, 299)
 
 
 @pytest.mark.parametrize("task", ["classification", "llm"])
-def test_other_part_schemas_publish_their_columns(tmp_path: Path, input_path: str, task: str) -> None:
+def test_other_part_schemas_publish_their_columns(pub: Published, tmp_path: Path, input_path: str, task: str) -> None:
     layout = build_run(tmp_path / "out", "run1", input_path, RunSpec(task=task, chunk_rows=70))
-    publish_run(layout.run_dir, _target(tmp_path))
-    cols = [r[0] for r in _query(tmp_path, "SELECT column_name FROM duckdb_columns() WHERE table_name='emb' "
+    publish_run(layout.run_dir, pub.target())
+    cols = [r[0] for r in pub.query("SELECT column_name FROM duckdb_columns() WHERE table_name='emb' "
                                            "ORDER BY column_index")]
     assert cols == [f.name for f in part_schema(task)]
     if task == "llm":
-        text, js, cached = _query(tmp_path, "SELECT output_text, output_json, cached_tokens FROM emb "
+        text, js, cached = pub.query("SELECT output_text, output_json, cached_tokens FROM emb "
                                             "ORDER BY id LIMIT 1")[0]
         assert "\ttab\nnewline \\ back" in text and js is not None and cached is None
 
 
-def test_jsonl_input_with_integer_ids(tmp_path: Path) -> None:
+def test_jsonl_input_with_integer_ids(pub: Published, tmp_path: Path) -> None:
     ids: list[int | None] = list(range(1000, 1080)) + [None, 1005]
     path = write_jsonl_input(tmp_path / "input.jsonl", ids)
     layout = build_run(tmp_path / "out", "run1", path, RunSpec(shards=3, chunk_rows=16))
-    summary = publish_run(layout.run_dir, _target(tmp_path))
+    summary = publish_run(layout.run_dir, pub.target())
     assert (summary["rows_input"], summary["rows_published"], summary["rows_dead_letter"]) == (82, 80, 2)
-    assert _query(tmp_path, "SELECT min(id), max(id) FROM emb")[0] == ("1000", "1079")
+    assert pub.query("SELECT min(id), max(id) FROM emb")[0] == ("1000", "1079")
 
 
 def test_partial_manifest_over_integer_parquet_ids(tmp_path: Path) -> None:
@@ -438,8 +451,8 @@ def test_table_name_pattern_matches_target_validation(tmp_path: Path, name: str)
     assert accepted == bool(re.match(TABLE_NAME_PATTERN, name))
 
 
-def test_republish_after_missing_rows_are_committed(tmp_path: Path, input_path: str) -> None:
-    target = _target(tmp_path)
+def test_republish_after_missing_rows_are_committed(pub: Published, tmp_path: Path, input_path: str) -> None:
+    target = pub.target()
     partial = build_run(tmp_path / "a", "run1", input_path, RunSpec(shards=2, chunk_rows=50, drop_rows={10, 11}))
     complete = build_run(tmp_path / "b", "run1", input_path, RunSpec(shards=2, chunk_rows=50))
     first = publish_run(partial.run_dir, target, min_success_ratio=0.99)

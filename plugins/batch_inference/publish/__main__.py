@@ -35,7 +35,10 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--table", required=True)
         p.add_argument("--schema", default=None)
         p.add_argument("--duckdb-path", default=None, help="DuckDB database file (backend duckdb)")
-        p.add_argument("--dsn", default=None, help=f"PostgreSQL DSN (backend postgres); default ${DSN_ENV}")
+        p.add_argument("--dsn", default=None, help=f"PostgreSQL DSN (backend postgres; the catalog database "
+                       f"for backend iceberg, optional); default ${DSN_ENV}")
+        p.add_argument("--iceberg-warehouse", default=None,
+                       help="Iceberg warehouse directory (backend iceberg; SQLite catalog.db beside it)")
         if name == "publish":
             p.add_argument("--run-dir", required=True, help="<output_root>/runs/<run_id>")
             p.add_argument("--min-success-ratio", type=float, default=1.0)
@@ -48,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         target = PublishTarget(
             backend=args.backend, table=args.table, schema=args.schema, duckdb_path=args.duckdb_path,
-            dsn=args.dsn or os.environ.get(DSN_ENV),
+            dsn=args.dsn or os.environ.get(DSN_ENV), iceberg_warehouse=args.iceberg_warehouse,
         )
         if args.command == "publish":
             result = publish_run(args.run_dir, target, min_success_ratio=args.min_success_ratio)

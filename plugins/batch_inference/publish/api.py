@@ -6,19 +6,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from batch_inference.publish import duckdb_backend
+from batch_inference.publish.backend import backend_for
 from batch_inference.publish.coverage import Coverage
 from batch_inference.publish.inventory import RunInventory, load_inventory
 from batch_inference.publish.record import PublishRecord, utc_now
+from batch_inference.publish.skeleton import run_publish, run_rollback
 from batch_inference.publish.target import SUFFIX_DEAD_LETTERS, SUFFIX_PREVIOUS, PublishTarget
-
-
-def _backend(target: PublishTarget):
-    if target.backend == "postgres":
-        from batch_inference.publish import postgres_backend  # psycopg only when used
-
-        return postgres_backend
-    return duckdb_backend
 
 
 def _record_maker(inv: RunInventory, min_success_ratio: float) -> Callable[[Coverage], PublishRecord]:
@@ -94,8 +87,8 @@ def publish_run(
     start = time.perf_counter()
     inv = load_inventory(run_dir)
     stages: dict[str, float] = {}
-    record, noop = _backend(target).publish(
-        inv, target, min_success_ratio=min_success_ratio,
+    record, noop = run_publish(
+        backend_for(target), inv, min_success_ratio=min_success_ratio,
         make_record=_record_maker(inv, min_success_ratio), after_staging=after_staging, stages=stages,
     )
     summary = _summary(target, record, noop, time.perf_counter() - start)
@@ -141,7 +134,7 @@ def rollback(target: PublishTarget) -> dict[str, Any]:
         PublishError: there is no previous table.
     """
     start = time.perf_counter()
-    restored, replaced = _backend(target).rollback(target)
+    restored, replaced = run_rollback(backend_for(target))
     return {
         "table": target.name(),
         "schema": target.schema,

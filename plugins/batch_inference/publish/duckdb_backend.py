@@ -7,19 +7,16 @@ directory when large), so the wide columns are read exactly once, by ``INSERT ..
 
 from __future__ import annotations
 
-import tempfile
-from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
 from batch_contract.schemas import DEAD_LETTER_SCHEMA
 
-from batch_inference.publish.coverage import Coverage, check_coverage
+from batch_inference.publish.coverage import Coverage
 from batch_inference.publish.errors import PublishError
-from batch_inference.publish.files import localize
-from batch_inference.publish.inventory import RunInventory
 from batch_inference.publish.record import LOG_COLUMNS, PublishRecord, sql_string_literal
-from batch_inference.publish.stages import StageClock
 from batch_inference.publish.target import (
     DUCKDB_ALIAS,
     SUFFIX_DEAD_LETTERS,
@@ -175,67 +172,48 @@ def _swap(con: duckdb.DuckDBPyConnection, target: PublishTarget, record: Publish
         raise
 
 
-def publish(
-    inv: RunInventory,
-    target: PublishTarget,
-    *,
-    min_success_ratio: float,
-    make_record: Callable[[Coverage], PublishRecord],
-    after_staging: Callable[[], None] | None = None,
-    stages: dict[str, float] | None = None,
-) -> tuple[PublishRecord, bool]:
-    """Publish ``inv`` into a DuckDB file.
+class DuckDBBackend:
+    """:class:`~batch_inference.publish.backend.PublishBackend` for a DuckDB file: coverage runs in the
+    target connection itself, staging tables are swapped in by renames in one transaction."""
 
-    Args:
-        inv: the run.
-        target: a ``duckdb`` target.
-        min_success_ratio: see :func:`~batch_inference.publish.coverage.check_coverage`.
-        make_record: builds the record stored with the table from the coverage counts.
-        after_staging: called after the staging tables are committed, before the swap (crash tests).
-        stages: if given, filled with wall seconds per step (``coverage``, ``load``, ``swap``).
+    def __init__(self, target: PublishTarget) -> None:
+        self.target = target
+        self.con: duckdb.DuckDBPyConnection | None = None
 
-    Returns:
-        ``(record, noop)``: the live table's record; ``noop`` when the run was already live.
-    """
-    con = connect(target)
-    try:
-        if target.schema:
-            con.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(target.schema)}")
-        live = read_record(con, target)
-        if live and live.matches(inv.run_id, inv.fingerprint, inv.files_digest):
-            return live, True
-        with tempfile.TemporaryDirectory(prefix="publish-") as work:
-            parts = localize(inv.part_files, Path(work) / "parts")
-            dead = localize(inv.dead_letter_files, Path(work) / "dead")
-            clock = StageClock(stages)
-            cov = check_coverage(con, inv, parts, dead, min_success_ratio=min_success_ratio)
-            clock.lap("coverage")
-            record = make_record(cov)
-            _load_staging(con, target, cov, record)
-            clock.lap("load")
-        if after_staging is not None:
-            after_staging()
-        _swap(con, target, record)
-        clock.lap("swap")
-        return record, False
-    finally:
-        con.close()
+    def __enter__(self) -> DuckDBBackend:
+        self.con = connect(self.target)
+        if self.target.schema:
+            self.con.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(self.target.schema)}")
+        return self
 
+    def __exit__(self, *exc: object) -> None:
+        if self.con is not None:
+            self.con.close()
+            self.con = None
 
-def rollback(target: PublishTarget) -> tuple[PublishRecord | None, PublishRecord | None]:
-    """Swap ``<table>`` and ``<table>__previous`` (and their dead letters) in one transaction.
+    def _con(self) -> duckdb.DuckDBPyConnection:
+        assert self.con is not None, "use the backend as a context manager"
+        return self.con
 
-    Returns:
-        ``(restored, replaced)`` records (``None`` for a table publish did not write).
+    def read_record(self, previous: bool = False) -> PublishRecord | None:
+        return read_record(self._con(), self.target, SUFFIX_PREVIOUS if previous else "")
 
-    Raises:
-        PublishError: there is no ``<table>__previous`` to restore.
-    """
-    con = connect(target)
-    try:
-        if not table_exists(con, target, SUFFIX_PREVIOUS):
-            raise PublishError(f"{target.describe()}: no {target.name(SUFFIX_PREVIOUS)} table to roll back to")
-        restored, replaced = read_record(con, target, SUFFIX_PREVIOUS), read_record(con, target)
+    @contextmanager
+    def coverage_db(self, work: Path) -> Iterator[duckdb.DuckDBPyConnection]:
+        yield self._con()
+
+    def load_staging(self, con: duckdb.DuckDBPyConnection, cov: Coverage, record: PublishRecord) -> None:
+        _load_staging(con, self.target, cov, record)
+
+    def swap(self, record: PublishRecord) -> None:
+        _swap(self._con(), self.target, record)
+
+    def has_previous(self) -> bool:
+        return table_exists(self._con(), self.target, SUFFIX_PREVIOUS)
+
+    def restore_previous(self, restored: PublishRecord | None) -> None:
+        """One transaction exchanging ``<table>`` and ``<table>__previous`` (and their dead letters)."""
+        con, target = self._con(), self.target
         _ensure_log(con, target)
         con.execute("BEGIN")
         try:
@@ -255,6 +233,3 @@ def rollback(target: PublishTarget) -> tuple[PublishRecord | None, PublishRecord
         except BaseException:
             con.execute("ROLLBACK")
             raise
-        return restored, replaced
-    finally:
-        con.close()

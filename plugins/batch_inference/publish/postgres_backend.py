@@ -10,10 +10,10 @@ and before the swap. A session advisory lock per target serialises concurrent pu
 from __future__ import annotations
 
 import queue
-import tempfile
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
@@ -22,13 +22,10 @@ import pyarrow as pa
 from psycopg import sql
 
 from batch_inference.publish import duckdb_backend
-from batch_inference.publish.coverage import Coverage, check_coverage
+from batch_inference.publish.coverage import Coverage
 from batch_inference.publish.errors import PublishError
-from batch_inference.publish.files import localize
-from batch_inference.publish.inventory import RunInventory
 from batch_inference.publish.pg_copy import COPY_HEADER, COPY_TRAILER, PgColumn, encode_batch, pg_columns
 from batch_inference.publish.record import LOG_COLUMNS, PublishRecord
-from batch_inference.publish.stages import StageClock
 from batch_inference.publish.target import (
     SUFFIX_DEAD_LETTERS,
     SUFFIX_PREVIOUS,
@@ -238,55 +235,51 @@ def _swap(conn: psycopg.Connection, target: PublishTarget, record: PublishRecord
         _insert_log(conn, target, record, "publish")
 
 
-def publish(
-    inv: RunInventory,
-    target: PublishTarget,
-    *,
-    min_success_ratio: float,
-    make_record: Callable[[Coverage], PublishRecord],
-    after_staging: Callable[[], None] | None = None,
-    stages: dict[str, float] | None = None,
-) -> tuple[PublishRecord, bool]:
-    """Publish ``inv`` into PostgreSQL; same contract as ``duckdb_backend.publish``.
+class PostgresBackend:
+    """:class:`~batch_inference.publish.backend.PublishBackend` for PostgreSQL: coverage in a scratch
+    DuckDB file, binary COPY into staging tables, renames in one transaction. The connection holds a
+    session advisory lock per target for the whole publish / rollback."""
 
-    Raises:
-        PublishError / CoverageError: see :func:`~batch_inference.publish.api.publish_run`.
-        psycopg.Error: connection or SQL failures (the live table is unchanged).
-    """
-    with _connect(target) as conn:
-        live = read_record(conn, target)
-        if live and live.matches(inv.run_id, inv.fingerprint, inv.files_digest):
-            return live, True
-        with tempfile.TemporaryDirectory(prefix="publish-") as work:
-            parts = localize(inv.part_files, Path(work) / "parts")
-            dead = localize(inv.dead_letter_files, Path(work) / "dead")
-            scratch = duckdb_backend.configure(duckdb.connect(str(Path(work) / "scratch.duckdb")))
-            clock = StageClock(stages)
-            try:
-                cov = check_coverage(scratch, inv, parts, dead, min_success_ratio=min_success_ratio)
-                clock.lap("coverage")
-                record = make_record(cov)
-                _load_staging(conn, scratch, target, cov, record)
-                clock.lap("load")
-            finally:
-                scratch.close()
-        if after_staging is not None:
-            after_staging()
-        _swap(conn, target, record)
-        clock.lap("swap")
-        return record, False
+    def __init__(self, target: PublishTarget) -> None:
+        self.target = target
+        self.conn: psycopg.Connection | None = None
 
+    def __enter__(self) -> PostgresBackend:
+        self.conn = _connect(self.target)
+        return self
 
-def rollback(target: PublishTarget) -> tuple[PublishRecord | None, PublishRecord | None]:
-    """Swap ``<table>`` and ``<table>__previous`` (and their dead letters) in one transaction.
+    def __exit__(self, *exc: object) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
 
-    Raises:
-        PublishError: there is no ``<table>__previous``.
-    """
-    with _connect(target) as conn:
-        if not table_exists(conn, target, SUFFIX_PREVIOUS):
-            raise PublishError(f"{target.describe()}: no {target.name(SUFFIX_PREVIOUS)} table to roll back to")
-        restored, replaced = read_record(conn, target, SUFFIX_PREVIOUS), read_record(conn, target)
+    def _conn(self) -> psycopg.Connection:
+        assert self.conn is not None, "use the backend as a context manager"
+        return self.conn
+
+    def read_record(self, previous: bool = False) -> PublishRecord | None:
+        return read_record(self._conn(), self.target, SUFFIX_PREVIOUS if previous else "")
+
+    @contextmanager
+    def coverage_db(self, work: Path) -> Iterator[duckdb.DuckDBPyConnection]:
+        scratch = duckdb_backend.configure(duckdb.connect(str(work / "scratch.duckdb")))
+        try:
+            yield scratch
+        finally:
+            scratch.close()
+
+    def load_staging(self, con: duckdb.DuckDBPyConnection, cov: Coverage, record: PublishRecord) -> None:
+        _load_staging(self._conn(), con, self.target, cov, record)
+
+    def swap(self, record: PublishRecord) -> None:
+        _swap(self._conn(), self.target, record)
+
+    def has_previous(self) -> bool:
+        return table_exists(self._conn(), self.target, SUFFIX_PREVIOUS)
+
+    def restore_previous(self, restored: PublishRecord | None) -> None:
+        """One transaction exchanging ``<table>`` and ``<table>__previous`` (and their dead letters)."""
+        conn, target = self._conn(), self.target
         _ensure_log(conn, target)
         with conn.transaction():
             conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
@@ -300,4 +293,3 @@ def rollback(target: PublishTarget) -> tuple[PublishRecord | None, PublishRecord
                 _rename(conn, target, tmp, prev)
             if restored is not None:
                 _insert_log(conn, target, restored, "rollback")
-        return restored, replaced

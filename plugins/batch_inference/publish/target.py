@@ -10,7 +10,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-BACKENDS = ("duckdb", "postgres")
+BACKENDS = ("duckdb", "postgres", "iceberg")
+"""Publish backend names, in one place: :class:`PublishTarget` validation, the DAG Param's enum, the CLIs
+and the backend registry (:mod:`~batch_inference.publish.backend`) all use this tuple."""
 
 IDENTIFIER_PATTERN = re.compile(r"^[a-z_][a-z0-9_]*$")
 """Lower-case letters, digits and underscores, not starting with a digit: no quoting surprises and no
@@ -80,7 +82,8 @@ class PublishTarget:
     """A table to publish a run into.
 
     Attributes:
-        backend: ``"duckdb"`` (a database file; the embedded default) or ``"postgres"``.
+        backend: one of :data:`BACKENDS`: ``"duckdb"`` (a database file; the embedded default),
+            ``"postgres"`` or ``"iceberg"`` (Apache Iceberg tables, pyiceberg SQL catalog).
         table: table name, ``[a-z_][a-z0-9_]*``, at most 39 characters. Derived tables:
             ``<table>__previous``, ``<table>__dead_letters`` (+ ``__previous``), ``<table>__publish_log``,
             and transient ``<table>__staging`` / ``<table>__dead_letters__staging``.
@@ -88,7 +91,11 @@ class PublishTarget:
             missing.
         duckdb_path: DuckDB database file (required for ``duckdb``; created if missing).
         dsn: libpq connection string or URI (required for ``postgres``). The Airflow side resolves an
-            Airflow connection id to this (``BaseHook.get_connection(conn_id).get_uri()``).
+            Airflow connection id to this (``BaseHook.get_connection(conn_id).get_uri()``). For
+            ``iceberg``: optional ``postgresql://`` URI of the catalog database (default: a SQLite
+            ``catalog.db`` beside the warehouse directory).
+        iceberg_warehouse: warehouse directory (local path, ``file://`` or ``gs://``) of the Iceberg
+            data and metadata files (required for ``iceberg``; a ``gs://`` one needs ``dsn``).
 
     Raises:
         ValueError: at construction, naming the bad field.
@@ -99,6 +106,7 @@ class PublishTarget:
     schema: str | None = None
     duckdb_path: str | None = None
     dsn: str | None = None
+    iceberg_warehouse: str | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -115,6 +123,8 @@ class PublishTarget:
                              f"ambiguous; not one of {', '.join(DUCKDB_RESERVED_SCHEMAS)}")
         if self.backend == "postgres" and not self.dsn:
             raise ValueError("dsn: required when backend is 'postgres'")
+        if self.backend == "iceberg" and not self.iceberg_warehouse:
+            raise ValueError("iceberg_warehouse: required when backend is 'iceberg'")
 
     def name(self, suffix: str = "") -> str:
         """Unquoted table name with ``suffix`` (e.g. :data:`SUFFIX_PREVIOUS`)."""

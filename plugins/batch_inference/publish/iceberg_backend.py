@@ -1,0 +1,289 @@
+"""Apache Iceberg backend (pyiceberg, SQL catalog): one snapshot commit per table, rollback by snapshot.
+
+- Catalog: a pyiceberg ``SqlCatalog`` in a SQLite file beside the warehouse
+  (``<warehouse>/../catalog.db``), or in PostgreSQL when the target has a ``dsn``. Namespace: the
+  target's schema, else ``default``.
+- Staging: coverage runs in a scratch DuckDB file; the de-duplicated results stream from it as Arrow
+  record batches of :data:`BATCH_ROWS` rows into Parquet data files in the warehouse (pyiceberg's
+  writer, files of at most :data:`TARGET_FILE_BYTES` of Arrow data, so memory stays bounded).
+  Written data files are not part of any snapshot until the swap: readers cannot see them.
+- Swap: per table ONE transaction that adds the new data files and removes the live ones, producing
+  ONE snapshot whose summary holds the publish record (:data:`RECORD_PROPERTY`), and moves the tag
+  ``<table>__previous`` to the replaced snapshot (the rollback target, kept from snapshot expiry by
+  the tag). ``<table>__dead_letters`` commits first, then ``<table>`` (whose snapshot names the dead
+  letters snapshot it belongs with, :data:`DEAD_LETTERS_SNAPSHOT_PROPERTY`); the results commit is the
+  publish point. Concurrent publishes are serialised by the catalog's optimistic commit: the second
+  fails with ``CommitFailedException`` and leaves the table as the first left it.
+- Rollback: the current snapshot becomes the one tagged ``<table>__previous`` and the tag moves to the
+  replaced snapshot, in one commit (so a second rollback undoes the first); the dead letters table
+  follows to the snapshot the restored results snapshot names.
+- ``<table>__publish_log``: an Iceberg table, one row appended per publish / rollback after the commit.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+from batch_contract import storage
+from pyiceberg.catalog import Catalog
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.io.pyarrow import _dataframe_to_data_files
+from pyiceberg.manifest import DataFile
+from pyiceberg.table import Table, Transaction
+from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.table.update.snapshot import ManageSnapshots
+
+from batch_inference.publish import duckdb_backend
+from batch_inference.publish.coverage import Coverage
+from batch_inference.publish.errors import PublishError
+from batch_inference.publish.record import LOG_COLUMNS, PublishRecord
+from batch_inference.publish.target import (
+    SUFFIX_DEAD_LETTERS,
+    SUFFIX_PREVIOUS,
+    SUFFIX_PUBLISH_LOG,
+    PublishTarget,
+)
+
+RECORD_PROPERTY = "batch-inference.publish-record"
+"""Snapshot summary property holding the :class:`PublishRecord` JSON of the run the snapshot holds."""
+DEAD_LETTERS_SNAPSHOT_PROPERTY = "batch-inference.dead-letters-snapshot-id"
+"""Results snapshot summary property: the ``<table>__dead_letters`` snapshot published with it."""
+DEFAULT_NAMESPACE = "default"
+BATCH_ROWS = 8192
+"""Rows per Arrow batch streamed from DuckDB into the Parquet writer (about 12.6 MB at 384 float32)."""
+TARGET_FILE_BYTES = 128 << 20
+"""``write.target-file-size-bytes``: pyiceberg buffers this many bytes of Arrow batches per data file
+(uncompressed in-memory bytes), so it bounds the writer's memory (pyiceberg's default is 512 MiB)."""
+TABLE_PROPERTIES = {
+    "write.target-file-size-bytes": str(TARGET_FILE_BYTES),
+    # embeddings barely compress (docs/publish.md: zstd saved 8-9% of the bytes for twice the CPU)
+    "write.parquet.compression-codec": "snappy",
+}
+"""Properties of the tables publish creates (existing tables keep theirs)."""
+
+
+def catalog_uri(target: PublishTarget) -> str:
+    """SQLAlchemy URI of the catalog database: PostgreSQL (psycopg 3) from ``target.dsn``, else SQLite
+    ``catalog.db`` in the directory holding the warehouse.
+
+    Raises:
+        ValueError: a keyword DSN (``host=... dbname=...``; use a URI), or no DSN with a ``gs://``
+            warehouse (a SQLite file cannot live in a bucket).
+    """
+    if target.dsn:
+        scheme, sep, rest = target.dsn.partition("://")
+        if not sep or scheme not in ("postgres", "postgresql", "postgresql+psycopg"):
+            raise ValueError("dsn: the iceberg catalog needs a postgresql:// URI, not a keyword DSN")
+        return "postgresql+psycopg://" + rest
+    warehouse = target.iceberg_warehouse or ""
+    if storage.is_gcs(warehouse):
+        raise ValueError("dsn: a gs:// iceberg warehouse needs a PostgreSQL catalog (dsn); "
+                         "a SQLite catalog file must be local")
+    path = storage.local_path(warehouse).absolute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{path.parent / 'catalog.db'}"
+
+
+def warehouse_uri(target: PublishTarget) -> str:
+    """The warehouse location as pyiceberg wants it: ``gs://...`` as is, local paths as ``file://``."""
+    warehouse = target.iceberg_warehouse or ""
+    if storage.is_gcs(warehouse):
+        return warehouse.rstrip("/")
+    path = storage.local_path(warehouse).absolute()
+    path.mkdir(parents=True, exist_ok=True)
+    return path.as_uri()
+
+
+def load_catalog(target: PublishTarget) -> Catalog:
+    """The target's SQL catalog (its tables are created on first use)."""
+    return SqlCatalog("batch_inference", uri=catalog_uri(target), warehouse=warehouse_uri(target))
+
+
+def namespace(target: PublishTarget) -> str:
+    """Iceberg namespace of the target: its schema, else :data:`DEFAULT_NAMESPACE`."""
+    return target.schema or DEFAULT_NAMESPACE
+
+
+def snapshot_record(snapshot: Snapshot | None) -> PublishRecord | None:
+    """The publish record in a snapshot's summary, or ``None``."""
+    if snapshot is None or snapshot.summary is None:
+        return None
+    return PublishRecord.from_comment(snapshot.summary.additional_properties.get(RECORD_PROPERTY))
+
+
+def previous_snapshot(table: Table, tag: str) -> Snapshot | None:
+    """The snapshot tagged ``tag`` (the rollback target), or ``None``."""
+    ref = table.refs().get(tag)
+    return table.snapshot_by_id(ref.snapshot_id) if ref else None
+
+
+@dataclass
+class _Staged:
+    """Data files written for one table, not yet in any snapshot."""
+
+    table: Table
+    tx: Transaction
+    files: list[DataFile]
+
+    @property
+    def rows(self) -> int:
+        return sum(f.record_count for f in self.files)
+
+
+class IcebergBackend:
+    """:class:`~batch_inference.publish.backend.PublishBackend` for Apache Iceberg (see module doc)."""
+
+    def __init__(self, target: PublishTarget) -> None:
+        self.target = target
+        self.catalog: Catalog | None = None
+        self.staged: dict[str, _Staged] = {}
+
+    def __enter__(self) -> IcebergBackend:
+        self.catalog = load_catalog(self.target)
+        self.catalog.create_namespace_if_not_exists(namespace(self.target))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        engine = getattr(self.catalog, "engine", None)
+        if engine is not None:
+            engine.dispose()
+        self.catalog, self.staged = None, {}
+
+    def _catalog(self) -> Catalog:
+        assert self.catalog is not None, "use the backend as a context manager"
+        return self.catalog
+
+    def ident(self, suffix: str = "") -> tuple[str, str]:
+        return (namespace(self.target), self.target.name(suffix))
+
+    def table(self, suffix: str = "") -> Table | None:
+        """``<table><suffix>`` or ``None`` if it does not exist."""
+        try:
+            return self._catalog().load_table(self.ident(suffix))
+        except NoSuchTableError:
+            return None
+
+    def read_record(self, previous: bool = False) -> PublishRecord | None:
+        table = self.table()
+        if table is None:
+            return None
+        snap = previous_snapshot(table, self.target.name(SUFFIX_PREVIOUS)) if previous else table.current_snapshot()
+        return snapshot_record(snap)
+
+    @contextmanager
+    def coverage_db(self, work: Path) -> Iterator[duckdb.DuckDBPyConnection]:
+        scratch = duckdb_backend.configure(duckdb.connect(str(work / "scratch.duckdb")))
+        try:
+            yield scratch
+        finally:
+            scratch.close()
+
+    def _stage(self, suffix: str, reader: pa.RecordBatchReader) -> _Staged:
+        """Write the batches of ``reader`` as data files of ``<table><suffix>`` (created if missing; new
+        columns added by name in the transaction that will commit them)."""
+        table = self._catalog().create_table_if_not_exists(self.ident(suffix), schema=reader.schema,
+                                                           properties=TABLE_PROPERTIES)
+        tx = table.transaction()
+        with tx.update_schema() as update:
+            update.union_by_name(reader.schema)
+        files = list(_dataframe_to_data_files(tx.table_metadata, reader, table.io, write_uuid=uuid.uuid4()))
+        return _Staged(table, tx, files)
+
+    def load_staging(self, con: duckdb.DuckDBPyConnection, cov: Coverage, record: PublishRecord) -> None:
+        """Write both tables' data files (bounded memory; invisible until :meth:`swap`).
+
+        Raises:
+            PublishError: the data files hold another row count than coverage counted.
+        """
+        params = {"parts": cov.part_files} if cov.part_files else None
+        results = con.sql(cov.results_sql(), params=params).to_arrow_reader(BATCH_ROWS)
+        self.staged = {"": self._stage("", results)}
+        if self.staged[""].rows != cov.rows_published:
+            raise PublishError(f"{self.target.describe()}: wrote {self.staged[''].rows} rows, coverage counted "
+                               f"{cov.rows_published}")
+        dead = con.sql(cov.dead_letters_sql()).to_arrow_reader(BATCH_ROWS)
+        self.staged[SUFFIX_DEAD_LETTERS] = self._stage(SUFFIX_DEAD_LETTERS, dead)
+
+    def _commit(self, staged: _Staged, suffix: str, properties: dict[str, str],
+                previous_id: int | None) -> Table:
+        """One snapshot replacing every live data file of ``staged.table`` by the staged ones; the tag
+        ``<table><suffix>__previous`` moves to ``previous_id`` (if any) in the same commit."""
+        tx = staged.tx
+        live = tx.table_metadata.current_snapshot()
+        old_files = [task.file for task in staged.table.scan(snapshot_id=live.snapshot_id).plan_files()] if live else []
+        with tx.update_snapshot(snapshot_properties=properties).overwrite() as overwrite:
+            for data_file in staged.files:
+                overwrite.append_data_file(data_file)
+            for data_file in old_files:
+                overwrite.delete_data_file(data_file)
+        if previous_id is not None:
+            ManageSnapshots(tx).create_tag(previous_id, self.target.name(suffix + SUFFIX_PREVIOUS)).commit()
+        return tx.commit_transaction()
+
+    def swap(self, record: PublishRecord) -> None:
+        """Commit the dead letters, then the results (the publish point), then log."""
+        props = {RECORD_PROPERTY: record.to_comment()}
+        results, dead = self.staged[""], self.staged[SUFFIX_DEAD_LETTERS]
+        live = results.tx.table_metadata.current_snapshot()
+        paired = _paired_dead_letters(live)
+        dead_live = dead.tx.table_metadata.current_snapshot()
+        dead_prev = paired if paired is not None else (dead_live.snapshot_id if dead_live else None)
+        dead_table = self._commit(dead, SUFFIX_DEAD_LETTERS, props, dead_prev)
+        dead_snap = dead_table.current_snapshot()
+        if dead_snap is not None:
+            props[DEAD_LETTERS_SNAPSHOT_PROPERTY] = str(dead_snap.snapshot_id)
+        self._commit(results, "", props, live.snapshot_id if live else None)
+        self.staged = {}
+        self._log(record, "publish")
+
+    def has_previous(self) -> bool:
+        table = self.table()
+        return table is not None and previous_snapshot(table, self.target.name(SUFFIX_PREVIOUS)) is not None
+
+    def restore_previous(self, restored: PublishRecord | None) -> None:
+        """Dead letters to the snapshot the restored results name, then results to the tagged snapshot;
+        each tag moves to the snapshot it replaces."""
+        table = self.table()
+        assert table is not None
+        prev_tag = self.target.name(SUFFIX_PREVIOUS)
+        prev, cur = previous_snapshot(table, prev_tag), table.current_snapshot()
+        assert prev is not None and cur is not None
+        dead = self.table(SUFFIX_DEAD_LETTERS)
+        want, replaced = _paired_dead_letters(prev), _paired_dead_letters(cur)
+        if dead is not None and want is not None and dead.snapshot_by_id(want) is not None:
+            _set_current(dead, want, self.target.name(SUFFIX_DEAD_LETTERS + SUFFIX_PREVIOUS),
+                         replaced if replaced is not None and dead.snapshot_by_id(replaced) else None)
+        _set_current(table, prev.snapshot_id, prev_tag, cur.snapshot_id)
+        if restored is not None:
+            self._log(restored, "rollback")
+
+    def _log(self, record: PublishRecord, action: str) -> None:
+        schema = pa.schema([(n, pa.string() if t == "VARCHAR" else pa.int64()) for n, t in LOG_COLUMNS])
+        row = pa.Table.from_pylist([dict(zip([n for n, _ in LOG_COLUMNS], record.log_row(action), strict=True))],
+                                   schema=schema)
+        log = self._catalog().create_table_if_not_exists(self.ident(SUFFIX_PUBLISH_LOG), schema=schema)
+        log.append(row)
+
+
+def _paired_dead_letters(snapshot: Snapshot | None) -> int | None:
+    if snapshot is None or snapshot.summary is None:
+        return None
+    value = snapshot.summary.additional_properties.get(DEAD_LETTERS_SNAPSHOT_PROPERTY)
+    return int(value) if value else None
+
+
+def _set_current(table: Table, snapshot_id: int, tag: str, tag_to: int | None) -> None:
+    """One commit: ``snapshot_id`` becomes current; ``tag`` moves to ``tag_to`` (if given)."""
+    tx = table.transaction()
+    manage = ManageSnapshots(tx).set_current_snapshot(snapshot_id)
+    if tag_to is not None:
+        manage.create_tag(tag_to, tag)
+    manage.commit()
+    tx.commit_transaction()
