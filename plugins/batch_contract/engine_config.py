@@ -90,6 +90,15 @@ kernel launches; 64k tokens of a BERT-base-sized encoder are a few GB of activat
 on a GPU (``bench/gpu_smoke.sh`` records the rows/s to check it against)."""
 
 
+AUTO_MAX_BATCH_ROWS = 256
+"""Rows per batch cap on CPU when ``worker.max_batch_rows`` is 0 (the value used before it was auto)."""
+
+CUDA_MIN_ROW_TOKENS = 16
+"""On CUDA the auto row cap is ``token_budget // 16``: a batch of rows as short as 16 tokens still fills
+the budget (4,096 rows at 65,536 tokens), while pathological one-token rows cannot make batches of tens
+of thousands of rows."""
+
+
 @dataclass(frozen=True)
 class WorkerSettings:
     """Batching, chunking and signal settings. They change speed, never outputs, so they are not part
@@ -98,8 +107,9 @@ class WorkerSettings:
     token_budget: int = 0
     """Max padded tokens per batch (rows x padded length); 0 (default): chosen for the device by
     :meth:`token_budget_for`."""
-    max_batch_rows: int = 256
-    """Max rows per batch whatever their length."""
+    max_batch_rows: int = 0
+    """Max rows per batch whatever their length; 0 (default): chosen for the device by
+    :meth:`max_batch_rows_for`."""
     chunk_rows: int | None = None
     """Fixed rows per committed chunk; ``None``: sized from measured throughput to take
     ``chunk_target_seconds`` (the guide's 30-120 s rule), within ``min_chunk_rows..max_chunk_rows``."""
@@ -116,7 +126,7 @@ class WorkerSettings:
     def __post_init__(self) -> None:
         _check(self.token_budget == 0 or self.token_budget >= MIN_TOKEN_BUDGET, "worker.token_budget",
                f"must be 0 (auto) or >= {MIN_TOKEN_BUDGET} tokens")
-        _check(self.max_batch_rows >= 1, "worker.max_batch_rows", "must be >= 1")
+        _check(self.max_batch_rows >= 0, "worker.max_batch_rows", "must be 0 (auto) or >= 1")
         _check(self.chunk_rows is None or self.chunk_rows >= 1, "worker.chunk_rows", "must be >= 1")
         _check(1 <= self.min_chunk_rows <= self.max_chunk_rows, "worker.min_chunk_rows",
                "must be >= 1 and <= max_chunk_rows")
@@ -129,6 +139,16 @@ class WorkerSettings:
         """Padded tokens per batch on ``device`` (``cpu`` or ``cuda``): ``token_budget`` when set, else
         :data:`AUTO_TOKEN_BUDGET` for the device (CPU for any device it does not name)."""
         return self.token_budget or AUTO_TOKEN_BUDGET.get(device, AUTO_TOKEN_BUDGET["cpu"])
+
+    def max_batch_rows_for(self, device: str) -> int:
+        """Rows per batch cap on ``device``: ``max_batch_rows`` when set, else :data:`AUTO_MAX_BATCH_ROWS`
+        on CPU and, on CUDA, the token budget over :data:`CUDA_MIN_ROW_TOKENS` (a fixed 256 capped a
+        GPU batch of short rows near 20k tokens, far below its 65,536-token budget)."""
+        if self.max_batch_rows:
+            return self.max_batch_rows
+        if device == "cuda":
+            return max(1, self.token_budget_for(device) // CUDA_MIN_ROW_TOKENS)
+        return AUTO_MAX_BATCH_ROWS
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -64,7 +64,7 @@ class LLMConfig:
     """
 
     NOT_IN_FINGERPRINT: ClassVar[frozenset[str]] = frozenset(
-        {"gpu_memory_utilization", "max_num_seqs", "enable_prefix_caching"})
+        {"gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching"})
     """Fields left out of :func:`batch_contract.manifest.config_fingerprint`: KV-cache memory, scheduler
     concurrency and prefix-cache reuse change which rows share a step (speed), not what a row generates,
     like the worker's batching settings. Fields that change kernels or sharding (``dtype``,
@@ -87,9 +87,14 @@ class LLMConfig:
     gpu_memory_utilization: float = 0.92
     """Fraction of GPU memory vLLM may take for weights + KV cache (offline: no traffic spikes, so high).
     Ignored on CPU, where ``VLLM_CPU_KVCACHE_SPACE`` (GiB) sizes the KV cache."""
-    max_num_seqs: int = 512
-    """Sequences the scheduler runs concurrently (deep queue: throughput over latency). The engine
-    caps it on CPU (see ``batch_worker.engines.llm.CPU_MAX_NUM_SEQS``)."""
+    max_num_seqs: int | None = None
+    """Sequences the scheduler runs concurrently. ``None`` (default): vLLM's own offline default for the
+    device (it sizes it by GPU class: on large GPUs above the 512 this field used to default to); set
+    it to override (the autotuner may). The engine caps it on CPU (see
+    ``batch_worker.engines.llm.CPU_MAX_NUM_SEQS``)."""
+    max_num_batched_tokens: int | None = None
+    """Tokens per scheduler step (prefill chunk size). ``None`` (default): vLLM's own offline default
+    for the device; set it to override."""
     enable_prefix_caching: bool = True
     """Reuse the KV cache of the shared prefix (system prompt + few-shot block) across rows."""
     tensor_parallel_size: int = 1
@@ -142,8 +147,12 @@ class LLMConfig:
                f"{self.max_model_len!r} is not an integer in 16..1048576")
         _check(_is_num(self.gpu_memory_utilization) and 0.05 <= self.gpu_memory_utilization <= 0.99,
                "engine.gpu_memory_utilization", f"{self.gpu_memory_utilization!r} is outside 0.05..0.99")
-        _check(_is_int(self.max_num_seqs) and 1 <= self.max_num_seqs <= 8192, "engine.max_num_seqs",
-               f"{self.max_num_seqs!r} is not an integer in 1..8192")
+        _check(self.max_num_seqs is None or (_is_int(self.max_num_seqs) and 1 <= self.max_num_seqs <= 8192),
+               "engine.max_num_seqs", f"{self.max_num_seqs!r} is not null or an integer in 1..8192")
+        _check(self.max_num_batched_tokens is None
+               or (_is_int(self.max_num_batched_tokens) and 16 <= self.max_num_batched_tokens <= 1 << 20),
+               "engine.max_num_batched_tokens", f"{self.max_num_batched_tokens!r} is not null or an integer "
+               "in 16..1048576")
         _check(isinstance(self.enable_prefix_caching, bool), "engine.enable_prefix_caching", "must be a boolean")
         _check(_is_int(self.tensor_parallel_size) and self.tensor_parallel_size in {1, 2, 4, 8},
                "engine.tensor_parallel_size", f"{self.tensor_parallel_size!r} is not 1, 2, 4 or 8")

@@ -17,7 +17,8 @@ BASE = {"kind": "llm", "model_path": "/models/tiny", "max_tokens": 64}
 def test_defaults_are_the_throughput_settings():
     cfg = engine_config_from_dict(BASE)
     assert isinstance(cfg, LLMConfig)
-    assert (cfg.gpu_memory_utilization, cfg.max_num_seqs, cfg.enable_prefix_caching) == (0.92, 512, True)
+    assert (cfg.gpu_memory_utilization, cfg.enable_prefix_caching) == (0.92, True)
+    assert (cfg.max_num_seqs, cfg.max_num_batched_tokens) == (None, None), "vLLM's own defaults for the device"
     assert (cfg.temperature, cfg.tensor_parallel_size, cfg.quantization) == (0.0, 1, None)
     assert cfg.max_prompt_tokens == cfg.max_model_len - 64
 
@@ -42,6 +43,8 @@ def test_round_trip_through_json():
         ({"gpu_memory_utilization": 1.5}, "engine.gpu_memory_utilization"),
         ({"max_num_seqs": 0}, "engine.max_num_seqs"),
         ({"max_num_seqs": True}, "engine.max_num_seqs"),
+        ({"max_num_batched_tokens": 8}, "engine.max_num_batched_tokens"),
+        ({"max_num_batched_tokens": "4096"}, "engine.max_num_batched_tokens"),
         ({"tensor_parallel_size": 3}, "engine.tensor_parallel_size"),
         ({"enable_prefix_caching": "yes"}, "engine.enable_prefix_caching"),
         ({"seed": -1}, "engine.seed"),

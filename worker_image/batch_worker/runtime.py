@@ -173,11 +173,11 @@ class ShardRun:
         self._write_attempt()
         if install_signals:
             self.stop.install()
-        self.gpu.start()
         progress = None
         try:
             with self.clock.stage("model_load"):
                 loaded = self.ctx.engine.load()
+            self.gpu.start(loaded.info.get("device_uuid"))  # after the load: the device this process uses
             if loaded.model_digest != self.ctx.engine.model_digest():
                 raise RuntimeError("model files changed while loading; retry")
             ledger = build_ledger(self.ctx.shard_dir, self.ctx.fingerprint)

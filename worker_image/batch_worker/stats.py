@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from batch_contract.marker import STAGES
 
@@ -115,18 +116,18 @@ def trim_heap_above(limit_bytes: int) -> bool:
 
 
 class GpuSampler:
-    """Samples NVML GPU utilisation (percent) and memory used (bytes) once per ``interval`` seconds.
+    """Samples NVML GPU utilisation (percent) and memory used (bytes) once per ``interval`` seconds, of
+    the device this process actually uses.
 
-    Does nothing (``summary() == {}``) without ``nvidia-ml-py`` or without a GPU.
+    Does nothing (``summary() == {}``) without ``nvidia-ml-py`` or without a GPU. Start it after the
+    model is loaded, so loading does not count as idle device time.
 
     Args:
         interval: seconds between samples.
-        device_index: NVML device index (``CUDA_VISIBLE_DEVICES`` already maps it inside a pod).
     """
 
-    def __init__(self, interval: float = 1.0, device_index: int = 0) -> None:
+    def __init__(self, interval: float = 1.0) -> None:
         self.interval = interval
-        self.device_index = device_index
         self.util: list[float] = []
         self.mem_max = 0
         self._stop = threading.Event()
@@ -134,12 +135,16 @@ class GpuSampler:
         self._nvml = None
         self._handle = None
 
-    def start(self) -> GpuSampler:
+    def start(self, device_uuid: str | None = None) -> GpuSampler:
+        """Start sampling the device named by ``device_uuid`` (NVML ``GPU-...``, e.g. the encoder's
+        ``engine.device_uuid``), else the first device of ``CUDA_VISIBLE_DEVICES`` (an index or a
+        UUID), else device 0. NVML numbers devices physically and ignores ``CUDA_VISIBLE_DEVICES``, so
+        without this a process on GPU 3 of a node would sample GPU 0."""
         try:
             import pynvml  # nvidia-ml-py
 
             pynvml.nvmlInit()
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(self.device_index)
+            self._handle = _nvml_handle(pynvml, device_uuid)
             self._nvml = pynvml
         except Exception:  # no library, no driver, no GPU: no samples
             return self
@@ -169,3 +174,13 @@ class GpuSampler:
             "samples": len(self.util),
             "mem_max_bytes": self.mem_max,
         }
+
+
+def _nvml_handle(pynvml: Any, device_uuid: str | None) -> Any:
+    """NVML handle of ``device_uuid``, else of the first ``CUDA_VISIBLE_DEVICES`` entry, else device 0."""
+    if device_uuid:
+        return pynvml.nvmlDeviceGetHandleByUUID(device_uuid)
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    if first.startswith(("GPU-", "MIG-")):
+        return pynvml.nvmlDeviceGetHandleByUUID(first)
+    return pynvml.nvmlDeviceGetHandleByIndex(int(first) if first.isdigit() else 0)

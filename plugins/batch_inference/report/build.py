@@ -93,8 +93,9 @@ def _padding_section(data: RunData, counts: dict[str, np.ndarray], params: CostP
         c = counts.get(shard_id)
         if not marker.tokens_padded or c is None or not c.size or not int(c.sum()):
             continue
-        budget = worker.token_budget_for(str(marker.engine.get("device") or "cpu"))
-        rows_per_batch = tok.random_order_batch_rows(c, budget, worker.max_batch_rows, pad_multiple)
+        device = str(marker.engine.get("device") or "cpu")
+        budget = worker.token_budget_for(device)
+        rows_per_batch = tok.random_order_batch_rows(c, budget, worker.max_batch_rows_for(device), pad_multiple)
         estimate = tok.expected_random_padded_tokens(c, rows_per_batch, pad_multiple)
         inference = marker.stage_seconds.get("inference", 0.0)
         est_padded += estimate

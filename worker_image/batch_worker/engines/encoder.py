@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,13 +20,14 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from batch_contract.engine_config import ConfigError, EncoderConfig, WorkerSettings
-from batch_contract.enums import EngineKind
+from batch_contract.engine_config import MIN_TOKEN_BUDGET, ConfigError, EncoderConfig, WorkerSettings
+from batch_contract.enums import DeadLetterReason, EngineKind
 from batch_contract.schemas import embedding_type, part_schema
 
-from batch_worker.batching import plan_batches
+from batch_worker.batching import plan_batches, round_up
 from batch_worker.digest import model_digest
-from batch_worker.engines.base import ChunkOutput, ChunkRows, Engine, LoadedModel
+from batch_worker.engines.base import ChunkOutput, ChunkRows, Engine, LoadedModel, Reject
+from batch_worker.engines.device_io import StagedBatch, Staging, device_uuid, is_out_of_memory
 from batch_worker.stats import trim_heap_above
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,11 @@ chunk the heap's free space grew to 400-560 MB over a 220 MB working set. Trimmi
 cost no measurable rows/s (each batch is about a second of compute); a fixed mmap threshold bounded RSS
 too but halved rows/s (page faults on every activation)."""
 
+
+COMPILE_PAD_MULTIPLE = 64
+"""Padding multiple when ``engine.compile`` is on: batch lengths fall into 64-token buckets, so
+inductor compiles a handful of sequence lengths instead of one per length (the field guide's bucketing
+for compiled encoders)."""
 
 PER_ROW_PARAMS = frozenset({"embeddings", "pooler", "pre_classifier", "classifier"})
 """Parameter-name parts left out of ``params_non_embedding`` (the per-token FLOP count of
@@ -265,8 +272,14 @@ class EncoderEngine(Engine):
             "transformers": transformers.__version__,
             "torch_threads": torch.get_num_threads(),
             "token_budget": self.settings.token_budget_for(self.device),
+            "max_batch_rows": self.settings.max_batch_rows_for(self.device),
+            "pad_to_multiple_of": self._pad_multiple(),
+            "device_uuid": device_uuid(torch, self.device),
         }
         self.token_budget = info["token_budget"]
+        self.max_batch_rows = info["max_batch_rows"]
+        self.staging = Staging(torch, self.device)
+        self.oom_splits = 0
         digest = self.model_digest()
         info["model_digest"] = digest
         self.loaded = LoadedModel(model_digest=digest, info=info, part_schema=schema, max_length=self.max_length)
@@ -288,19 +301,15 @@ class EncoderEngine(Engine):
         lengths = np.fromiter((len(t) for t in token_ids), dtype=np.int64, count=len(token_ids))
         return Prepared(rows=rows, token_ids=token_ids, lengths=lengths, truncated=np.asarray(truncated, dtype=bool))
 
-    def _forward(self, input_ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        """Run one padded batch; returns float32 ``(rows, dim)`` embeddings or ``(rows, labels)`` probs."""
+    def _forward(self, ids_t: Any, mask_t: Any) -> Any:
+        """Run one padded batch already on the device; returns a float32 device tensor of shape
+        ``(rows, dim)`` (pooled embeddings) or ``(rows, labels)`` (class probabilities). No host sync."""
         import torch
 
-        ids_t = torch.from_numpy(input_ids)
-        mask_t = torch.from_numpy(mask)
-        if self.device == "cuda":
-            ids_t = ids_t.pin_memory().to("cuda", non_blocking=True)
-            mask_t = mask_t.pin_memory().to("cuda", non_blocking=True)
         with torch.inference_mode():
             out = self.model(input_ids=ids_t, attention_mask=mask_t)
             if self.config.task == "classification":
-                return torch.softmax(out.logits.float(), dim=-1).cpu().numpy()
+                return torch.softmax(out.logits.float(), dim=-1)
             hidden = out.last_hidden_state
             if self.pooling == "cls":
                 pooled = hidden[:, 0].float()
@@ -309,45 +318,65 @@ class EncoderEngine(Engine):
                 pooled = (hidden * m).float().sum(dim=1) / m.float().sum(dim=1).clamp(min=1.0)
             if self.config.normalize:
                 pooled = torch.nn.functional.normalize(pooled, p=2.0, dim=1)
-            return pooled.cpu().numpy()
+            return pooled
+
+    def _pad_multiple(self) -> int:
+        """Padding multiple of a batch's length: the config's, or at least :data:`COMPILE_PAD_MULTIPLE`
+        when the model is compiled (fewer distinct shapes for inductor)."""
+        multiple = self.config.pad_to_multiple_of
+        return max(multiple, COMPILE_PAD_MULTIPLE) if self.config.compile else multiple
 
     def process(self, prepared: Prepared, should_stop: Callable[[], bool]) -> ChunkOutput:
         """Embed/score the chunk batch by batch (longest first); stops between batches when asked.
 
-        Outputs go straight into one ``(rows, out_dim)`` float32 array allocated per chunk, indexed by
-        row: keeping one small result array per batch alive between the batches' large transient
-        activation tensors fragmented the heap, and RSS climbed by hundreds of MB within a chunk.
+        Each batch is padded into a reused staging buffer (pinned on CUDA) and its outputs are written
+        into one ``(rows, out_dim)`` float32 tensor per chunk on the device, copied to the host once at
+        the end (:mod:`batch_worker.engines.device_io`): no host-device sync per batch. A batch that
+        runs out of device memory is split in two and retried, and the token budget for the rest of
+        the shard is lowered to what fitted (:meth:`_split_after_oom`); one row that does not fit alone
+        is dead-lettered ``engine_error``. One result array per chunk also keeps the host heap from
+        fragmenting between large transient activations.
         """
         if self.loaded is None:
             raise RuntimeError("EncoderEngine.process called before load()")
+        import torch
+
         rows = prepared.rows
-        batches = plan_batches(
-            prepared.lengths, self.token_budget, self.settings.max_batch_rows, self.config.pad_to_multiple_of
-        )
-        values = np.empty((len(rows), self._out_dim()), dtype=np.float32)
+        queue = deque((b.indices, b.padded_length) for b in plan_batches(
+            prepared.lengths, self.token_budget, self.max_batch_rows, self._pad_multiple()))
+        values = torch.empty((len(rows), self._out_dim()), dtype=torch.float32, device=self.device)
         order = np.empty(len(rows), dtype=np.int64)
+        rejects: list[Reject] = []
         n_done = padded = n_batches = 0
         interrupted = False
         t0 = time.perf_counter()
-        for batch in batches:
+        while queue:
             if should_stop():
                 interrupted = True
                 break
-            n = len(batch.indices)
-            input_ids, mask = self._pad(prepared, batch.indices, batch.padded_length)
-            values[batch.indices] = self._forward(input_ids, mask)
+            indices, width = queue.popleft()
+            staged = self._stage(prepared, indices, width)
+            try:
+                ids_t, mask_t, idx_t = self.staging.to_device(staged)
+                values.index_copy_(0, idx_t, self._forward(ids_t, mask_t))
+            except Exception as exc:
+                if not is_out_of_memory(exc, torch):
+                    raise
+                rejects += self._split_after_oom(prepared, indices, width, queue)
+                continue
             trim_heap_above(HEAP_FREE_TRIM_BYTES)
-            order[n_done : n_done + n] = batch.indices
-            n_done += n
+            order[n_done : n_done + len(indices)] = indices
+            n_done += len(indices)
             n_batches += 1
-            padded += batch.padded_tokens
+            padded += len(indices) * width
             if self.on_rows_done is not None:
-                self.on_rows_done(n)
+                self.on_rows_done(len(indices))
+        host = values.cpu().numpy()  # the chunk's one wait for the device
         seconds = time.perf_counter() - t0
         order = order[:n_done]
-        table = self._table(rows, prepared, order, values[order])
         return ChunkOutput(
-            table=table,
+            table=self._table(rows, prepared, order, host[order]),
+            rejects=rejects,
             interrupted=interrupted,
             tokens_real=int(prepared.lengths[order].sum()),
             tokens_padded=int(padded),
@@ -355,19 +384,43 @@ class EncoderEngine(Engine):
             batches=n_batches,
         )
 
+    def _stage(self, prepared: Prepared, indices: np.ndarray, width: int) -> StagedBatch:
+        """Pad the rows at ``indices`` into a staging slot (ids right-padded, mask 1 on real tokens)."""
+        staged = self.staging.batch(len(indices), width, self.pad_id)
+        staged.indices[:] = indices
+        for r, idx in enumerate(indices):
+            toks = prepared.token_ids[idx]
+            staged.input_ids[r, : len(toks)] = toks
+            staged.mask[r, : len(toks)] = 1
+        return staged
+
+    def _split_after_oom(self, prepared: Prepared, indices: np.ndarray, width: int, queue: deque) -> list[Reject]:
+        """Handle a batch that ran out of device memory: free the allocator's cache, lower the token
+        budget for the rest of the shard to half the failed batch's padded tokens (at least
+        ``MIN_TOKEN_BUDGET``) and put the batch back as two halves, or dead-letter a single row."""
+        import torch
+
+        if self.device == "cuda":
+            torch.cuda.empty_cache()
+        self.oom_splits += 1
+        self.token_budget = max(MIN_TOKEN_BUDGET, min(self.token_budget, len(indices) * width // 2))
+        if len(indices) == 1:
+            rid = prepared.rows.ids[int(indices[0])]
+            log.error("row %r (%d tokens) does not fit in device memory alone: dead-lettered", rid, width)
+            return [Reject(rid, DeadLetterReason.ENGINE_ERROR,
+                           f"out of device memory for this row alone ({width} padded tokens)")]
+        half = len(indices) // 2
+        tail = indices[half:]
+        tail_width = round_up(int(prepared.lengths[tail].max()), self._pad_multiple())
+        queue.appendleft((tail, tail_width))
+        queue.appendleft((indices[:half], width))
+        log.warning("out of device memory on a %d-row x %d-token batch: split in two; token budget now %d",
+                    len(indices), width, self.token_budget)
+        return []
+
     def _out_dim(self) -> int:
         """Width of one output row: the embedding dimension, or the number of labels."""
         return int(self.dim) if self.config.task != "classification" else max(len(self.id2label), 1)
-
-    def _pad(self, prepared: Prepared, indices: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(input_ids, attention_mask)``: int64 ``(len(indices), width)`` arrays, right-padded."""
-        input_ids = np.full((len(indices), width), self.pad_id, dtype=np.int64)
-        mask = np.zeros((len(indices), width), dtype=np.int64)
-        for r, idx in enumerate(indices):
-            toks = prepared.token_ids[idx]
-            input_ids[r, : len(toks)] = toks
-            mask[r, : len(toks)] = 1
-        return input_ids, mask
 
     def _table(self, rows: ChunkRows, prepared: Prepared, order: np.ndarray, values: np.ndarray) -> pa.Table:
         """The part table of the rows at ``order``; ``values`` is their float32 ``(len(order), out_dim)``

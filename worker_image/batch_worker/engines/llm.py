@@ -95,10 +95,30 @@ def _cut(text: str) -> str:
     return text if len(text) <= MAX_DETAIL_CHARS else text[: MAX_DETAIL_CHARS - 3] + "..."
 
 
-def _on_cpu() -> bool:
-    import torch
+def _gpu_names() -> list[str]:
+    """Names of the NVIDIA GPUs this process may use, read through NVML (``[]`` without NVML or GPUs).
 
-    return not torch.cuda.is_available()
+    NVML, not ``torch.cuda``: touching CUDA in this (parent) process before vLLM starts its engine
+    would initialise CUDA here, and vLLM's engine core then has to fall back from fork to spawn (or
+    fails in a forked child). The device names are for the record only."""
+    try:
+        import pynvml  # nvidia-ml-py
+
+        pynvml.nvmlInit()
+        count = pynvml.nvmlDeviceGetCount()
+        names = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(count)]
+    except Exception:  # no library, no driver: no GPU
+        return []
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        wanted = [v.strip() for v in visible.split(",") if v.strip()]
+        names = [names[int(v)] for v in wanted if v.isdigit() and int(v) < len(names)] if wanted else []
+    return [n.decode() if isinstance(n, bytes) else str(n) for n in names]
+
+
+def _on_cpu() -> bool:
+    """True without a usable NVIDIA GPU (vLLM-CPU); decided through NVML, without initialising CUDA."""
+    return not _gpu_names()
 
 
 def _configure_cpu_env() -> None:
@@ -159,6 +179,16 @@ class OutputValidator:
         return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False), None
 
 
+def _scheduler_limits(llm: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``max_num_seqs`` / ``max_num_batched_tokens`` the started engine really uses (read back from
+    vLLM's scheduler config; what was passed, or ``None`` for vLLM's default, if it cannot be read)."""
+    try:
+        sched = llm.llm_engine.vllm_config.scheduler_config
+        return {"max_num_seqs": int(sched.max_num_seqs), "max_num_batched_tokens": int(sched.max_num_batched_tokens)}
+    except (AttributeError, TypeError, ValueError):
+        return {name: kwargs.get(name) for name in ("max_num_seqs", "max_num_batched_tokens")}
+
+
 class LLMEngine(Engine):
     """vLLM offline generation engine (see the module docstring).
 
@@ -212,7 +242,6 @@ class LLMEngine(Engine):
             "quantization": cfg.quantization,
             "max_model_len": cfg.max_model_len,
             "gpu_memory_utilization": cfg.gpu_memory_utilization,
-            "max_num_seqs": cfg.max_num_seqs,
             "enable_prefix_caching": cfg.enable_prefix_caching,
             "tensor_parallel_size": cfg.tensor_parallel_size,
             "enforce_eager": cfg.enforce_eager,
@@ -222,11 +251,14 @@ class LLMEngine(Engine):
             # spend its whole max_tokens on indentation.
             "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
         }
+        for name in ("max_num_seqs", "max_num_batched_tokens"):  # unset: vLLM's own default for the device
+            if getattr(cfg, name) is not None:
+                kwargs[name] = getattr(cfg, name)
         if on_cpu:
             kwargs.update(
                 enforce_eager=True,
                 distributed_executor_backend="uni",
-                max_num_seqs=min(cfg.max_num_seqs, CPU_MAX_NUM_SEQS),
+                max_num_seqs=min(cfg.max_num_seqs or CPU_MAX_NUM_SEQS, CPU_MAX_NUM_SEQS),
             )
         return kwargs
 
@@ -280,11 +312,11 @@ class LLMEngine(Engine):
             "model_digest": digest,
             "dtype": self.config.dtype,
             "quantization": self.config.quantization,
-            "device": "cpu" if on_cpu else torch.cuda.get_device_name(0),
+            "device": "cpu" if on_cpu else _gpu_names()[0],
             "vllm_version": vllm.__version__,
             "torch_version": torch.__version__,
             "max_model_len": self.config.max_model_len,
-            "max_num_seqs": kwargs["max_num_seqs"],
+            **_scheduler_limits(self.llm, kwargs),
             "enable_prefix_caching": self.config.enable_prefix_caching,
             "prefix_tokens": len(self.tokenizer.encode(self.renderer.prefix_text(), add_special_tokens=False)),
         }
