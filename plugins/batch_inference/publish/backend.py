@@ -17,7 +17,7 @@ import duckdb
 
 from batch_inference.publish.coverage import Coverage
 from batch_inference.publish.record import PublishRecord
-from batch_inference.publish.target import BACKENDS, PublishTarget
+from batch_inference.publish.target import BACKEND_CLASSES, PublishTarget
 
 
 class PublishBackend(Protocol):
@@ -67,13 +67,6 @@ class PublishBackend(Protocol):
         ...
 
 
-_REGISTRY: dict[str, str] = {
-    "duckdb": "batch_inference.publish.duckdb_backend:DuckDBBackend",
-    "postgres": "batch_inference.publish.postgres_backend:PostgresBackend",
-    "iceberg": "batch_inference.publish.iceberg_backend:IcebergBackend",
-}
-"""Backend name -> ``module:class`` (imported on first use)."""
-assert tuple(_REGISTRY) == BACKENDS, "publish backend registry out of date with target.BACKENDS"
 
 
 def backend_for(target: PublishTarget) -> PublishBackend:
@@ -82,5 +75,5 @@ def backend_for(target: PublishTarget) -> PublishBackend:
     Raises:
         ImportError: the backend's driver (psycopg, pyiceberg) is not installed.
     """
-    module, cls = _REGISTRY[target.backend].split(":")
+    module, cls = BACKEND_CLASSES[target.backend].split(":")
     return getattr(importlib.import_module(module), cls)(target)

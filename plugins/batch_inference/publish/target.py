@@ -10,9 +10,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-BACKENDS = ("duckdb", "postgres", "iceberg")
-"""Publish backend names, in one place: :class:`PublishTarget` validation, the DAG Param's enum, the CLIs
-and the backend registry (:mod:`~batch_inference.publish.backend`) all use this tuple."""
+BACKEND_CLASSES: dict[str, str] = {
+    "duckdb": "batch_inference.publish.duckdb_backend:DuckDBBackend",
+    "postgres": "batch_inference.publish.postgres_backend:PostgresBackend",
+    "iceberg": "batch_inference.publish.iceberg_backend:IcebergBackend",
+}
+"""The publish backend registry, in one place: name -> ``module:class`` of its
+:class:`~batch_inference.publish.backend.PublishBackend` (imported on first use, so a driver such as
+psycopg or pyiceberg loads only when its backend is used)."""
+BACKENDS = tuple(BACKEND_CLASSES)
+"""Publish backend names: :class:`PublishTarget` validation, the DAG Param's enum, the CLIs and
+:func:`~batch_inference.publish.backend.backend_for` all use this tuple."""
 
 IDENTIFIER_PATTERN = re.compile(r"^[a-z_][a-z0-9_]*$")
 """Lower-case letters, digits and underscores, not starting with a digit: no quoting surprises and no
