@@ -17,6 +17,7 @@ from batch_contract.schemas import DEAD_LETTER_SCHEMA
 from batch_inference.publish.coverage import Coverage
 from batch_inference.publish.errors import PublishError
 from batch_inference.publish.record import LOG_COLUMNS, PublishRecord, sql_string_literal
+from batch_inference.publish.sql_tables import SqlDialect, SqlTableBackend
 from batch_inference.publish.target import (
     DUCKDB_ALIAS,
     SUFFIX_DEAD_LETTERS,
@@ -57,6 +58,17 @@ embedding is 1.5 KiB, so a default row group is about 190 MB and DuckDB's bulk-i
 (several row groups per thread) presses against :data:`DUCKDB_MEMORY_LIMIT`; half-size row groups
 made the 1M x 384 staging load 15-25% faster and steadier on the 2-core development machine
 (``bench/publish.py``). Readers are unaffected: it is a write-time setting of this attachment."""
+
+
+@contextmanager
+def scratch_db(work: Path) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A configured DuckDB database file in ``work`` for the coverage check of backends that are not
+    DuckDB themselves (PostgreSQL, Iceberg); closed on exit."""
+    scratch = configure(duckdb.connect(str(work / "scratch.duckdb")))
+    try:
+        yield scratch
+    finally:
+        scratch.close()
 
 
 def connect(target: PublishTarget) -> duckdb.DuckDBPyConnection:
@@ -172,64 +184,44 @@ def _swap(con: duckdb.DuckDBPyConnection, target: PublishTarget, record: Publish
         raise
 
 
-class DuckDBBackend:
+class DuckDBBackend(SqlTableBackend):
     """:class:`~batch_inference.publish.backend.PublishBackend` for a DuckDB file: coverage runs in the
     target connection itself, staging tables are swapped in by renames in one transaction."""
 
-    def __init__(self, target: PublishTarget) -> None:
-        self.target = target
-        self.con: duckdb.DuckDBPyConnection | None = None
+    dialect = SqlDialect(table_exists=table_exists, read_record=read_record, ensure_log=_ensure_log,
+                         insert_log=_insert_log)
 
-    def __enter__(self) -> DuckDBBackend:
-        self.con = connect(self.target)
+    def open(self) -> duckdb.DuckDBPyConnection:
+        con = connect(self.target)
         if self.target.schema:
-            self.con.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(self.target.schema)}")
-        return self
+            con.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(self.target.schema)}")
+        return con
 
-    def __exit__(self, *exc: object) -> None:
-        if self.con is not None:
-            self.con.close()
-            self.con = None
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        con = self.connection()
+        con.execute("BEGIN")
+        try:
+            yield
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
 
-    def _con(self) -> duckdb.DuckDBPyConnection:
-        assert self.con is not None, "use the backend as a context manager"
-        return self.con
+    def rename(self, old: str, new: str) -> None:
+        if self.table_exists(old):
+            self.connection().execute(
+                f"ALTER TABLE {self.target.qualified(old)} RENAME TO {quote_ident(self.target.name(new))}")
 
-    def read_record(self, previous: bool = False) -> PublishRecord | None:
-        return read_record(self._con(), self.target, SUFFIX_PREVIOUS if previous else "")
+    def drop(self, suffix: str) -> None:
+        self.connection().execute(f"DROP TABLE IF EXISTS {self.target.qualified(suffix)}")
 
     @contextmanager
     def coverage_db(self, work: Path) -> Iterator[duckdb.DuckDBPyConnection]:
-        yield self._con()
+        yield self.connection()
 
     def load_staging(self, con: duckdb.DuckDBPyConnection, cov: Coverage, record: PublishRecord) -> None:
         _load_staging(con, self.target, cov, record)
 
     def swap(self, record: PublishRecord) -> None:
-        _swap(self._con(), self.target, record)
-
-    def has_previous(self) -> bool:
-        return table_exists(self._con(), self.target, SUFFIX_PREVIOUS)
-
-    def restore_previous(self, restored: PublishRecord | None) -> None:
-        """One transaction exchanging ``<table>`` and ``<table>__previous`` (and their dead letters)."""
-        con, target = self._con(), self.target
-        _ensure_log(con, target)
-        con.execute("BEGIN")
-        try:
-            for base in ("", SUFFIX_DEAD_LETTERS):
-                live, prev, tmp = base, base + SUFFIX_PREVIOUS, base + SUFFIX_STAGING
-                if not table_exists(con, target, prev):
-                    continue
-                con.execute(f"DROP TABLE IF EXISTS {target.qualified(tmp)}")
-                if table_exists(con, target, live):
-                    con.execute(f"ALTER TABLE {target.qualified(live)} RENAME TO {quote_ident(target.name(tmp))}")
-                con.execute(f"ALTER TABLE {target.qualified(prev)} RENAME TO {quote_ident(target.name(live))}")
-                if table_exists(con, target, tmp):
-                    con.execute(f"ALTER TABLE {target.qualified(tmp)} RENAME TO {quote_ident(target.name(prev))}")
-            if restored is not None:
-                _insert_log(con, target, restored, "rollback")
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
+        _swap(self.connection(), self.target, record)

@@ -23,8 +23,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -177,13 +176,8 @@ class IcebergBackend:
         snap = previous_snapshot(table, self.target.name(SUFFIX_PREVIOUS)) if previous else table.current_snapshot()
         return snapshot_record(snap)
 
-    @contextmanager
-    def coverage_db(self, work: Path) -> Iterator[duckdb.DuckDBPyConnection]:
-        scratch = duckdb_backend.configure(duckdb.connect(str(work / "scratch.duckdb")))
-        try:
-            yield scratch
-        finally:
-            scratch.close()
+    def coverage_db(self, work: Path) -> AbstractContextManager[duckdb.DuckDBPyConnection]:
+        return duckdb_backend.scratch_db(work)
 
     def _stage(self, suffix: str, reader: pa.RecordBatchReader) -> _Staged:
         """Write the batches of ``reader`` as data files of ``<table><suffix>`` (created if missing; new

@@ -13,7 +13,7 @@ import queue
 import threading
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import duckdb
@@ -26,6 +26,7 @@ from batch_inference.publish.coverage import Coverage
 from batch_inference.publish.errors import PublishError
 from batch_inference.publish.pg_copy import COPY_HEADER, COPY_TRAILER, PgColumn, encode_batch, pg_columns
 from batch_inference.publish.record import LOG_COLUMNS, PublishRecord
+from batch_inference.publish.sql_tables import SqlDialect, SqlTableBackend
 from batch_inference.publish.target import (
     SUFFIX_DEAD_LETTERS,
     SUFFIX_PREVIOUS,
@@ -235,61 +236,35 @@ def _swap(conn: psycopg.Connection, target: PublishTarget, record: PublishRecord
         _insert_log(conn, target, record, "publish")
 
 
-class PostgresBackend:
+class PostgresBackend(SqlTableBackend):
     """:class:`~batch_inference.publish.backend.PublishBackend` for PostgreSQL: coverage in a scratch
     DuckDB file, binary COPY into staging tables, renames in one transaction. The connection holds a
     session advisory lock per target for the whole publish / rollback."""
 
-    def __init__(self, target: PublishTarget) -> None:
-        self.target = target
-        self.conn: psycopg.Connection | None = None
+    dialect = SqlDialect(table_exists=table_exists, read_record=read_record, ensure_log=_ensure_log,
+                         insert_log=_insert_log)
 
-    def __enter__(self) -> PostgresBackend:
-        self.conn = _connect(self.target)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
-
-    def _conn(self) -> psycopg.Connection:
-        assert self.conn is not None, "use the backend as a context manager"
-        return self.conn
-
-    def read_record(self, previous: bool = False) -> PublishRecord | None:
-        return read_record(self._conn(), self.target, SUFFIX_PREVIOUS if previous else "")
+    def open(self) -> psycopg.Connection:
+        return _connect(self.target)
 
     @contextmanager
-    def coverage_db(self, work: Path) -> Iterator[duckdb.DuckDBPyConnection]:
-        scratch = duckdb_backend.configure(duckdb.connect(str(work / "scratch.duckdb")))
-        try:
-            yield scratch
-        finally:
-            scratch.close()
-
-    def load_staging(self, con: duckdb.DuckDBPyConnection, cov: Coverage, record: PublishRecord) -> None:
-        _load_staging(self._conn(), con, self.target, cov, record)
-
-    def swap(self, record: PublishRecord) -> None:
-        _swap(self._conn(), self.target, record)
-
-    def has_previous(self) -> bool:
-        return table_exists(self._conn(), self.target, SUFFIX_PREVIOUS)
-
-    def restore_previous(self, restored: PublishRecord | None) -> None:
-        """One transaction exchanging ``<table>`` and ``<table>__previous`` (and their dead letters)."""
-        conn, target = self._conn(), self.target
-        _ensure_log(conn, target)
+    def transaction(self) -> Iterator[None]:
+        conn = self.connection()
         with conn.transaction():
             conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
-            for base in ("", SUFFIX_DEAD_LETTERS):
-                live, prev, tmp = base, base + SUFFIX_PREVIOUS, base + SUFFIX_STAGING
-                if not table_exists(conn, target, prev):
-                    continue
-                conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(_ident(target, tmp)))
-                _rename(conn, target, live, tmp)
-                _rename(conn, target, prev, live)
-                _rename(conn, target, tmp, prev)
-            if restored is not None:
-                _insert_log(conn, target, restored, "rollback")
+            yield
+
+    def rename(self, old: str, new: str) -> None:
+        _rename(self.connection(), self.target, old, new)
+
+    def drop(self, suffix: str) -> None:
+        self.connection().execute(sql.SQL("DROP TABLE IF EXISTS {}").format(_ident(self.target, suffix)))
+
+    def coverage_db(self, work: Path) -> AbstractContextManager[duckdb.DuckDBPyConnection]:
+        return duckdb_backend.scratch_db(work)
+
+    def load_staging(self, con: duckdb.DuckDBPyConnection, cov: Coverage, record: PublishRecord) -> None:
+        _load_staging(self.connection(), con, self.target, cov, record)
+
+    def swap(self, record: PublishRecord) -> None:
+        _swap(self.connection(), self.target, record)
