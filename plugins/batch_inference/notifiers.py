@@ -1,10 +1,10 @@
 """Deadline-alert callbacks of the batch-inference DAGs (run by Airflow's triggerer).
 
-Each DAG carries a :class:`~airflow.sdk.DeadlineAlert` (see ``dag_factory.deadline_alert``): when a run
-is still not finished ``deadline_hours`` (the DAG's default) after it was queued, Airflow calls the
-callback named by ``BATCH_INFERENCE_DEADLINE_CALLBACK`` (a dotted path to an awaitable, read when the
-DAG file is parsed), by default :func:`log_deadline_missed`. Point it at your own notifier, e.g. a module
-on the triggerer's ``PYTHONPATH`` with::
+With ``BATCH_INFERENCE_DEADLINE_CALLBACK`` set where the DAG files are parsed (a dotted path to an
+awaitable), each DAG carries a :class:`~airflow.sdk.DeadlineAlert` (see ``dag_factory.deadline_alert``):
+when a run is still not finished ``deadline_hours`` (the DAG's default) after it was queued, Airflow's
+triggerer calls it. ``batch_inference.notifiers.log_deadline_missed`` logs an error; point the variable
+at your own notifier instead, e.g. a module on the triggerer's ``PYTHONPATH`` with::
 
     async def page_on_call(context=None, **kwargs):
         await SlackWebhookNotifier(slack_webhook_conn_id="slack", text=...).async_notify(context)
