@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from airflow.sdk import DAG, Param, task
-from batch_inference.dag_factory import MODEL_ASSET
+from batch_inference.assets import MODEL_ASSET
 from batch_inference.params import default_model_path
 
 with DAG(

@@ -1,7 +1,7 @@
 """One factory, three DAGs: ``batch_inference_nightly``, ``batch_inference_backfill`` and
 ``batch_inference_on_model_upgrade``.
 
-Task graph (the same for all three)::
+Task graph (the same for all three; each DAG's ``doc_md`` lists it, see :func:`dag_doc`)::
 
     plan -> choose_runner -+-> infer_local[shard]              -+
                            +-> kpo_args -> infer_k8s[shard]    -+-> wait_for_shards -> publish -> summary
@@ -10,36 +10,85 @@ Task graph (the same for all three)::
 ``infer_local`` and ``infer_k8s`` are two runners of one shard-task spec (the worker command
 ``batch-worker run --run-dir <run_dir> --shard <id>``). The gate runs when the fan-out is done (any
 state), because storage, not task state, decides: it opens when the completed shards hold
-``min_success_ratio`` of the rows. ``publish`` publishes atomically, writes the report and emits the
-outlet Asset event with the fingerprint, row counts and cost.
+``min_success_ratio`` of the rows. ``publish`` publishes atomically, writes the report and emits an
+Asset event on the table it wrote (through the :func:`~batch_inference.assets.published_alias` outlet)
+with the fingerprint, row counts and cost.
+
+Parse cost: this module imports only ``airflow.sdk`` and light project modules. Task bodies import
+:mod:`batch_inference.tasks` (planner, pyarrow, publish) when they run, and the Kubernetes provider
+(``KubernetesPodOperator``, ~1 s of CPU to import) is imported only when the deployment enables the
+``kubernetes`` runner (:func:`enabled_runners`); ``tests/dags/test_parse_time.py`` keeps each DAG file
+under 0.3 s of CPU.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
-from airflow.sdk import DAG, Asset, TriggerRule, task
+from airflow.sdk import (
+    DAG,
+    Asset,
+    AssetAlias,
+    AsyncCallback,
+    DeadlineAlert,
+    DeadlineReference,
+    TriggerRule,
+    task,
+)
 
-from batch_inference import tasks
-from batch_inference.params import REPO_ROOT, base_params, param_default, replace_field
-from batch_inference.pod_spec import K8sSettings, kpo_partial_kwargs
+from batch_inference.assets import MODEL_ASSET, published_alias, table_asset
+from batch_inference.params import REPO_ROOT, RUNNERS, base_params, param_default, replace_field
+from batch_inference.pod_spec import K8sSettings
 from batch_inference.sensors import ShardMarkerSensor
 
-MODEL_ASSET = Asset(name="batch_inference_model", uri="model://batch-inference/encoder")
-"""Updated by the model-upgrade DAG; schedules ``batch_inference_on_model_upgrade``."""
+__all__ = ["DAG_SPECS", "MODEL_ASSET", "DagSpec", "build_all", "build_dag", "enabled_runners", "output_asset"]
+
 START_DATE = datetime(2026, 1, 1)
 BASE_TAGS = ["batch-inference", "gpu", "offline"]
 NIGHTLY_ROOT = str(REPO_ROOT / "data" / "nightly")
 """Default root of the nightly partitions ``<root>/dt=YYYY-MM-DD/``; Airflow Variable
 ``batch_inference_nightly_root`` overrides it."""
+RUNNERS_ENV = "BATCH_INFERENCE_RUNNERS"
+"""Comma-separated runners the DAGs are built with (``local``, ``kubernetes``), read at parse time."""
+DEADLINE_CALLBACK_ENV = "BATCH_INFERENCE_DEADLINE_CALLBACK"
+"""Dotted path of the awaitable the deadline alert calls; unset: no deadline alert (see
+:func:`deadline_alert`)."""
+DEFAULT_DEADLINE_CALLBACK = "batch_inference.notifiers.log_deadline_missed"
+LOCAL_SHARD_LABEL = ("shard {{ task.op_kwargs['ref']['shard_id'] }} · "
+                     "{{ '{:,}'.format(task.op_kwargs['ref']['rows']) }} rows")
+"""``map_index_template`` of ``infer_local``: ``shard 00001 · 15,828 rows`` (the mapped shard ref)."""
+K8S_SHARD_LABEL = ("shard {{ task.labels['batch-inference/shard-id'] }} · "
+                   "{{ '{:,}'.format(task.labels['batch-inference/rows'] | int) }} rows")
+"""``map_index_template`` of ``infer_k8s``, from the pod's identity labels (``pod_spec.kpo_expand_kwargs``)."""
 
 
 def output_asset(table: str) -> Asset:
-    """The outlet Asset of the publish task for ``table``."""
-    return Asset(name=f"batch_inference_table_{table}", uri=f"warehouse://batch-inference/{table}")
+    """The Asset of published table ``table`` (:func:`batch_inference.assets.table_asset`)."""
+    return table_asset(table)
+
+
+def enabled_runners(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """The runners the DAGs are built with: ``BATCH_INFERENCE_RUNNERS`` when set, else ``local`` plus
+    ``kubernetes`` when ``BATCH_K8S_IMAGE`` is set (a Kubernetes deployment sets it: the default image is
+    a placeholder). Without ``kubernetes`` the DAGs have no ``kpo_args`` / ``infer_k8s`` tasks and never
+    import the Kubernetes provider; a dry run (``render_k8s``) still works.
+
+    Raises:
+        ValueError: an unknown runner name, or none at all.
+    """
+    env = os.environ if environ is None else environ
+    raw = env.get(RUNNERS_ENV, "").strip()
+    if not raw:
+        return RUNNERS if env.get("BATCH_K8S_IMAGE", "").strip() else ("local",)
+    names = tuple(dict.fromkeys(n.strip() for n in raw.split(",") if n.strip()))
+    unknown = [n for n in names if n not in RUNNERS]
+    if unknown or not names:
+        raise ValueError(f"{RUNNERS_ENV}={raw!r}: runners are a comma-separated subset of {list(RUNNERS)}")
+    return names
 
 
 @dataclass(frozen=True)
@@ -51,8 +100,8 @@ class DagSpec:
         schedule: cron string, an Asset, or ``None`` (manual).
         params: Param overrides on top of :func:`batch_inference.params.base_params`.
         model_from_asset: read the model from the triggering Asset event (falling back to params).
-        output_table: default output table (also names the outlet Asset); default the
-            ``output_table`` Param's.
+        output_table: default output table; default the ``output_table`` Param's. (The publish
+            event goes on the Asset of the table a run actually wrote, whatever this default.)
     """
 
     dag_id: str
@@ -70,17 +119,100 @@ def default_args() -> dict[str, Any]:
             "retry_exponential_backoff": 2.0, "max_retry_delay": timedelta(minutes=10)}
 
 
-def build_dag(spec: DagSpec, k8s: K8sSettings | None = None) -> DAG:
+def deadline_alert(spec: DagSpec, deadline_hours: float,
+                   environ: Mapping[str, str] | None = None) -> DeadlineAlert | None:
+    """The DAG's deadline alert, or ``None`` when ``BATCH_INFERENCE_DEADLINE_CALLBACK`` is unset.
+
+    When set (a dotted path to an awaitable, e.g. :data:`DEFAULT_DEADLINE_CALLBACK`, which logs an error):
+    a run not finished ``deadline_hours`` after it was queued makes the triggerer call it with
+    ``dag_id`` and ``deadline_hours``. Opt-in because Airflow 3.3.2's ``dag.test()`` (and so
+    ``airflow dags test``, ``make run``) fails a *successful* run of a DAG that has a deadline alert
+    (``DagRun.update_state`` looks the alerts up by id, and ``dag.test`` holds them unsynced): set it
+    where the DAG processor parses, not where ``airflow dags test`` runs.
+
+    The interval is fixed when the DAG file is parsed (the DAG's default ``deadline_hours``): Airflow
+    evaluates it when the run is queued, before any Param is rendered. A run triggered with another
+    ``deadline_hours`` moves its completion gate, not this alert.
+    """
+    env = os.environ if environ is None else environ
+    path = env.get(DEADLINE_CALLBACK_ENV, "").strip()
+    if not path:
+        return None
+    return DeadlineAlert(
+        reference=DeadlineReference.DAGRUN_QUEUED_AT,
+        interval=timedelta(hours=deadline_hours),
+        callback=AsyncCallback(path, kwargs={"dag_id": spec.dag_id, "deadline_hours": deadline_hours}),
+        name=f"{spec.dag_id}: not finished {deadline_hours:g} h after queued",
+    )
+
+
+def _schedule_text(schedule: Any) -> str:
+    if schedule is None:
+        return "manual (trigger form)"
+    if isinstance(schedule, str):
+        return f"`{schedule}` (cron, no catchup)"
+    names = [getattr(a, "name", str(a)) for a in (schedule if isinstance(schedule, list) else [schedule])]
+    return "on an event of Asset " + ", ".join(f"`{n}`" for n in names)
+
+
+def dag_doc(spec: DagSpec, runners: tuple[str, ...], alias: AssetAlias, deadline_hours: float) -> str:
+    """The DAG's ``doc_md``: what it does, its schedule and output, and its tasks as a Markdown list."""
+    k8s = "kubernetes" in runners
+    fanout = ("`infer_local` (the `local` runner) or `kpo_args` then `infer_k8s` (the `kubernetes` runner)"
+              if k8s else "`infer_local` (this deployment builds the DAGs with the `local` runner only: "
+              f"set `{RUNNERS_ENV}=local,kubernetes` or `BATCH_K8S_IMAGE` for pods)")
+    lines = [
+        f"# {spec.dag_id}",
+        "",
+        spec.description,
+        "",
+        f"* **Schedule:** {_schedule_text(spec.schedule)}",
+        f"* **Output:** table `{spec.output_table}` by default (Param `output_table`); `publish` emits an "
+        f"event on the Asset `warehouse://batch-inference/<table>` of the table it wrote (outlet alias "
+        f"`{alias.name}`)",
+        f"* **Deadline alert:** {deadline_hours:g} h after the run is queued, when "
+        f"`{DEADLINE_CALLBACK_ENV}` names a callback",
+        "",
+        "## Tasks",
+        "",
+        "1. `plan`: reads input metadata only, writes `runs/<run_id>/manifest.json`, returns one ref per "
+        "shard (empty input: zero shards, a green no-op).",
+        f"2. `choose_runner`: branches to {fanout}; a dry run goes to `render_k8s` instead.",
+        "3. `infer_local[shard]`" + (" / `infer_k8s[shard]`" if k8s else "")
+        + ": one mapped task per shard, named `shard 00001 · 15,828 rows`; runs "
+        "`batch-worker run --run-dir <run_dir> --shard <id>` (exit 75 and crashes retry, exit 2 fails).",
+        "4. `render_k8s` (dry run only): writes the pod manifests the `kubernetes` runner would create; "
+        "runs nothing.",
+        "5. `wait_for_shards`: the completion gate (deferrable). Runs when the fan-out is done in any "
+        "state; opens when the shards with a `_SUCCESS.json` marker hold `min_success_ratio` of the "
+        "rows, else fails naming the missing shards.",
+        "6. `publish`: atomic table swap, report (`report.json`, `report.html`), Asset event on the "
+        "table written.",
+        "7. `summary`: logs the report summary and `BATCH_INFERENCE_REPORT_JSON=<uri>`.",
+        "",
+        "Params are grouped by section in the trigger form: Input, Engine, Execution, Output, "
+        "Cost and limits. See `docs/configuration.md`.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def build_dag(spec: DagSpec, k8s: K8sSettings | None = None,
+              runners: tuple[str, ...] | None = None) -> DAG:
     """Build one batch-inference DAG from ``spec``.
 
     Args:
         spec: what differs between the DAGs.
-        k8s: pod settings (default :meth:`K8sSettings.from_env`, read at parse time).
+        k8s: pod settings (default :meth:`K8sSettings.from_env`, read at parse time); used only when the
+            ``kubernetes`` runner is enabled.
+        runners: the runners to build (default :func:`enabled_runners`).
     """
-    k8s = k8s or K8sSettings.from_env()
+    runners = runners or enabled_runners()
+    if "kubernetes" in runners:
+        k8s = k8s or K8sSettings.from_env()
     params = base_params(output_table=spec.output_table)
     params.update(spec.params)
-    asset = output_asset(spec.output_table)
+    alias = published_alias(spec.dag_id)
+    deadline_hours = float(params["deadline_hours"].value)
     with DAG(
         dag_id=spec.dag_id,
         description=spec.description,
@@ -91,50 +223,82 @@ def build_dag(spec: DagSpec, k8s: K8sSettings | None = None) -> DAG:
         tags=BASE_TAGS + spec.tags,
         params=params,
         default_args=default_args(),
-        doc_md=__doc__,
+        doc_md=dag_doc(spec, runners, alias, deadline_hours),
+        deadline=deadline_alert(spec, deadline_hours),
         render_template_as_native_obj=False,
     ) as dag:
-        _wire(spec, k8s, asset)
+        _wire(spec, k8s if "kubernetes" in runners else None, alias, runners)
     return dag
 
 
-def _wire(spec: DagSpec, k8s: K8sSettings, asset: Asset) -> None:
+def _k8s_pods(k8s: K8sSettings, planned: Any):
+    """``kpo_args`` and the mapped ``infer_k8s`` pod task (the provider is imported here, only when the
+    ``kubernetes`` runner is enabled). Returns ``(kpo_args task, infer_k8s task)``."""
+    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+
+    from batch_inference.pod_spec import kpo_partial_kwargs
+
+    @task
+    def kpo_args(refs: list[dict[str, Any]], **context: Any) -> list[dict[str, Any]]:
+        from batch_inference import tasks
+
+        return tasks.kpo_args_task(refs, context)
+
+    args = kpo_args(planned)
+    pods = KubernetesPodOperator.partial(
+        task_id="infer_k8s", map_index_template=K8S_SHARD_LABEL, **kpo_partial_kwargs(k8s),
+    ).expand_kwargs(args)
+    return args, pods
+
+
+def _wire(spec: DagSpec, k8s: K8sSettings | None, alias: AssetAlias, runners: tuple[str, ...]) -> None:
     @task
     def plan(**context: Any) -> list[dict[str, Any]]:
+        from batch_inference import tasks
+
         return tasks.plan_task(context, model_from_asset=spec.model_from_asset)
 
     @task.branch
     def choose_runner(**context: Any) -> str:
-        return tasks.choose_runner_task(context)
+        from batch_inference import tasks
 
-    @task(max_active_tis_per_dagrun=64, retries=3)
+        return tasks.choose_runner_task(context, runners=runners)
+
+    @task(max_active_tis_per_dagrun=64, retries=3, map_index_template=LOCAL_SHARD_LABEL)
     def infer_local(ref: dict[str, Any], **context: Any) -> dict[str, Any]:
+        from batch_inference import tasks
+
         return tasks.infer_local_task(ref, context)
 
     @task
-    def kpo_args(refs: list[dict[str, Any]], **context: Any) -> list[dict[str, Any]]:
-        return tasks.kpo_args_task(refs, context)
-
-    @task
     def render_k8s(refs: list[dict[str, Any]], **context: Any) -> list[str]:
+        from batch_inference import tasks
+
         return tasks.render_k8s_task(refs, context)
 
-    @task(outlets=[asset])
+    @task(outlets=[alias])
     def publish(gate: dict[str, Any], **context: Any) -> dict[str, Any]:
-        return tasks.publish_and_report_task(context, gate, asset)
+        from batch_inference import tasks
+
+        return tasks.publish_and_report_task(context, gate, alias)
 
     @task
     def summary(result: dict[str, Any], **context: Any) -> str:
+        from batch_inference import tasks
+
         return tasks.summary_task(result, context)
 
     planned = plan()
     branch = choose_runner()
     planned >> branch
     local = infer_local.expand(ref=planned)
-    args = kpo_args(planned)
-    pods = KubernetesPodOperator.partial(task_id="infer_k8s", **kpo_partial_kwargs(k8s)).expand_kwargs(args)
     rendered = render_k8s(planned)
-    branch >> [local, args, rendered]
+    branch >> [local, rendered]
+    fanout = [local]
+    if k8s is not None:
+        args, pods = _k8s_pods(k8s, planned)
+        branch >> args
+        fanout.append(pods)
     gate = ShardMarkerSensor(
         task_id="wait_for_shards",
         run_dir="{{ ti.xcom_pull(task_ids='plan', key='run_dir') }}",
@@ -145,7 +309,7 @@ def _wire(spec: DagSpec, k8s: K8sSettings, asset: Asset) -> None:
         trigger_rule=TriggerRule.ALL_DONE,
         poll_seconds=10.0,
     )
-    [local, pods] >> gate
+    fanout >> gate
     summary(publish(gate.output))
 
 
@@ -180,6 +344,7 @@ DAG_SPECS = {
 }
 
 
-def build_all(k8s: K8sSettings | None = None) -> dict[str, DAG]:
-    """All three DAGs, keyed by dag id."""
-    return {dag_id: build_dag(spec, k8s) for dag_id, spec in DAG_SPECS.items()}
+def build_all(k8s: K8sSettings | None = None, runners: tuple[str, ...] | None = None) -> dict[str, DAG]:
+    """All three DAGs, keyed by dag id (``runners``: default :func:`enabled_runners`)."""
+    runners = runners or enabled_runners()
+    return {dag_id: build_dag(spec, k8s, runners) for dag_id, spec in DAG_SPECS.items()}

@@ -25,7 +25,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from batch_contract import storage
 from batch_contract.engine_config import AUTO_TOKEN_BUDGET, MIN_TOKEN_BUDGET, ConfigError, WorkerSettings
 from batch_contract.engines import DEFAULT_ENGINE_KIND, engine_kinds
 from batch_contract.enums import EngineKind
@@ -247,10 +246,19 @@ class ParamField:
         return True
 
 
+SECTIONS = ("Input", "Engine", "Execution", "Output", "Cost and limits")
+"""The trigger form's sections, top to bottom: the fields of :data:`PARAM_FIELDS` come in this order,
+each section's together (the form lists Params in declaration order, grouped by ``section``)."""
+
+
 def _fields(*fields: ParamField) -> Mapping[str, ParamField]:
     table = {f.name: f for f in fields}
     if len(table) != len(fields):
         raise ValueError("PARAM_FIELDS: duplicate names")
+    seen = list(dict.fromkeys(f.section for f in fields))
+    runs = [f.section for i, f in enumerate(fields) if i == 0 or fields[i - 1].section != f.section]
+    if runs != seen or not set(seen) <= set(SECTIONS) or seen != sorted(seen, key=SECTIONS.index):
+        raise ValueError(f"PARAM_FIELDS: sections must appear once each, in the order {SECTIONS}; got {runs}")
     bad = {f.name: f.problem(f.default) for f in fields if f.problem(f.default)}
     if bad:
         raise ValueError(f"PARAM_FIELDS: invalid defaults {bad}")
@@ -265,10 +273,8 @@ PARAM_FIELDS: Mapping[str, ParamField] = _fields(
                "Input", min_length=1, max_length=200, required=True),
     ParamField("text_column", "text", "string", "Text column", "Input text column (string).",
                "Input", min_length=1, max_length=200, required=True),
-    ParamField("output_root", DEFAULT_OUTPUT_ROOT, "string", "Output root",
-               "Where runs/<run_id>/ (manifest, part files, markers, report) is written; local path or "
-               "gs://bucket/prefix. Must be reachable by every worker.", "Output", min_length=1,
-               required=True),
+    ParamField("row_limit", 0, "integer", "Row limit", "Process only the first N rows (0: all).", "Input",
+               minimum=0, maximum=10_000_000_000),
     ParamField("engine", DEFAULT_ENGINE_KIND.value, "string", "Engine", "encoder: embeddings/classification with a "
                "transformers encoder; llm: generation with vLLM.", "Engine", enum=ENGINES, required=True),
     ParamField("model", None, "string", "Model", "Local model directory (or path inside the image). "
@@ -277,6 +283,12 @@ PARAM_FIELDS: Mapping[str, ParamField] = _fields(
     ParamField("engine_options", {}, "object", "Engine options",
                "Extra engine config fields (e.g. {\"dtype\": \"bfloat16\", \"task\": \"embedding\"}); "
                "validated against the engine's config class.", "Engine"),
+    ParamField("token_budget", WorkerSettings().token_budget, "integer", "Token budget per batch",
+               "Max padded tokens per batch (rows x padded length); 0 picks one for the device "
+               f"({AUTO_TOKEN_BUDGET['cpu']:,} on CPU, {AUTO_TOKEN_BUDGET['cuda']:,} on a GPU).", "Engine",
+               minimum=0, maximum=MAX_TOKEN_BUDGET, zero_or_at_least=MIN_TOKEN_BUDGET,
+               expected=f"0 (auto: chosen for the device) or an integer in {MIN_TOKEN_BUDGET}.."
+                        f"{MAX_TOKEN_BUDGET:,}"),
     ParamField("runner", "local", "string", "Runner", "local: one subprocess per shard on the Airflow "
                "worker; kubernetes: one GPU pod per shard (KubernetesPodOperator).", "Execution",
                enum=RUNNERS),
@@ -292,12 +304,12 @@ PARAM_FIELDS: Mapping[str, ParamField] = _fields(
     ParamField("parallelism", 1, "integer", "Local parallelism", "Shards run at the same time by the "
                "local runner (kubernetes: the DAG's max_active_tis_per_dagrun).", "Execution", minimum=1,
                maximum=256),
-    ParamField("token_budget", WorkerSettings().token_budget, "integer", "Token budget per batch",
-               "Max padded tokens per batch (rows x padded length); 0 picks one for the device "
-               f"({AUTO_TOKEN_BUDGET['cpu']:,} on CPU, {AUTO_TOKEN_BUDGET['cuda']:,} on a GPU).", "Engine",
-               minimum=0, maximum=MAX_TOKEN_BUDGET, zero_or_at_least=MIN_TOKEN_BUDGET,
-               expected=f"0 (auto: chosen for the device) or an integer in {MIN_TOKEN_BUDGET}.."
-                        f"{MAX_TOKEN_BUDGET:,}"),
+    ParamField("dry_run", False, "boolean", "Dry run", "Plan and write pod manifests to build/k8s/*.yaml; "
+               "run nothing.", "Execution"),
+    ParamField("output_root", DEFAULT_OUTPUT_ROOT, "string", "Output root",
+               "Where runs/<run_id>/ (manifest, part files, markers, report) is written; local path or "
+               "gs://bucket/prefix. Must be reachable by every worker.", "Output", min_length=1,
+               required=True),
     ParamField("output_table", "descriptions_embeddings", "string", "Output table", "Table published "
                "atomically: lower-case letters, digits and underscore, not starting with a digit, at most "
                f"{MAX_TABLE_LEN} characters, not ending in {', '.join(RESERVED_SUFFIXES)}.", "Output",
@@ -319,23 +331,19 @@ PARAM_FIELDS: Mapping[str, ParamField] = _fields(
                "must have a result before publish (dead letters count as processed).", "Output",
                minimum=0.0, maximum=1.0),
     ParamField("accelerator", "cpu", "string", "Accelerator", "Accelerator type the cost report prices: "
-               "cpu, nvidia-l4, nvidia-a100-80gb, nvidia-h100-80gb (others need both prices below).", "Cost",
+               "cpu, nvidia-l4, nvidia-a100-80gb, nvidia-h100-80gb (others need both prices below).", "Cost and limits",
                min_length=1, max_length=100),
     ParamField("pricing", "spot", "string", "Pricing", "Which price the run paid: spot or on_demand (the "
-               "report shows both).", "Cost", enum=PRICING),
+               "report shows both).", "Cost and limits", enum=PRICING),
     ParamField("gpu_hour_usd_spot", None, "number", "$/GPU-hour (spot)", "Spot price of one "
-               "accelerator-hour in USD; empty: the accelerator's list price.", "Cost", nullable=True,
+               "accelerator-hour in USD; empty: the accelerator's list price.", "Cost and limits", nullable=True,
                minimum=0.0, maximum=1000.0),
     ParamField("gpu_hour_usd_on_demand", None, "number", "$/GPU-hour (on-demand)", "On-demand price of "
-               "one accelerator-hour in USD; empty: the accelerator's list price.", "Cost", nullable=True,
+               "one accelerator-hour in USD; empty: the accelerator's list price.", "Cost and limits", nullable=True,
                minimum=0.0, maximum=1000.0),
     ParamField("deadline_hours", 24.0, "number", "Deadline (hours)", "The completion gate fails, naming "
-               "missing shards, this long after the run started.", "Execution", minimum=0.01,
+               "missing shards, this long after the run started.", "Cost and limits", minimum=0.01,
                maximum=720.0),
-    ParamField("dry_run", False, "boolean", "Dry run", "Plan and write pod manifests to build/k8s/*.yaml; "
-               "run nothing.", "Execution"),
-    ParamField("row_limit", 0, "integer", "Row limit", "Process only the first N rows (0: all).", "Input",
-               minimum=0, maximum=10_000_000_000),
 )
 """Every DAG Param, in trigger-form order, keyed by name (read-only)."""
 
@@ -404,16 +412,18 @@ class RunConfig:
     input_uri: str = _default("input_uri")
     id_column: str = _default("id_column")
     text_column: str = _default("text_column")
-    output_root: str = _default("output_root")
+    row_limit: int = _default("row_limit")
     engine: str = _default("engine")
     model: str | None = _default("model")
     engine_options: dict[str, Any] = _default("engine_options")
+    token_budget: int = _default("token_budget")
     runner: str = _default("runner")
     rows_per_shard: int = _default("rows_per_shard")
     shard_by: str = _default("shard_by")
     max_shards: int = _default("max_shards")
     parallelism: int = _default("parallelism")
-    token_budget: int = _default("token_budget")
+    dry_run: bool = _default("dry_run")
+    output_root: str = _default("output_root")
     output_table: str = _default("output_table")
     publish_backend: str = _default("publish_backend")
     duckdb_path: str = _default("duckdb_path")
@@ -425,8 +435,6 @@ class RunConfig:
     gpu_hour_usd_spot: float | None = _default("gpu_hour_usd_spot")
     gpu_hour_usd_on_demand: float | None = _default("gpu_hour_usd_on_demand")
     deadline_hours: float = _default("deadline_hours")
-    dry_run: bool = _default("dry_run")
-    row_limit: int = _default("row_limit")
 
     def engine_dict(self) -> dict[str, Any]:
         """Engine config dict for the manifest: kind + model_path + the extra options."""
@@ -458,6 +466,8 @@ def _require(cond: bool, name: str, message: str) -> None:
 def _is_shared(uri: str) -> bool:
     """Whether ``uri``'s storage backend is shared (every machine, pods included, sees its objects);
     ``False`` for a scheme no backend serves (the allow-list check then names the problem)."""
+    from batch_contract import storage  # pyarrow: imported at run time only, not when a DAG file parses
+
     try:
         return storage.backend_for(uri).shared
     except storage.StorageError:
@@ -494,6 +504,8 @@ def _add_roots(roots: list[str], entries: Iterable[str]) -> list[str]:
         ConfigError: an entry has a scheme no storage backend serves, or is malformed for its scheme
             (``gs://`` without a bucket).
     """
+    from batch_contract import storage  # pyarrow: imported at run time only, not when a DAG file parses
+
     for entry in entries:
         try:
             root = storage.normalize(entry)
@@ -527,6 +539,8 @@ def check_allowed_location(name: str, uri: str, roots: list[str] | None = None) 
         ConfigError: ``params.<name>: ... outside the allowed roots [...]``, or ``uri`` has a scheme no
             storage backend serves or is malformed for its scheme.
     """
+    from batch_contract import storage  # pyarrow: imported at run time only, not when a DAG file parses
+
     roots = allowed_roots() if roots is None else roots
     try:
         location = storage.normalize(uri)

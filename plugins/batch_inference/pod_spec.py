@@ -229,10 +229,11 @@ def worker_arguments(run_dir: str, shard_id: str) -> list[str]:
 
 
 def kpo_expand_kwargs(ref: dict[str, Any], run_id: str) -> dict[str, Any]:
-    """Per-shard kwargs for ``.expand_kwargs``: worker arguments and identity labels.
+    """Per-shard kwargs for ``.expand_kwargs``: worker arguments and identity labels (plus the shard's
+    row count, which names the mapped task in the UI: ``dag_factory.K8S_SHARD_LABEL``).
 
     Args:
-        ref: a planner shard ref (``run_dir``, ``shard_id``).
+        ref: a planner shard ref (``run_dir``, ``shard_id``, ``rows``).
         run_id: the Airflow run id (sanitised into a label value).
     """
     return {
@@ -242,6 +243,7 @@ def kpo_expand_kwargs(ref: dict[str, Any], run_id: str) -> dict[str, Any]:
             "app.kubernetes.io/part-of": "batch-inference",
             "batch-inference/run-id": label_value(run_id),
             "batch-inference/shard-id": ref["shard_id"],
+            "batch-inference/rows": str(int(ref.get("rows", 0))),
         },
     }
 

@@ -1,19 +1,23 @@
-"""The completion gate: a deferrable sensor over shard markers in storage."""
+"""The completion gate: a deferrable sensor over shard markers in storage.
+
+The storage side (run store, completion check, trigger) is imported inside the methods: a DAG file that
+builds this sensor pays no pyarrow import at parse time.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
-from batch_contract.runstore import RunStore
 
-from batch_inference.completion import check_completion, name_shards, progress_line
 from batch_inference.params import PARAM_FIELDS
-from batch_inference.triggers import ShardMarkerTrigger
+
+if TYPE_CHECKING:
+    from batch_contract.runstore import RunStore
 
 
 class ShardMarkerSensor(BaseSensorOperator):
@@ -73,10 +77,14 @@ class ShardMarkerSensor(BaseSensorOperator):
     def _store(self) -> RunStore:
         """One store for this task's life (manifest read once, markers once each)."""
         if getattr(self, "_run_store", None) is None:
+            from batch_contract.runstore import RunStore
+
             self._run_store = RunStore.open(self.run_dir)
         return self._run_store
 
     def poke(self, context: Any) -> bool:
+        from batch_inference.completion import check_completion, progress_line
+
         status = check_completion(self._store(), float(self.min_success_ratio))
         self.log.info("%s", progress_line(self._store(), status))
         if status.satisfied:
@@ -86,6 +94,9 @@ class ShardMarkerSensor(BaseSensorOperator):
         return False
 
     def execute(self, context: Any) -> dict:
+        from batch_inference.completion import check_completion, progress_line
+        from batch_inference.triggers import ShardMarkerTrigger
+
         if self._is_dry_run():
             raise AirflowSkipException("dry run: no shards were run, nothing to wait for")
         if str(self.run_dir).strip() in {"", "None"}:
@@ -122,6 +133,8 @@ class ShardMarkerSensor(BaseSensorOperator):
         return {}
 
     def _fail(self, status: dict[str, Any], why: str) -> None:
+        from batch_inference.completion import name_shards
+
         missing = list(status.get("missing", []))
         raise AirflowFailException(
             f"completion gate for {self.run_dir}: {why} with {len(missing)} shard(s) missing their "

@@ -156,11 +156,25 @@ def _plan(context: Mapping[str, Any], *, model_from_asset: bool) -> list[dict[st
     return refs
 
 
-def choose_runner_task(context: Mapping[str, Any]) -> str:
-    """Branch: ``render_k8s`` for a dry run, else ``infer_local`` or ``kpo_args`` (kubernetes)."""
+def choose_runner_task(context: Mapping[str, Any], runners: Iterable[str] = ("local", "kubernetes")) -> str:
+    """Branch: ``render_k8s`` for a dry run, else ``infer_local`` or ``kpo_args`` (kubernetes).
+
+    Args:
+        runners: the runners this DAG was built with (``dag_factory.enabled_runners``).
+
+    Raises:
+        AirflowFailException: the run asks for a runner the DAG was built without.
+    """
     cfg, _, _ = planned_run(context)
     if cfg.dry_run:
         return "render_k8s"
+    if cfg.runner not in tuple(runners):
+        from airflow.sdk.exceptions import AirflowFailException
+
+        raise AirflowFailException(
+            f"params.runner: {cfg.runner!r} is not enabled in this deployment (runners: {list(runners)}); "
+            "set BATCH_INFERENCE_RUNNERS=local,kubernetes (or BATCH_K8S_IMAGE) where the DAG files are "
+            "parsed, or pick another runner")
     return "infer_local" if cfg.runner == "local" else "kpo_args"
 
 
@@ -250,8 +264,13 @@ def empty_publish_summary(cfg: RunConfig, fingerprint: str) -> dict[str, Any]:
             "duplicates_removed": 0, "publish_seconds": 0.0, "noop": True, "success_ratio": 1.0}
 
 
-def publish_and_report_task(context: Mapping[str, Any], gate: dict[str, Any] | None, asset: Any) -> dict:
-    """Publish the run atomically, write its report, and attach key figures to the outlet Asset event.
+def publish_and_report_task(context: Mapping[str, Any], gate: dict[str, Any] | None, alias: Any) -> dict:
+    """Publish the run atomically, write its report, and emit the Asset event of the table written.
+
+    Args:
+        alias: the task's outlet :class:`~airflow.sdk.AssetAlias`; the event goes on
+            :func:`batch_inference.assets.table_asset` of the table this run published (its
+            ``output_table``, not the DAG's default), with key figures as its extra.
 
     Returns:
         ``{"publish": <publish summary>, "report_json": <uri>, "asset_extra": {...}}``.
@@ -271,7 +290,9 @@ def publish_and_report_task(context: Mapping[str, Any], gate: dict[str, Any] | N
     extra = {**asset_extra(report), "run_id": context["run_id"], "table": summary.get("table"),
              "fingerprint": summary.get("fingerprint"), "rows_published": summary.get("rows_published"),
              "rows_dead_letter": summary.get("rows_dead_letter")}
-    context["outlet_events"][asset].extra = extra
+    from batch_inference.assets import table_asset
+
+    context["outlet_events"][alias].add(table_asset(summary.get("table") or cfg.output_table), extra=extra)
     return {"publish": summary, "report_json": RunLayout.from_run_dir(run_dir).report_json_uri,
             "asset_extra": extra}
 

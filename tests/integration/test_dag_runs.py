@@ -58,6 +58,44 @@ RUN_ASSET_TRIGGERED = textwrap.dedent("""
 """)
 
 
+RUN_AND_READ_ASSET_EVENTS = textwrap.dedent("""
+    # Run a DAG, then read which Assets got events and which DAG runs those events queued.
+    import json, sys
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.models.asset import AssetDagRunQueue, AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+    dag_id, conf = sys.argv[1], json.loads(sys.argv[2])
+    bag = DagBag(dag_folder=sys.argv[3])
+    assert not bag.import_errors, bag.import_errors
+    dr = bag.dags[dag_id].test(run_conf=conf)
+    with create_session() as session:
+        events = session.execute(select(AssetModel.uri, AssetEvent.extra)
+                                 .join(AssetEvent, AssetEvent.asset_id == AssetModel.id)).all()
+        queued = session.execute(select(AssetDagRunQueue.target_dag_id, AssetModel.uri)
+                                 .join(AssetModel, AssetDagRunQueue.asset_id == AssetModel.id)).all()
+    print("RESULT " + json.dumps({"state": str(dr.state), "run_id": dr.run_id,
+                                  "events": [[uri, extra] for uri, extra in events],
+                                  "queued": [list(q) for q in queued]}))
+""")
+
+CONSUMER_DAG = textwrap.dedent("""
+    from datetime import datetime
+
+    from airflow.sdk import DAG, task
+    from batch_inference.assets import table_asset
+
+    with DAG("desc_emb_rest_consumer", schedule=[table_asset("desc_emb_rest")], start_date=datetime(2026, 1, 1),
+             catchup=False, tags=["test"], default_args={"retries": 2}):
+
+        @task
+        def read_table() -> None:
+            pass
+
+        read_table()
+""")
+
+
 @pytest.fixture(scope="module")
 def airflow_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     home = tmp_path_factory.mktemp("airflow_home")
@@ -157,3 +195,27 @@ def test_asset_triggered_run_reads_the_model_from_the_event(tmp_path: Path, airf
     assert manifest["engine"]["model_path"] == model
     assert "model_version='v-test'" in out
     assert _count(conf["duckdb_path"], "emb_test") == (60, 60)
+
+
+def test_publish_emits_the_event_on_the_table_it_wrote(tmp_path: Path, airflow_env: dict[str, str]) -> None:
+    """Publishing ``output_table=desc_emb_rest`` puts the Asset event on that table's Asset (through the
+    publish task's AssetAlias outlet), not on the DAG's default table, and queues a DAG scheduled on it."""
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "batch_inference_dags.py").write_text((REPO / "dags" / "batch_inference_dags.py").read_text())
+    (dags / "desc_emb_rest_consumer.py").write_text(CONSUMER_DAG)
+    home = tmp_path / "home"
+    env = {**airflow_env, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+           "AIRFLOW__CORE__PLUGINS_FOLDER": str(home / "plugins"),
+           "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False"}
+    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True, capture_output=True,
+                   timeout=300)
+    conf = _conf(tmp_path, output_table="desc_emb_rest", row_limit=40)
+    result, out = _run(RUN_AND_READ_ASSET_EVENTS, ["batch_inference_backfill", json.dumps(conf), str(dags)], env)
+    assert result["state"].endswith("success"), out[-6000:]
+    uris = [uri for uri, _ in result["events"]]
+    assert uris == ["warehouse://batch-inference/desc_emb_rest"], result["events"]
+    extra = result["events"][0][1]
+    assert extra["table"] == "desc_emb_rest" and extra["rows_published"] == 40
+    assert ["desc_emb_rest_consumer", "warehouse://batch-inference/desc_emb_rest"] in result["queued"]
+    assert _count(conf["duckdb_path"], "desc_emb_rest") == (40, 40)

@@ -2,12 +2,31 @@
 
 Never imports Airflow: the DAG task and the CLI (``python -m batch_inference.publish``) both call
 :func:`publish_run` / :func:`rollback` with a :class:`PublishTarget`. See ``docs/publish.md``.
+
+The names below are imported on first use (PEP 562): ``batch_inference.params`` reads the table-name
+rule from ``publish.target`` when a DAG file parses, and that must not import DuckDB and pyarrow with
+the package.
 """
 
 from __future__ import annotations
 
-from batch_inference.publish.api import publish_run, rollback
-from batch_inference.publish.errors import CoverageError, PublishError
-from batch_inference.publish.target import PublishTarget
+import importlib
+from typing import TYPE_CHECKING, Any
 
+if TYPE_CHECKING:
+    from batch_inference.publish.api import publish_run, rollback
+    from batch_inference.publish.errors import CoverageError, PublishError
+    from batch_inference.publish.target import PublishTarget
+
+_EXPORTS = {"publish_run": "api", "rollback": "api", "CoverageError": "errors", "PublishError": "errors",
+            "PublishTarget": "target"}
 __all__ = ["CoverageError", "PublishError", "PublishTarget", "publish_run", "rollback"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
