@@ -599,7 +599,7 @@ def resolve_run_config(params: Mapping[str, Any]) -> RunConfig:
             _require(_is_shared(getattr(cfg, name)), name,
                      "the kubernetes runner needs storage its pods can reach: use a gs:// URI or another "
                      "shared storage scheme (or dry_run=true to only render the pods)")
-    if cfg.publish_backend == "iceberg" and not storage.is_local(cfg.output_root):
+    if cfg.publish_backend == "iceberg" and _is_shared(cfg.output_root):
         _require(bool(cfg.iceberg_catalog_conn_id), "iceberg_catalog_conn_id",
                  "the iceberg backend with a remote output_root needs a PostgreSQL catalog connection "
                  "(a SQLite catalog file must be local)")
