@@ -298,6 +298,11 @@ PARAM_FIELDS: Mapping[str, ParamField] = _fields(
                minimum=0, maximum=MAX_TOKEN_BUDGET, zero_or_at_least=MIN_TOKEN_BUDGET,
                expected=f"0 (auto: chosen for the device) or an integer in {MIN_TOKEN_BUDGET}.."
                         f"{MAX_TOKEN_BUDGET:,}"),
+    ParamField("reuse", WorkerSettings().reuse, "string", "Reuse earlier results",
+               "same_root: rows whose exact text an earlier run under the same output root already computed "
+               "with the same model, engine config and resolved dtype are copied, not recomputed "
+               "(<output_root>/cache; delete it to clear); off: compute every row and write no cache.",
+               "Engine", enum=("off", "same_root")),
     ParamField("output_table", "descriptions_embeddings", "string", "Output table", "Table published "
                "atomically: lower-case letters, digits and underscore, not starting with a digit, at most "
                f"{MAX_TABLE_LEN} characters, not ending in {', '.join(RESERVED_SUFFIXES)}.", "Output",
@@ -409,6 +414,7 @@ class RunConfig:
     max_shards: int = _default("max_shards")
     parallelism: int = _default("parallelism")
     token_budget: int = _default("token_budget")
+    reuse: str = _default("reuse")
     output_table: str = _default("output_table")
     publish_backend: str = _default("publish_backend")
     duckdb_path: str = _default("duckdb_path")
