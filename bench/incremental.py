@@ -38,6 +38,7 @@ from batch_worker.runtime import run_shard  # noqa: E402
 SAMPLE = REPO / "data" / "sample" / "debian_descriptions_sample.parquet"
 ENGINE = {"kind": "encoder", "dtype": "float32"}
 ROWS_PER_SHARD = 3000
+"""Two shards at 6,000 rows: each run pays two model loads (in-process, like the local runner's workers)."""
 SEED = 7
 
 
@@ -100,7 +101,12 @@ def compare(a: dict, b: dict) -> tuple[bool, float]:
 
 
 def main() -> None:
-    t = pq.read_table(SAMPLE, columns=["id", "text"])
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=6000, help="rows of the sample to use (default: all 6,000)")
+    args = parser.parse_args()
+    t = pq.read_table(SAMPLE, columns=["id", "text"]).slice(0, args.rows)
     ids = [str(i) for i in t.column("id").to_pylist()]
     texts = t.column("text").to_pylist()
     n = len(ids)
