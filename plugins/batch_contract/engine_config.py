@@ -122,6 +122,11 @@ class WorkerSettings:
     """After SIGTERM, time allowed to finish the in-flight batch and commit; under Kubernetes' 30 s."""
     progress_interval_seconds: float = 5.0
     """Minimum seconds between progress-object writes and progress log lines."""
+    reuse: str = "same_root"
+    """Result cache (:mod:`batch_contract.resultcache`): ``same_root`` (default) reuses rows any earlier
+    run under the same output root computed with the same result fingerprint and adds this run's
+    computed rows to the cache; ``off`` neither reads nor writes ``<output_root>/cache``. Outputs are
+    the same either way, so it is not part of the fingerprint."""
 
     def __post_init__(self) -> None:
         _check(self.token_budget == 0 or self.token_budget >= MIN_TOKEN_BUDGET, "worker.token_budget",
@@ -134,6 +139,7 @@ class WorkerSettings:
         _check(self.read_batch_rows >= 1, "worker.read_batch_rows", "must be >= 1")
         _check(0 < self.grace_seconds <= 3600, "worker.grace_seconds", "must be in (0, 3600]")
         _check(self.progress_interval_seconds > 0, "worker.progress_interval_seconds", "must be > 0")
+        _check(self.reuse in {"off", "same_root"}, "worker.reuse", f"{self.reuse!r} is not 'off' or 'same_root'")
 
     def token_budget_for(self, device: str) -> int:
         """Padded tokens per batch on ``device`` (``cpu`` or ``cuda``): ``token_budget`` when set, else

@@ -29,6 +29,8 @@ TEMP_MARK = ".tmp-"
 MARKER_NAME = "_SUCCESS.json"
 PROGRESS_NAME = "_PROGRESS.json"
 MANIFEST_NAME = "manifest.json"
+REUSED_MARK = "reuse-"
+"""Infix of a part file holding rows carried over from the result cache (:func:`part_name`)."""
 
 
 def join_uri(base: str, *parts: str) -> str:
@@ -58,9 +60,20 @@ def validate_run_id(run_id: str) -> str:
     return run_id
 
 
-def part_name(kind_prefix: str, chunk: int) -> str:
-    """File name for a new part or dead-letter file of chunk ``chunk`` (unique per call)."""
-    return f"{kind_prefix}{chunk:05d}-{uuid.uuid4().hex[:12]}{PARQUET_SUFFIX}"
+def part_name(kind_prefix: str, chunk: int, reused: bool = False) -> str:
+    """File name for a new part or dead-letter file of chunk ``chunk`` (unique per call).
+
+    ``reused=True`` names a part whose rows were carried over from the result cache
+    (``part-<chunk>-reuse-<uuid>.parquet``, see :mod:`batch_contract.resultcache`); it is an ordinary
+    part file for every reader, and :func:`is_reused_part` tells the marker which rows were not computed.
+    """
+    mark = REUSED_MARK if reused else ""
+    return f"{kind_prefix}{chunk:05d}-{mark}{uuid.uuid4().hex[:12]}{PARQUET_SUFFIX}"
+
+
+def is_reused_part(name: str) -> bool:
+    """Whether a committed part file name was written by :func:`part_name` with ``reused=True``."""
+    return name.startswith(PART_PREFIX) and name[len(PART_PREFIX):].split("-", 1)[-1].startswith(REUSED_MARK)
 
 
 def chunk_of(name: str) -> int | None:

@@ -105,13 +105,24 @@ def config_fingerprint(engine: Mapping[str, Any] | EngineConfig) -> str:
     return sha256_hex(canonical_json({"engine": fingerprint_dict(config), "schema_version": SCHEMA_VERSION}))[:32]
 
 
-def result_fingerprint(config_fp: str, model_digest: str) -> str:
-    """Fingerprint stamped on every committed row: config fingerprint + model weights digest.
+def result_fingerprint(config_fp: str, model_digest: str, resolved: Mapping[str, Any] | None = None) -> str:
+    """Fingerprint stamped on every committed row: config fingerprint + model weights digest + what the
+    host resolved from an ``auto`` setting.
 
-    Rows committed under another fingerprint are never reused on resume, and publish refuses to mix
-    fingerprints in one table.
+    Rows committed under another fingerprint are never reused on resume or from the result cache
+    (:mod:`batch_contract.resultcache`), and publish refuses to mix fingerprints in one table.
+
+    Args:
+        config_fp: :func:`config_fingerprint` of the manifest.
+        model_digest: digest of the model files.
+        resolved: settings the worker resolved on its host that change outputs but are written as
+            ``auto`` in the config (the encoder's ``{"dtype": "bfloat16"}`` for ``dtype: auto``): a
+            bf16 host and an fp32 host get different fingerprints. Empty/``None``: the fingerprint is
+            what it was before this argument existed.
     """
-    return sha256_hex(f"{config_fp}:{model_digest}")[:32]
+    if not resolved:
+        return sha256_hex(f"{config_fp}:{model_digest}")[:32]
+    return sha256_hex(f"{config_fp}:{model_digest}:{canonical_json(dict(resolved))}")[:32]
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,9 @@ from typing import Any
 from batch_contract.jsonutil import pretty_json
 from batch_contract.version import SCHEMA_VERSION, check_schema_version
 
-STAGES = ("model_load", "input_read", "tokenize", "inference", "write", "idle")
-"""Stage names used in ``stage_seconds`` everywhere (worker stats, markers, the cost report)."""
+STAGES = ("model_load", "input_read", "tokenize", "inference", "write", "idle", "reuse")
+"""Stage names used in ``stage_seconds`` everywhere (worker stats, markers, the cost report). ``reuse``:
+the result-cache pass before model load (read + hash the shard's texts, look keys up, commit hits)."""
 
 
 @dataclass
@@ -61,6 +62,10 @@ class AttemptRecord:
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Files this attempt committed: name -> ``{"bytes": size, "sha256": hex}``
     (:func:`batch_contract.partfiles.digest_of`; default empty)."""
+    rows_reused: int = 0
+    """Rows this attempt carried over from the result cache (:mod:`batch_contract.resultcache`)."""
+    reuse_seconds_avoided: float = 0.0
+    """Measured compute seconds of those rows in the runs that computed them (default 0)."""
 
     def to_json_bytes(self) -> bytes:
         return pretty_json(asdict(self))
@@ -121,6 +126,7 @@ class ShardMarker:
             checks sizes against it and its no-op check compares it (empty in markers written before).
         files_quarantined: files of the shard set aside in ``quarantine/`` (torn, unreadable, other
             fingerprint) by the time the marker was written.
+        rows_reused / reuse_seconds_avoided: see the fields.
     """
 
     run_id: str
@@ -147,6 +153,11 @@ class ShardMarker:
     dead_letter_parts: list[str] = field(default_factory=list)
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     files_quarantined: int = 0
+    rows_reused: int = 0
+    """Results carried over from the result cache (rows of ``part-*-reuse-*`` files; not computed by
+    this run; included in ``rows_ok``). ``tokens_real`` counts only computed rows."""
+    reuse_seconds_avoided: float = 0.0
+    """Compute seconds the runs that computed the reused rows measured for them (summed over attempts)."""
     started_at: str = ""
     finished_at: str = ""
     status: str = "complete"

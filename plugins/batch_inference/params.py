@@ -289,6 +289,11 @@ PARAM_FIELDS: Mapping[str, ParamField] = _fields(
                minimum=0, maximum=MAX_TOKEN_BUDGET, zero_or_at_least=MIN_TOKEN_BUDGET,
                expected=f"0 (auto: chosen for the device) or an integer in {MIN_TOKEN_BUDGET}.."
                         f"{MAX_TOKEN_BUDGET:,}"),
+    ParamField("reuse", WorkerSettings().reuse, "string", "Reuse earlier results",
+               "same_root: rows whose exact text an earlier run under the same output root already computed "
+               "with the same model, engine config and resolved dtype are copied, not recomputed "
+               "(<output_root>/cache; delete it to clear); off: compute every row and write no cache.",
+               "Engine", enum=("off", "same_root")),
     ParamField("runner", "local", "string", "Runner", "local: one subprocess per shard on the Airflow "
                "worker; kubernetes: one GPU pod per shard (KubernetesPodOperator).", "Execution",
                enum=RUNNERS),
@@ -417,6 +422,7 @@ class RunConfig:
     model: str | None = _default("model")
     engine_options: dict[str, Any] = _default("engine_options")
     token_budget: int = _default("token_budget")
+    reuse: str = _default("reuse")
     runner: str = _default("runner")
     rows_per_shard: int = _default("rows_per_shard")
     shard_by: str = _default("shard_by")

@@ -131,7 +131,8 @@ def test_headline_figures_equal_hand_computed(built):
 def test_stage_seconds_fractions_and_cost_split(built):
     _, r = built
     assert r["stage_seconds"] == pytest.approx({"model_load": 20, "input_read": 3, "tokenize": 5,
-                                                "inference": 90, "write": 6, "idle": 6, "publish": 20})
+                                                "inference": 90, "write": 6, "idle": 6, "reuse": 0,
+                                                "publish": 20})
     assert r["stage_fractions"]["inference"] == pytest.approx(90 / 150)
     assert r["stage_fractions"]["model_load"] == pytest.approx(20 / 150)
     assert r["stage_fractions"]["publish"] == pytest.approx(20 / 150)

@@ -141,7 +141,7 @@ def test_rerun_of_complete_shard_writes_nothing(tmp_path: Path, input_parquet: P
 
 
 def test_resume_redoes_only_the_lost_chunk(tmp_path: Path, input_parquet: Path) -> None:
-    run_dir = write_run(tmp_path, input_parquet, worker={"chunk_rows": 10})
+    run_dir = write_run(tmp_path, input_parquet, worker={"chunk_rows": 10, "reuse": "off"})  # cache would refill it
     assert runtime.run_shard(run_dir, "00000") == 0
     d = _shard_dir(run_dir)
     (d / "_SUCCESS.json").unlink()

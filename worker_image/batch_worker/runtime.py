@@ -24,11 +24,12 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 
+import pyarrow as pa
 import pyarrow.compute as pc
 from batch_contract import storage
 from batch_contract.engine_config import ConfigError
 from batch_contract.enums import ExitCode, ShardStatus
-from batch_contract.layout import DEAD_LETTER_PREFIX, PART_PREFIX, RunLayout, join_uri
+from batch_contract.layout import DEAD_LETTER_PREFIX, PART_PREFIX, RunLayout, is_reused_part, join_uri
 from batch_contract.manifest import Manifest, result_fingerprint
 from batch_contract.marker import AttemptRecord, ShardMarker
 from batch_contract.partfiles import digest_of, quarantined_count
@@ -40,6 +41,7 @@ from batch_worker.errors import BadInputError
 from batch_worker.ledger import Ledger, build_ledger, read_parquet_columns
 from batch_worker.pipeline import ChunkSizer, ChunkWork, Producer
 from batch_worker.progress import Counters, ProgressReporter, utc_now
+from batch_worker.reuse import ReuseOutcome, cache_rows, reuse_enabled, reuse_pass
 from batch_worker.signals import StopSignal
 from batch_worker.stats import GpuSampler, StageClock, cpu_seconds, release_memory
 from batch_worker.validate import DeadLetter, Validator
@@ -97,7 +99,7 @@ def load_context(run_dir: str, shard_id: str) -> ShardContext:
         raise BadInputError(f"shard: {exc.args[0]}") from None
     config = manifest.engine_config  # parsed and validated once, when the manifest was read
     engine = engine_class(config.kind)(config, manifest.worker)
-    fingerprint = result_fingerprint(manifest.config_fingerprint, engine.model_digest())
+    fingerprint = result_fingerprint(manifest.config_fingerprint, engine.model_digest(), engine.resolved_settings())
     return ShardContext(store=store, shard_id=shard_id, engine=engine, fingerprint=fingerprint)
 
 
@@ -146,6 +148,7 @@ class ShardRun:
         self.steady_t0: float | None = None
         self.steady_rows = 0
         self.steady_rate = 0.0
+        self.reuse_on = reuse_enabled(ctx.engine, self.settings)
 
     # -- attempt record -------------------------------------------------------------------------------
     def _write_attempt(self, status: str | None = None, exit_code: int | None = None) -> None:
@@ -175,13 +178,23 @@ class ShardRun:
             self.stop.install()
         progress = None
         try:
+            ledger = build_ledger(self.ctx.shard_dir, self.ctx.fingerprint)
+            if self.reuse_on:
+                outcome = self._reuse(ledger)
+                if outcome is None:
+                    return self._interrupted(None)
+                ledger = build_ledger(self.ctx.shard_dir, self.ctx.fingerprint)
+                if outcome.rows_to_compute == 0 and ledger.rows_done == self.spec.rows:
+                    self.gpu.stop()
+                    self._finish(self._without_model(outcome))  # every row reused: no model load
+                    self.status = ShardStatus.COMPLETE.value
+                    return int(ExitCode.OK)
             with self.clock.stage("model_load"):
                 loaded = self.ctx.engine.load()
             self.gpu.start(loaded.info.get("device_uuid"))  # after the load: the device this process uses
             if loaded.model_digest != self.ctx.engine.model_digest():
                 raise RuntimeError("model files changed while loading; retry")
-            ledger = build_ledger(self.ctx.shard_dir, self.ctx.fingerprint)
-            self.counters.rows_before = ledger.rows_done
+            self.counters.rows_before = ledger.rows_done - self.counters.rows_committed  # reuse pass counted
             self.ctx.engine.on_rows_done = self.counters.add_processed
             progress = ProgressReporter(
                 self.ctx.layout.progress_uri(self.ctx.shard_id), self.ctx.shard_id, self.attempt.attempt_id,
@@ -189,15 +202,7 @@ class ShardRun:
             ).start()
             finished = self._process_all(loaded, ledger)
             if not finished:
-                self.status = ShardStatus.INTERRUPTED.value
-                self.gpu.stop()
-                self._write_attempt(self.status, int(ExitCode.INTERRUPTED))
-                progress.stop()
-                progress.write(self.status)
-                log.warning("shard %s: interrupted by %s; committed %d rows this attempt, exiting %d",
-                            self.ctx.shard_id, self.stop.signal_name, self.counters.rows_committed,
-                            int(ExitCode.INTERRUPTED))
-                return int(ExitCode.INTERRUPTED)
+                return self._interrupted(progress)
             self.gpu.stop()
             progress.stop()
             self._finish(loaded)
@@ -218,6 +223,49 @@ class ShardRun:
         finally:
             if install_signals:
                 self.stop.uninstall()
+
+    def _interrupted(self, progress: ProgressReporter | None) -> int:
+        """Record the interruption (signal) and return exit code 75."""
+        self.status = ShardStatus.INTERRUPTED.value
+        self.gpu.stop()
+        self._write_attempt(self.status, int(ExitCode.INTERRUPTED))
+        if progress is not None:
+            progress.stop()
+            progress.write(self.status)
+        log.warning("shard %s: interrupted by %s; committed %d rows this attempt, exiting %d",
+                    self.ctx.shard_id, self.stop.signal_name, self.counters.rows_committed,
+                    int(ExitCode.INTERRUPTED))
+        return int(ExitCode.INTERRUPTED)
+
+    # -- result cache ---------------------------------------------------------------------------------
+    def _reuse(self, ledger: Ledger) -> ReuseOutcome | None:
+        """The reuse pass (``batch_worker.reuse``): commit cached rows before the model loads."""
+        ctx = self.ctx
+        with self.clock.stage("reuse"):
+            outcome = reuse_pass(
+                output_root=ctx.layout.output_root, run_id=ctx.manifest.run_id, shard_id=ctx.shard_id,
+                shard_dir=ctx.shard_dir, fingerprint=ctx.fingerprint, spec=ctx.manifest.input,
+                segments=self.spec.segments, settings=self.settings, ledger=ledger,
+                should_stop=lambda: self.stop.requested,
+            )
+        if outcome is None:
+            return None
+        self.attempt.files.update(outcome.files)
+        self.attempt.rows_reused += outcome.rows_reused
+        self.attempt.reuse_seconds_avoided = round(self.attempt.reuse_seconds_avoided + outcome.seconds_avoided, 6)
+        if outcome.files:
+            self.attempt.chunks_committed += len(outcome.files)
+        self.counters.add_committed(outcome.rows_reused + outcome.dead_committed, outcome.dead_committed, 0)
+        self._write_attempt()
+        return outcome
+
+    def _without_model(self, outcome: ReuseOutcome) -> LoadedModel:
+        """What the marker needs of a model that was never loaded (every row came from the cache)."""
+        engine = self.ctx.engine
+        schema = outcome.part_schema or pa.schema([])
+        info = {"engine": engine.kind.value, "model_loaded": False, "model_digest": engine.model_digest(),
+                **engine.resolved_settings()}
+        return LoadedModel(model_digest=info["model_digest"], info=info, part_schema=schema)
 
     def _process_all(self, loaded: LoadedModel, ledger: Ledger) -> bool:
         """Run the producer/engine/commit loop; True when every row was handed over and committed."""
@@ -262,6 +310,7 @@ class ShardRun:
         """Process and commit one chunk; returns whether the engine was interrupted."""
         self._last_chunk_complete = False
         rows = work.rows
+        t0 = time.perf_counter()
         if len(rows) and not self.stop.requested:
             out = self.ctx.engine.process(work.prepared, self.stop)
         else:
@@ -281,7 +330,11 @@ class ShardRun:
                 self._record(commit_table(self.ctx.shard_dir, DEAD_LETTER_PREFIX, chunk_no, table))
             if n_ok:
                 part = assemble_part(rows, out, self.ctx.fingerprint, loaded.part_schema)
-                self._record(commit_table(self.ctx.shard_dir, PART_PREFIX, chunk_no, part))
+                committed = commit_table(self.ctx.shard_dir, PART_PREFIX, chunk_no, part)
+                self._record(committed)
+                if self.reuse_on:
+                    cache_rows(self.ctx.layout.output_root, self.ctx.manifest.run_id, self.ctx.shard_id,
+                               committed[0], part, rows, time.perf_counter() - t0)
         if dead or n_ok:
             self.attempt.chunks_committed += 1
         self.attempt.tokens_real += out.tokens_real
@@ -312,6 +365,7 @@ class ShardRun:
         marker.stage_seconds = _sum_stages(marker.attempts)
         marker.cpu_seconds = round(sum(a.get("cpu_seconds", 0.0) for a in marker.attempts), 3)
         marker.tokens_padded = sum(a.get("tokens_padded", 0) for a in marker.attempts)
+        marker.reuse_seconds_avoided = round(sum(a.get("reuse_seconds_avoided", 0.0) for a in marker.attempts), 6)
         marker.finished_at = utc_now()
         marker.started_at = min((a["started_at"] for a in marker.attempts), default=self.attempt.started_at)
         uri = ctx.layout.marker_uri(ctx.shard_id)
@@ -327,10 +381,13 @@ class ShardRun:
 
     def _marker(self, loaded: LoadedModel, ledger: Ledger) -> ShardMarker:
         ctx = self.ctx
-        tokens_real = truncated = repaired = 0
+        tokens_real = truncated = repaired = reused = 0
         for name in ledger.parts:
             t = read_parquet_columns(join_uri(ctx.shard_dir, name), ["n_tokens", "truncated", "text_repaired"])
-            tokens_real += int(pc.sum(t.column("n_tokens")).as_py() or 0)
+            if is_reused_part(name):
+                reused += t.num_rows
+            else:
+                tokens_real += int(pc.sum(t.column("n_tokens")).as_py() or 0)
             truncated += int(pc.sum(t.column("truncated").cast("int64")).as_py() or 0)
             repaired += int(pc.sum(t.column("text_repaired").cast("int64")).as_py() or 0)
         llm_tokens = {"prompt_tokens": 0, "cached_tokens": 0, "output_tokens": 0}  # LLM part columns
@@ -364,6 +421,7 @@ class ShardRun:
             parts=list(ledger.parts),
             dead_letter_parts=list(ledger.dead_letter_parts),
             files_quarantined=quarantined_count(ctx.shard_dir),
+            rows_reused=reused,
         )
 
     def _file_records(self, ledger: Ledger, attempts: list[dict]) -> dict[str, dict]:

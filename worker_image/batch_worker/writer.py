@@ -66,8 +66,11 @@ def dead_letter_table(dead: list[DeadLetter], fingerprint: str) -> pa.Table:
     )
 
 
-def commit_table(shard_dir: str, prefix: str, chunk: int, table: pa.Table) -> tuple[str, dict[str, Any]]:
+def commit_table(shard_dir: str, prefix: str, chunk: int, table: pa.Table,
+                 reused: bool = False) -> tuple[str, dict[str, Any]]:
     """Commit ``table`` as a new part (``prefix`` = ``part-``) or dead-letter file.
+
+    ``reused=True``: a part of rows carried over from the result cache (``part-<chunk>-reuse-...``).
 
     The object becomes visible only complete (``storage.write_create_only``: temp + fsync + link).
 
@@ -77,7 +80,7 @@ def commit_table(shard_dir: str, prefix: str, chunk: int, table: pa.Table) -> tu
     """
     if prefix not in (PART_PREFIX, DEAD_LETTER_PREFIX):
         raise ValueError(f"prefix must be {PART_PREFIX!r} or {DEAD_LETTER_PREFIX!r}")
-    name = part_name(prefix, chunk)
+    name = part_name(prefix, chunk, reused=reused)
     data = parquet_bytes(table)
     storage.write_create_only(join_uri(shard_dir, name), data)
     return name, digest_of(data)

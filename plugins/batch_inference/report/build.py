@@ -25,6 +25,13 @@ from batch_inference.report.prices import CostParams, cost_params_from_dict
 REPORT_SCHEMA_VERSION = 1
 """Version of the ``report.json`` layout (``report.schema.json``); bump on any incompatible change."""
 
+REUSE_METHOD = (
+    "Rows reused from the result cache (<output_root>/cache/<fingerprint>) were not computed by this run. "
+    "Cost avoided = the compute seconds the runs that computed them measured (each chunk's engine + "
+    "commit seconds shared over its rows by n_tokens) x this run's accelerator count and price per hour. "
+    "Worker time this run spent finding and copying them is in stage_seconds.reuse."
+)
+
 PADDING_METHOD = (
     "Random-order estimate: each shard's rows (n_tokens read from its part files) are assumed batched "
     "in random order, B rows a batch, where B = min(max_batch_rows, token_budget // longest row rounded "
@@ -167,6 +174,8 @@ def compute_report(data: RunData, *, dag_id: str, publish_summary: dict[str, Any
         all_counts = tok.add_counts(all_counts, c)
     engine = dict(markers[0].engine) if markers else {}
     padding = _padding_section(data, counts, params)
+    rows_reused = sum(m.rows_reused for m in markers)
+    reuse_seconds = float(sum(m.reuse_seconds_avoided for m in markers))
 
     return {
         "schema_version": REPORT_SCHEMA_VERSION,
@@ -189,6 +198,16 @@ def compute_report(data: RunData, *, dag_id: str, publish_summary: dict[str, Any
         "rows_text_repaired": sum(m.rows_text_repaired for m in markers),
         "rows_missing": (int(publish["rows_missing"]) if publish and "rows_missing" in publish
                          else manifest.rows - rows_ok - sum(m.rows_dead_letter for m in markers)),
+        "rows_reused": rows_reused,
+        "rows_computed": rows_ok - rows_reused,
+        "reuse": {
+            "mode": manifest.worker.reuse,
+            "rows_reused": rows_reused,
+            "rows_computed": rows_ok - rows_reused,
+            "seconds_avoided": reuse_seconds,
+            "cost_avoided_usd": worker_cost(reuse_seconds, params),
+            "method": REUSE_METHOD,
+        },
         "dead_letter_reasons": agg.dead_letter_reasons(markers, publish),
         "files_quarantined": agg.files_quarantined(markers, publish),
         "tokens": tokens,

@@ -59,6 +59,11 @@ def _rows_section(r: dict[str, Any]) -> str:
     rows = [["input", fmt.num(r["rows_input"])], ["published", fmt.num(r["rows_published"])],
             ["dead-lettered", fmt.num(r["rows_dead_letter"])], ["truncated", fmt.num(r["rows_truncated"])],
             ["missing", fmt.num(r["rows_missing"])]]
+    reuse = r.get("reuse") or {}
+    if reuse:
+        rows += [["computed by this run", fmt.num(r.get("rows_computed"))],
+                 ["reused from earlier runs (result cache)", fmt.num(r.get("rows_reused"))],
+                 ["cost avoided by reuse", fmt.usd(reuse.get("cost_avoided_usd"))]]
     rows += [[f"dead letter: {k}", fmt.num(v)] for k, v in r["dead_letter_reasons"].items()]
     t = r["tokens"]
     tok_rows = [[k, fmt.num(t[k])] for k in ("input", "real", "padded", "prompt", "cached", "output", "total")]

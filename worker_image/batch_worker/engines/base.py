@@ -174,6 +174,12 @@ class Engine(ABC):
         when the digest is cheaper than a load (``batch_worker.digest.model_digest(path)``)."""
         return self.load().model_digest
 
+    def resolved_settings(self) -> dict[str, Any]:
+        """Settings this host resolves from an ``auto`` config value that change outputs (e.g. the
+        encoder's dtype), without loading the model; they go into the result fingerprint
+        (``batch_contract.manifest.result_fingerprint``). Default: none."""
+        return {}
+
     def extra_columns(self) -> list[str]:
         """Input columns the engine reads besides the id and text columns (in ``ChunkRows.fields``).
         The reader reads no other column. Default: none."""

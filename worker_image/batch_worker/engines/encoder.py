@@ -209,6 +209,16 @@ class EncoderEngine(Engine):
     def model_digest(self) -> str:
         return model_digest(self.model_dir)
 
+    def resolved_settings(self) -> dict[str, Any]:
+        """``{"dtype": ...}`` when the config says ``dtype: auto`` (bf16 on one host, fp32 on another
+        give different outputs, so different fingerprints); ``{}`` for an explicit dtype, which the
+        config fingerprint already covers."""
+        if self.config.dtype != "auto":
+            return {}
+        import torch
+
+        return {"dtype": resolve_dtype("auto", "cuda" if torch.cuda.is_available() else "cpu")}
+
     def load(self) -> LoadedModel:
         if self.loaded is not None:
             return self.loaded

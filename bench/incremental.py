@@ -1,0 +1,172 @@
+"""Incremental runs: a second run on edited input computes only the changed and new rows.
+
+Real MiniLM (fp32), real planner, in-process worker (``run_shard``), real DuckDB publish, on the bundled
+sample (6,000 rows):
+
+1. run 1 from scratch (empty output root, ``reuse: same_root``);
+2. run 2 on the same input with 5% of texts changed, 2% new ids, 1% ids deleted;
+3. run 3: the run-2 input again, unchanged (must compute zero rows);
+4. scratch: the run-2 input under a fresh output root with ``reuse: off`` (the reference table).
+
+Worker seconds are the markers' stage seconds (what the cost report prices). Also measured: hashing
+the texts (the key) against inference, per row. Last line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "plugins"), str(REPO / "worker_image")]
+
+import duckdb  # noqa: E402
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+from batch_contract import resultcache  # noqa: E402
+from batch_contract.layout import RunLayout  # noqa: E402
+from batch_contract.runstore import RunStore  # noqa: E402
+from batch_inference.planner import PlanRequest, plan  # noqa: E402
+from batch_inference.publish import PublishTarget, publish_run  # noqa: E402
+from batch_worker.runtime import run_shard  # noqa: E402
+
+SAMPLE = REPO / "data" / "sample" / "debian_descriptions_sample.parquet"
+ENGINE = {"kind": "encoder", "dtype": "float32"}
+ROWS_PER_SHARD = 3000
+"""Two shards at 6,000 rows: each run pays two model loads (in-process, like the local runner's workers)."""
+SEED = 7
+
+
+def run(root: Path, run_id: str, input_uri: str, reuse: str = "same_root") -> dict:
+    manifest, _ = plan(PlanRequest(input_uri=input_uri, id_column="id", text_column="text", output_root=str(root),
+                                   run_id=run_id, engine=ENGINE, worker={"reuse": reuse, "progress_interval_seconds": 60.0},
+                                   rows_per_shard=ROWS_PER_SHARD))
+    run_dir = RunLayout(str(root), run_id).run_dir
+    t0 = time.perf_counter()
+    for spec in manifest.shards:
+        code = run_shard(run_dir, spec.shard_id, install_signals=False)
+        assert code == 0, code
+    wall = time.perf_counter() - t0
+    store = RunStore.open(run_dir)
+    markers = [store.marker(s.shard_id) for s in manifest.shards]
+    db = str(root / f"{run_id}.duckdb")
+    publish_run(run_dir, PublishTarget(backend="duckdb", table="emb", duckdb_path=db))
+    with duckdb.connect(db, read_only=True) as con:
+        rows = con.execute("SELECT id, n_tokens, truncated, text_repaired, embedding FROM emb").fetchall()
+    return {
+        "wall": wall,
+        "worker_seconds": sum(sum(m.stage_seconds.values()) for m in markers),
+        "inference_seconds": sum(m.stage_seconds.get("inference", 0.0) for m in markers),
+        "reuse_seconds": sum(m.stage_seconds.get("reuse", 0.0) for m in markers),
+        "rows_ok": sum(m.rows_ok for m in markers),
+        "rows_reused": sum(m.rows_reused for m in markers),
+        "fingerprint": markers[0].fingerprint,
+        "table": {r[0]: r[1:] for r in rows},
+    }
+
+
+def edited_input(ids: list[str], texts: list[str], n: int) -> tuple[list[str], list[str], set[str], set[str], set[str]]:
+    rng = np.random.default_rng(SEED)
+    order = rng.permutation(len(ids))
+    deleted = {ids[i] for i in order[: n // 100]}
+    changed = {ids[i] for i in order[n // 100: n // 100 + n * 5 // 100]}
+    new_ids = [f"new-{k}" for k in range(n * 2 // 100)]
+    out_ids, out_texts = [], []
+    for rid, text in zip(ids, texts, strict=True):
+        if rid in deleted:
+            continue
+        out_ids.append(rid)
+        out_texts.append(text + " (revised)" if rid in changed else text)
+    donors = rng.choice(len(texts), len(new_ids), replace=False)
+    out_ids += new_ids
+    out_texts += [f"{texts[d]} [new package {k}]" for k, d in enumerate(donors)]
+    return out_ids, out_texts, changed, set(new_ids), deleted
+
+
+def compare(a: dict, b: dict) -> tuple[bool, float]:
+    """Same ids once each, same flags and token counts, embeddings within 1e-5; the max abs diff."""
+    if sorted(a) != sorted(b):
+        return False, float("inf")
+    worst = 0.0
+    same = True
+    for rid, row in a.items():
+        same &= row[:3] == b[rid][:3]
+        worst = max(worst, float(np.max(np.abs(np.asarray(row[3]) - np.asarray(b[rid][3])))))
+    return same and worst <= 1e-5, worst
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=6000, help="rows of the sample to use (default: all 6,000)")
+    args = parser.parse_args()
+    t = pq.read_table(SAMPLE, columns=["id", "text"]).slice(0, args.rows)
+    ids = [str(i) for i in t.column("id").to_pylist()]
+    texts = t.column("text").to_pylist()
+    n = len(ids)
+    work = Path(tempfile.mkdtemp(prefix="bench-incremental-"))
+    try:
+        first_in = work / "in1.parquet"
+        pq.write_table(pa.table({"id": ids, "text": texts}), first_in)
+        ids2, texts2, changed, new, deleted = edited_input(ids, texts, n)
+        second_in = work / "in2.parquet"
+        pq.write_table(pa.table({"id": ids2, "text": texts2}), second_in)
+
+        root = work / "out"
+        first = run(root, "first", str(first_in))
+        second = run(root, "second", str(second_in))
+        unchanged = run(root, "unchanged", str(second_in))
+        scratch = run(work / "scratch", "scratch", str(second_in), reuse="off")
+
+        equal, diff_scratch = compare(second["table"], scratch["table"])
+        reused_ids = [i for i in ids2 if i not in changed and i not in new]
+        max_diff_reused = max(float(np.max(np.abs(np.asarray(second["table"][i][3]) - np.asarray(first["table"][i][3]))))
+                              for i in reused_ids)
+        equal_unchanged, _ = compare(unchanged["table"], second["table"])
+
+        t0 = time.perf_counter()
+        resultcache.text_keys(texts)
+        hash_s_per_row = (time.perf_counter() - t0) / n
+        infer_s_per_row = first["inference_seconds"] / first["rows_ok"]
+        cache_bytes = sum(p.stat().st_size for p in (root / "cache").rglob("*.parquet"))
+
+        detail = {
+            "first": {k: v for k, v in first.items() if k != "table"},
+            "second": {k: v for k, v in second.items() if k != "table"},
+            "unchanged": {k: v for k, v in unchanged.items() if k != "table"},
+            "scratch": {k: v for k, v in scratch.items() if k != "table"},
+            "hash_us_per_row": hash_s_per_row * 1e6,
+            "inference_us_per_row": infer_s_per_row * 1e6,
+            "hash_over_inference": hash_s_per_row / infer_s_per_row,
+            "cache_bytes": cache_bytes,
+        }
+        print(json.dumps(detail, indent=1, default=str))
+        print(json.dumps({
+            "rows_first": first["rows_ok"],
+            "rows_second": len(ids2),
+            "rows_changed": len(changed),
+            "rows_new": len(new),
+            "rows_deleted": len(deleted),
+            "second_rows_computed": second["rows_ok"] - second["rows_reused"],
+            "second_rows_reused": second["rows_reused"],
+            "wall_ratio_second_over_first": round(second["wall"] / first["wall"], 4),
+            "worker_seconds_ratio": round(second["worker_seconds"] / first["worker_seconds"], 4),
+            "equal_to_scratch": equal,
+            "max_abs_diff_reused": max_diff_reused,
+            "max_abs_diff_vs_scratch": diff_scratch,
+            "unchanged_rows_computed": unchanged["rows_ok"] - unchanged["rows_reused"],
+            "unchanged_equal": equal_unchanged,
+            "hash_over_inference_per_row": round(hash_s_per_row / infer_s_per_row, 6),
+        }))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
