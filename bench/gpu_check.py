@@ -380,8 +380,7 @@ def stage_batches(engine: Any, prepared: Any, device: str) -> tuple[list[tuple[A
     import torch
     from batch_worker.batching import plan_batches
 
-    batches = plan_batches(prepared.lengths, engine.token_budget, engine.settings.max_batch_rows,
-                           engine.config.pad_to_multiple_of)
+    batches = plan_batches(prepared.lengths, engine.token_budget, engine.max_batch_rows, engine._pad_multiple())
     staged, shapes = [], []
     for batch in batches:
         ids = np.full((len(batch.indices), batch.padded_length), engine.pad_id, dtype=np.int64)
@@ -452,7 +451,7 @@ def throughput(check: Check, compile_model: bool) -> dict[str, Any]:
     result: dict[str, Any] = {
         "rows": check.rows, "device": info["device"], "dtype": info["dtype"], "compile": info["compile"],
         "attention": info["attention"], "token_budget": engine.token_budget,
-        "max_batch_rows": engine.settings.max_batch_rows, "pad_to_multiple_of": engine.config.pad_to_multiple_of,
+        "max_batch_rows": engine.max_batch_rows, "pad_to_multiple_of": engine._pad_multiple(),
         "batches": out.batches, "distinct_shapes": len(set(shapes)),
         "replay_matches_engine": len(shapes) == out.batches and sum(r * w for r, w in shapes) == out.tokens_padded,
         "prepare_s": round(prepare_s, 3), "first_pass_s": round(first_s, 3), "engine_s": round(engine_s, 3),
