@@ -87,7 +87,7 @@ AUTO_TOKEN_BUDGET: dict[str, int] = {"cpu": 8192, "cuda": 65536}
 on the 2-core development machine, where 4k-8k-token batches ran 10-20% faster than 16k ones
 (activations of a smaller batch stay in cache); ``bench/encoder.py``. CUDA: large batches amortise
 kernel launches; 64k tokens of a BERT-base-sized encoder are a few GB of activations. Not yet measured
-on a GPU (``bench/gpu_smoke.sh`` records the rows/s to check it against)."""
+on a GPU (``bench/gpu_check.py`` measures rows/s and MFU at this default when a GPU is lent)."""
 
 
 AUTO_MAX_BATCH_ROWS = 256
