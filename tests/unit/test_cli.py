@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 from batch_contract.engine_config import ConfigError
-
 from batch_inference.cli import _conf, build_parser, param_conf, precheck
 from batch_inference.params import PARAM_FIELDS, SAMPLE_INPUT
 from batch_inference.terminal import DagTestOutput, run_line
