@@ -61,6 +61,9 @@ class AttemptRecord:
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Files this attempt committed: name -> ``{"bytes": size, "sha256": hex}``
     (:func:`batch_contract.partfiles.digest_of`; default empty)."""
+    threads: int = 0
+    """Intra-op CPU threads the worker ran inference with (torch's count after the runner's cap,
+    ``BATCH_WORKER_THREADS``); 0 in records written before this field or when unknown."""
 
     def to_json_bytes(self) -> bytes:
         return pretty_json(asdict(self))

@@ -7,7 +7,11 @@ failure that no retry can fix; anything else -> retryable failure. A shard whose
 storage is not run again (storage is the truth).
 
 Parallelism on one machine is bounded by ``parallelism`` slot locks (``fcntl.flock`` on files under a
-per-run lock directory), so many mapped tasks can be queued while only N workers run.
+per-run lock directory), so many mapped tasks can be queued while only N workers run. Each worker gets
+``max(1, cores // parallelism)`` threads (:func:`worker_thread_env`: ``OMP_NUM_THREADS``,
+``MKL_NUM_THREADS``, ``BATCH_WORKER_THREADS``, ``RAYON_NUM_THREADS``), so N workers do not each start
+torch with every core's threads and fight over them; ``parallelism`` 0 means
+:func:`auto_parallelism` (cores // threads per worker).
 """
 
 from __future__ import annotations
@@ -36,6 +40,49 @@ log = logging.getLogger(__name__)
 
 KILL_GRACE_SECONDS = 30.0
 """After forwarding SIGTERM, how long the runner waits before SIGKILL (above the worker's 25 s grace)."""
+
+
+THREADS_ENV = "BATCH_WORKER_THREADS"
+"""Threads per worker: set by the runner for each worker (the worker applies it with
+``torch.set_num_threads`` and records it); set by the operator, it fixes the threads per worker."""
+DEFAULT_THREADS_PER_WORKER = 4
+"""Threads one CPU worker uses well (intra-op scaling flattens beyond this for small encoders)."""
+
+
+def machine_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, else ``os.cpu_count()``)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def auto_parallelism(cores: int | None = None, environ: dict[str, str] | None = None) -> int:
+    """Workers that fit the machine: ``cores // threads per worker`` (``BATCH_WORKER_THREADS`` when set,
+    else ``min(cores, DEFAULT_THREADS_PER_WORKER)``), at least 1. 2 cores -> 1; 16 cores -> 4."""
+    cores = cores or machine_cores()
+    env = os.environ if environ is None else environ
+    raw = env.get(THREADS_ENV, "").strip()
+    per_worker = int(raw) if raw.isdigit() and int(raw) > 0 else min(cores, DEFAULT_THREADS_PER_WORKER)
+    return max(1, cores // per_worker)
+
+
+def worker_threads(parallelism: int, cores: int | None = None, environ: dict[str, str] | None = None) -> int:
+    """Threads for each of ``parallelism`` workers: ``BATCH_WORKER_THREADS`` when the operator set it,
+    else ``max(1, cores // parallelism)``."""
+    env = os.environ if environ is None else environ
+    raw = env.get(THREADS_ENV, "").strip()
+    if raw.isdigit() and int(raw) > 0:
+        return int(raw)
+    return max(1, (cores or machine_cores()) // max(1, parallelism))
+
+
+def worker_thread_env(threads: int) -> dict[str, str]:
+    """Environment that caps a worker's threads: OpenMP/MKL (torch's CPU pools), the worker's own
+    setting, and the tokenizers' Rayon pool (off for one thread)."""
+    n = str(threads)
+    return {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, THREADS_ENV: n, "RAYON_NUM_THREADS": n,
+            "TOKENIZERS_PARALLELISM": "true" if threads > 1 else "false"}
 
 
 class ShardRetryableError(RuntimeError):
@@ -103,10 +150,10 @@ def _stream(proc: subprocess.Popen, prefix: str) -> None:
         log.info("%s %s", prefix, line.rstrip())
 
 
-def _run_subprocess(cmd: list[str], prefix: str) -> int:
+def _run_subprocess(cmd: list[str], prefix: str, env: dict[str, str] | None = None) -> int:
     """Run ``cmd`` streaming its output to the log; forward SIGTERM to it and wait for its grace."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            errors="replace", bufsize=1)
+                            errors="replace", bufsize=1, env=env)
     previous = signal.getsignal(signal.SIGTERM)
 
     def forward(signum, frame):  # the task was asked to stop: let the worker commit, then stop
@@ -143,7 +190,7 @@ def run_shard(run_dir: str, shard_id: str, *, parallelism: int = 1) -> ShardResu
     Args:
         run_dir: ``<output_root>/runs/<run_id>`` (local path or ``gs://``).
         shard_id: five-digit shard id.
-        parallelism: how many local shards may run at once on this machine.
+        parallelism: how many local shards may run at once on this machine; 0: :func:`auto_parallelism`.
 
     Returns:
         :class:`ShardResult` with the marker's row counts.
@@ -158,10 +205,14 @@ def run_shard(run_dir: str, shard_id: str, *, parallelism: int = 1) -> ShardResu
         log.info("shard %s already complete (marker in storage): not run again", shard_id)
         return ShardResult(shard_id, 0, 0.0, True, marker.rows_ok, marker.rows_dead_letter)
     cmd = worker_command() + worker_arguments(run_dir, shard_id)
+    parallelism = parallelism if parallelism > 0 else auto_parallelism()
+    threads = worker_threads(parallelism)
+    env = {**os.environ, **worker_thread_env(threads)}
     with parallelism_slot(run_dir, parallelism) as slot:
-        log.info("shard %s: slot %d/%d: %s", shard_id, slot + 1, parallelism, shlex.join(cmd))
+        log.info("shard %s: slot %d/%d, %d thread(s) of %d cores: %s", shard_id, slot + 1, parallelism,
+                 threads, machine_cores(), shlex.join(cmd))
         start = time.monotonic()
-        code = _run_subprocess(cmd, f"[shard {shard_id}]")
+        code = _run_subprocess(cmd, f"[shard {shard_id}]", env)
         seconds = time.monotonic() - start
     return _result(store, shard_id, code, seconds)
 

@@ -175,7 +175,7 @@ def infer_local_task(ref: dict[str, Any], context: Mapping[str, Any]) -> dict[st
 
     from batch_inference.local_runner import ShardBadInputError, ShardRetryableError, run_shard
 
-    parallelism = int(context["params"].get("parallelism", 1))
+    parallelism = int(context["params"].get("parallelism", 0))  # 0: fit the machine
     try:
         return run_shard(ref["run_dir"], ref["shard_id"], parallelism=parallelism).to_dict()
     except ShardBadInputError as exc:

@@ -41,7 +41,7 @@ from batch_worker.ledger import Ledger, build_ledger, read_parquet_columns
 from batch_worker.pipeline import ChunkSizer, ChunkWork, Producer
 from batch_worker.progress import Counters, ProgressReporter, utc_now
 from batch_worker.signals import StopSignal
-from batch_worker.stats import GpuSampler, StageClock, cpu_seconds, release_memory
+from batch_worker.stats import GpuSampler, StageClock, apply_thread_cap, cpu_seconds, release_memory
 from batch_worker.validate import DeadLetter, Validator
 from batch_worker.writer import assemble_part, commit_table, dead_letter_table
 
@@ -180,6 +180,7 @@ class ShardRun:
                 loaded = self.ctx.engine.load()
             if loaded.model_digest != self.ctx.engine.model_digest():
                 raise RuntimeError("model files changed while loading; retry")
+            self.attempt.threads = apply_thread_cap()
             ledger = build_ledger(self.ctx.shard_dir, self.ctx.fingerprint)
             self.counters.rows_before = ledger.rows_done
             self.ctx.engine.on_rows_done = self.counters.add_processed

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -169,3 +170,24 @@ class GpuSampler:
             "samples": len(self.util),
             "mem_max_bytes": self.mem_max,
         }
+
+
+THREADS_ENV = "BATCH_WORKER_THREADS"
+"""Threads this worker may use (set per worker by the local runner: cores // parallelism)."""
+
+
+def apply_thread_cap(environ: dict[str, str] | None = None) -> int:
+    """Apply ``BATCH_WORKER_THREADS`` to torch (``torch.set_num_threads``) when torch is loaded, and
+    return the intra-op threads in use: torch's count when loaded, else the cap, else 0 (unknown).
+
+    Call after the engine is loaded (it imports torch); never imports torch itself.
+    """
+    env = os.environ if environ is None else environ
+    raw = env.get(THREADS_ENV, "").strip()
+    cap = int(raw) if raw.isdigit() and int(raw) > 0 else 0
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return cap
+    if cap:
+        torch.set_num_threads(cap)
+    return int(torch.get_num_threads())
