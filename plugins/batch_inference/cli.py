@@ -279,10 +279,10 @@ def task_seconds(db_path: Path, run_id: str) -> dict[str, float]:
 def _print_summary(report_uri: str, timing: dict[str, Any]) -> None:
     from batch_contract import storage
 
-    from batch_inference.report import markdown_summary
+    from batch_inference.report import text_summary
 
     report = json.loads(storage.read_bytes(report_uri))
-    print(markdown_summary(report))
+    print(text_summary(report))
     print(f"wall {timing['wall_s']} s; worker inference {timing['worker_inference_s']} s "
           f"(share {timing['inference_share']}); whole worker processes {timing['worker_total_s']} s "
           f"(share {timing['worker_share']}); Airflow tasks {timing['task_seconds']}; outside tasks "

@@ -267,10 +267,10 @@ def summary_task(result: dict[str, Any], context: Mapping[str, Any]) -> str:
 
     from batch_contract import storage
 
-    from batch_inference.report import markdown_summary
+    from batch_inference.report import text_summary
 
     report = json.loads(storage.read_bytes(result["report_json"]))
-    for line in markdown_summary(report).splitlines():
+    for line in text_summary(report).splitlines():
         log.info("%s", line)
     log.info("%s%s", REPORT_LINE_PREFIX, result["report_json"])
     return result["report_json"]
