@@ -76,12 +76,15 @@ class ProgressReporter:
         counters: the shared :class:`Counters`.
         interval: seconds between writes (``WorkerSettings.progress_interval_seconds``).
         status: callable giving the current ``ShardStatus`` value.
+        on_tick: called after each periodic write (the runtime refreshes the attempt record with it).
     """
 
     def __init__(
         self, uri: str, shard_id: str, attempt_id: str, counters: Counters, interval: float,
         status: Callable[[], str] = lambda: ShardStatus.RUNNING.value,
+        on_tick: Callable[[], None] | None = None,
     ) -> None:
+        self.on_tick = on_tick
         self.uri = uri
         self.shard_id = shard_id
         self.attempt_id = attempt_id
@@ -99,6 +102,8 @@ class ProgressReporter:
         while not self._stop.wait(self.interval):
             try:
                 self.write(self.status())
+                if self.on_tick is not None:
+                    self.on_tick()
             except OSError as exc:  # progress is advisory: a failed write never stops the shard
                 log.warning("progress write failed: %s", exc)
 

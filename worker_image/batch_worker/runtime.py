@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -146,9 +147,19 @@ class ShardRun:
         self.steady_t0: float | None = None
         self.steady_rows = 0
         self.steady_rate = 0.0
+        self._attempt_lock = threading.Lock()
 
     # -- attempt record -------------------------------------------------------------------------------
     def _write_attempt(self, status: str | None = None, exit_code: int | None = None) -> None:
+        with self._attempt_lock:  # the main thread and the progress thread's tick both write it
+            self._write_attempt_locked(status, exit_code)
+
+    def _progress_tick(self) -> None:
+        """Refresh the attempt record while it runs (a killed attempt keeps its last tick's figures)."""
+        if self.attempt.exit_code is None:
+            self._write_attempt()
+
+    def _write_attempt_locked(self, status: str | None, exit_code: int | None) -> None:
         a = self.attempt
         if status is not None:
             a.status = status
@@ -157,7 +168,8 @@ class ShardRun:
             a.ended_at = utc_now()
         a.rows_committed = self.counters.rows_committed
         a.rows_processed = self.counters.rows_processed
-        a.stage_seconds = self.clock.rounded()
+        a.stage_seconds = self.clock.rounded(include_open=True)
+        a.updated_at = utc_now()
         a.cpu_seconds = round(cpu_seconds() - self.cpu0, 3)
         a.steady_rows_per_s = round(self.steady_rate, 2)
         a.gpu = self.gpu.summary()
@@ -187,6 +199,7 @@ class ShardRun:
             progress = ProgressReporter(
                 self.ctx.layout.progress_uri(self.ctx.shard_id), self.ctx.shard_id, self.attempt.attempt_id,
                 self.counters, self.settings.progress_interval_seconds, status=lambda: self.status,
+                on_tick=self._progress_tick,
             ).start()
             finished = self._process_all(loaded, ledger)
             if not finished:

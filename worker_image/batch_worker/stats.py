@@ -19,6 +19,7 @@ class StageClock:
     def __init__(self) -> None:
         self.seconds: dict[str, float] = dict.fromkeys(STAGES, 0.0)
         self._lock = threading.Lock()
+        self._open: dict[int, tuple[str, float]] = {}
 
     def add(self, stage: str, seconds: float) -> None:
         """Add ``seconds`` to ``stage``. Raises ``KeyError`` for a stage not in ``STAGES``."""
@@ -31,14 +32,26 @@ class StageClock:
     def stage(self, name: str) -> Iterator[None]:
         """Time the ``with`` body into stage ``name``."""
         t0 = time.perf_counter()
+        token = object()
+        with self._lock:
+            self._open[id(token)] = (name, t0)
         try:
             yield
         finally:
+            with self._lock:
+                self._open.pop(id(token), None)
             self.add(name, time.perf_counter() - t0)
 
-    def rounded(self) -> dict[str, float]:
+    def rounded(self, include_open: bool = False) -> dict[str, float]:
+        """Seconds per stage, rounded to ms; ``include_open``: plus the time so far of stages still
+        running (a progress tick's snapshot, so a killed attempt's record holds its time in flight)."""
         with self._lock:
-            return {k: round(v, 3) for k, v in self.seconds.items()}
+            seconds = dict(self.seconds)
+            if include_open:
+                now = time.perf_counter()
+                for name, t0 in self._open.values():
+                    seconds[name] = seconds.get(name, 0.0) + (now - t0)
+        return {k: round(v, 3) for k, v in seconds.items()}
 
 
 def cpu_seconds() -> float:
