@@ -144,14 +144,38 @@ def parallelism_slot(run_dir: str, parallelism: int, poll_seconds: float = 0.5) 
         time.sleep(poll_seconds)
 
 
-def _stream(proc: subprocess.Popen, prefix: str) -> None:
+BAD_INPUT_MARK = "bad config or input (exit 2): "
+"""What the worker logs before exiting 2 (``batch_worker.cli``); the text after it is the cause."""
+_FIXES = (
+    ("engine.model_path", "fix the model Param (CLI --model; params.model) to a local model directory with "
+                          "config.json, then trigger a new run"),
+    ("engine.", "fix the engine_options Param (CLI --engine-options JSON) field it names, then trigger a new run"),
+    ("column", "fix the id_column / text_column Param (CLI --id-column / --text-column) or the input, then "
+               "trigger a new run"),
+    ("manifest", "the run's manifest is missing or invalid: trigger a new run (it plans again)"),
+)
+
+
+def bad_input_fix(cause: str) -> str:
+    """How to fix a worker's exit-2 ``cause`` (the field its message starts with), in words."""
+    for needle, fix in _FIXES:
+        if needle in cause:
+            return fix
+    return "fix the Param or input it names, then trigger a new run"
+
+
+def _stream(proc: subprocess.Popen, prefix: str, errors: list[str] | None = None) -> None:
     assert proc.stdout is not None
     for line in proc.stdout:
         log.info("%s %s", prefix, line.rstrip())
+        if errors is not None and BAD_INPUT_MARK in line:
+            errors.append(line.split(BAD_INPUT_MARK, 1)[1].strip())
 
 
-def _run_subprocess(cmd: list[str], prefix: str, env: dict[str, str] | None = None) -> int:
-    """Run ``cmd`` streaming its output to the log; forward SIGTERM to it and wait for its grace."""
+def _run_subprocess(cmd: list[str], prefix: str, env: dict[str, str] | None = None,
+                    errors: list[str] | None = None) -> int:
+    """Run ``cmd`` streaming its output to the log (the worker's exit-2 causes appended to ``errors``);
+    forward SIGTERM to it and wait for its grace."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             errors="replace", bufsize=1, env=env)
     previous = signal.getsignal(signal.SIGTERM)
@@ -164,7 +188,7 @@ def _run_subprocess(cmd: list[str], prefix: str, env: dict[str, str] | None = No
     if in_main:
         signal.signal(signal.SIGTERM, forward)
     try:
-        _stream(proc, prefix)
+        _stream(proc, prefix, errors)
         return proc.wait()
     finally:
         if proc.poll() is None:
@@ -212,15 +236,17 @@ def run_shard(run_dir: str, shard_id: str, *, parallelism: int = 1) -> ShardResu
         log.info("shard %s: slot %d/%d, %d thread(s) of %d cores: %s", shard_id, slot + 1, parallelism,
                  threads, machine_cores(), shlex.join(cmd))
         start = time.monotonic()
-        code = _run_subprocess(cmd, f"[shard {shard_id}]", env)
+        errors: list[str] = []
+        code = _run_subprocess(cmd, f"[shard {shard_id}]", env, errors)
         seconds = time.monotonic() - start
-    return _result(store, shard_id, code, seconds)
+    return _result(store, shard_id, code, seconds, errors[-1] if errors else "")
 
 
-def _result(store: RunStore, shard_id: str, code: int, seconds: float) -> ShardResult:
+def _result(store: RunStore, shard_id: str, code: int, seconds: float, cause: str = "") -> ShardResult:
     if code == ExitCode.BAD_INPUT:
-        raise ShardBadInputError(f"shard {shard_id}: worker exited {code} (bad input or config; see the "
-                                 "worker log above for the field/row); not retrying")
+        cause = cause or "bad input or config (the worker log above names the field/row)"
+        raise ShardBadInputError(f"shard {shard_id}: {cause}. Fix: {bad_input_fix(cause)}; a retry cannot "
+                                 f"fix it (worker exit {code})")
     if code == ExitCode.INTERRUPTED:
         raise ShardRetryableError(f"shard {shard_id}: worker interrupted (exit {code}); committed chunks "
                                   "are kept and the retry resumes after them")
