@@ -19,6 +19,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -144,6 +145,8 @@ def parallelism_slot(run_dir: str, parallelism: int, poll_seconds: float = 0.5) 
         time.sleep(poll_seconds)
 
 
+_WORKER_TIME_RE = re.compile(r"^\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2},\d{3} ")
+"""The worker's own timestamp at the start of its log lines (the task log adds its own)."""
 BAD_INPUT_MARK = "bad config or input (exit 2): "
 """What the worker logs before exiting 2 (``batch_worker.cli``); the text after it is the cause."""
 _FIXES = (
@@ -167,7 +170,7 @@ def bad_input_fix(cause: str) -> str:
 def _stream(proc: subprocess.Popen, prefix: str, errors: list[str] | None = None) -> None:
     assert proc.stdout is not None
     for line in proc.stdout:
-        log.info("%s %s", prefix, line.rstrip())
+        log.info("%s %s", prefix, _WORKER_TIME_RE.sub("", line.rstrip()))
         if errors is not None and BAD_INPUT_MARK in line:
             errors.append(line.split(BAD_INPUT_MARK, 1)[1].strip())
 

@@ -125,8 +125,8 @@ class ProgressReporter:
         storage.write_replace(self.uri, progress.to_json_bytes())
         pct = 100.0 * done / total if total else 100.0
         eta_text = f"{eta:.0f} s" if eta is not None else "?"
-        log.info("shard %s: %d/%d rows (%.1f%%), %.1f rows/s, ETA %s [%s]",
-                 self.shard_id, done, total, pct, rate, eta_text, status)
+        log.info("%.1f rows/s, ETA %s | shard %s: %d/%d rows (%.1f%%) [%s]",
+                 rate, eta_text, self.shard_id, done, total, pct, status)
         return progress
 
     def stop(self) -> None:
