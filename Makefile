@@ -60,8 +60,10 @@ bench-chaos: chaos
 INPUT ?= data/sample/debian_descriptions_sample.parquet
 OUTPUT ?= output
 ROWS_PER_SHARD ?= 3000
+# Any DAG Param as a flag: `make run ARGS="--id-column key --text-column body --row-limit 500"` (see --help).
+ARGS ?=
 run: venv
-	PYTHONPATH=plugins:worker_image $(PY) -m batch_inference.cli run --input "$(INPUT)" --output "$(OUTPUT)" --rows-per-shard $(ROWS_PER_SHARD)
+	PYTHONPATH=plugins:worker_image $(PY) -m batch_inference.cli run --input "$(INPUT)" --output "$(OUTPUT)" --rows-per-shard $(ROWS_PER_SHARD) $(ARGS)
 
 # Pod manifests the kubernetes runner would create for a planned run, via the provider (no cluster).
 render-k8s: venv
