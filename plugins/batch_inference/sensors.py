@@ -22,8 +22,9 @@ MAX_CAUSE_READS = 50
 def _cause_of(attempt: Any) -> str:
     """A missing shard's cause and fix, from its last attempt record (``None``: it never started)."""
     if attempt is None:
-        return ("never started (its task failed before the worker ran, or was not scheduled): see that "
-                "task's log; clear it to run it again")
+        return ("no attempt record (the worker stopped before its attempt began, e.g. on a bad model path "
+                "or engine option, or its task never ran): the shard's task error names the cause; fix "
+                "that Param and trigger a new run, or clear the task if it never ran")
     code = attempt.exit_code
     if code == 2:
         return ("bad config or input (worker exit 2; the shard's task log names the field): fix that Param "

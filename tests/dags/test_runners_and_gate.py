@@ -166,4 +166,4 @@ def test_gate_names_why_each_missing_shard_stopped(run_dir: str) -> None:
         sensor.execute({})
     text = str(err.value)
     assert "bad config or input (worker exit 2" in text and "the model Param" in text and ": 00001" in text
-    assert "never started" in text and "00002" in text
+    assert "no attempt record" in text and "00002" in text
