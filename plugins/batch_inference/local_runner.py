@@ -45,7 +45,8 @@ KILL_GRACE_SECONDS = 30.0
 
 THREADS_ENV = "BATCH_WORKER_THREADS"
 """Threads per worker: set by the runner for each worker (the worker applies it with
-``torch.set_num_threads`` and records it); set by the operator, it fixes the threads per worker."""
+``torch.set_num_threads`` and records it); set by the operator (or ``OMP_NUM_THREADS``), it fixes the
+threads per worker."""
 DEFAULT_THREADS_PER_WORKER = 4
 """Threads one CPU worker uses well (intra-op scaling flattens beyond this for small encoders)."""
 
@@ -62,20 +63,24 @@ def auto_parallelism(cores: int | None = None, environ: dict[str, str] | None = 
     """Workers that fit the machine: ``cores // threads per worker`` (``BATCH_WORKER_THREADS`` when set,
     else ``min(cores, DEFAULT_THREADS_PER_WORKER)``), at least 1. 2 cores -> 1; 16 cores -> 4."""
     cores = cores or machine_cores()
-    env = os.environ if environ is None else environ
-    raw = env.get(THREADS_ENV, "").strip()
-    per_worker = int(raw) if raw.isdigit() and int(raw) > 0 else min(cores, DEFAULT_THREADS_PER_WORKER)
+    per_worker = _operator_threads(environ) or min(cores, DEFAULT_THREADS_PER_WORKER)
     return max(1, cores // per_worker)
 
 
-def worker_threads(parallelism: int, cores: int | None = None, environ: dict[str, str] | None = None) -> int:
-    """Threads for each of ``parallelism`` workers: ``BATCH_WORKER_THREADS`` when the operator set it,
-    else ``max(1, cores // parallelism)``."""
+def _operator_threads(environ: dict[str, str] | None = None) -> int:
+    """Threads per worker the operator fixed: ``BATCH_WORKER_THREADS``, else ``OMP_NUM_THREADS``; 0: none."""
     env = os.environ if environ is None else environ
-    raw = env.get(THREADS_ENV, "").strip()
-    if raw.isdigit() and int(raw) > 0:
-        return int(raw)
-    return max(1, (cores or machine_cores()) // max(1, parallelism))
+    for name in (THREADS_ENV, "OMP_NUM_THREADS"):
+        raw = env.get(name, "").strip()
+        if raw.isdigit() and int(raw) > 0:
+            return int(raw)
+    return 0
+
+
+def worker_threads(parallelism: int, cores: int | None = None, environ: dict[str, str] | None = None) -> int:
+    """Threads for each of ``parallelism`` workers: what the operator fixed (``BATCH_WORKER_THREADS``,
+    else ``OMP_NUM_THREADS``), else ``max(1, cores // parallelism)``."""
+    return _operator_threads(environ) or max(1, (cores or machine_cores()) // max(1, parallelism))
 
 
 def worker_thread_env(threads: int) -> dict[str, str]:

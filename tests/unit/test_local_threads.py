@@ -20,6 +20,8 @@ def test_each_worker_gets_its_share_of_the_cores() -> None:
     assert [worker_threads(p, 2, {}) for p in (1, 2, 3)] == [2, 1, 1]
     assert worker_threads(4, 16, {}) == 4
     assert worker_threads(4, 16, {"BATCH_WORKER_THREADS": "3"}) == 3
+    assert worker_threads(1, 16, {"OMP_NUM_THREADS": "1"}) == 1  # the operator's own cap is kept
+    assert auto_parallelism(2, {"OMP_NUM_THREADS": "1"}) == 2
     env = worker_thread_env(1)
     assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == env["BATCH_WORKER_THREADS"] == "1"
     assert env["TOKENIZERS_PARALLELISM"] == "false" and worker_thread_env(2)["TOKENIZERS_PARALLELISM"] == "true"
