@@ -290,8 +290,8 @@ PARAM_FIELDS: Mapping[str, ParamField] = _fields(
                f"tasks than this (Airflow's max_map_length, {DEFAULT_MAX_MAP_LENGTH} by default).",
                "Execution", minimum=1, maximum=DEFAULT_MAX_MAP_LENGTH),
     ParamField("parallelism", 0, "integer", "Local parallelism", "Shards run at the same time by the "
-               "local runner, each with cores // parallelism threads; 0: fit the machine (cores // "
-               "threads per worker, 4 or BATCH_WORKER_THREADS; 1 on 2 cores).", "Execution", minimum=0,
+               "local runner, each with cores // parallelism threads; 0: fit the machine (at least 2 "
+               "workers on 2+ cores, up to 4 threads each; BATCH_WORKER_THREADS fixes the threads).", "Execution", minimum=0,
                maximum=256, expected="0 (auto: fit the machine) or an integer in 1..256"),
     ParamField("token_budget", WorkerSettings().token_budget, "integer", "Token budget per batch",
                "Max padded tokens per batch (rows x padded length); 0 picks one for the device "

@@ -10,8 +10,9 @@ from batch_worker.stats import apply_thread_cap
 
 
 def test_auto_parallelism_fits_the_machine() -> None:
-    assert auto_parallelism(2, {}) == 1
+    assert auto_parallelism(2, {}) == 2
     assert auto_parallelism(1, {}) == 1
+    assert auto_parallelism(8, {}) == 2
     assert auto_parallelism(16, {}) == 4
     assert auto_parallelism(16, {"BATCH_WORKER_THREADS": "2"}) == 8
 
@@ -21,7 +22,7 @@ def test_each_worker_gets_its_share_of_the_cores() -> None:
     assert worker_threads(4, 16, {}) == 4
     assert worker_threads(4, 16, {"BATCH_WORKER_THREADS": "3"}) == 3
     assert worker_threads(1, 16, {"OMP_NUM_THREADS": "1"}) == 1  # the operator's own cap is kept
-    assert auto_parallelism(2, {"OMP_NUM_THREADS": "1"}) == 2
+    assert auto_parallelism(4, {"OMP_NUM_THREADS": "1"}) == 4
     env = worker_thread_env(1)
     assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == env["BATCH_WORKER_THREADS"] == "1"
     assert env["TOKENIZERS_PARALLELISM"] == "false" and worker_thread_env(2)["TOKENIZERS_PARALLELISM"] == "true"
