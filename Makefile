@@ -35,6 +35,11 @@ bench-attention: venv
 bench-storage: venv
 	$(PY) bench/storage.py
 
+# Local runner: 3 shards started at once at parallelism 1, 2 and auto (thread cap per worker).
+.PHONY: bench-parallelism
+bench-parallelism: venv
+	PYTHONPATH=plugins:worker_image $(PY) bench/local_parallelism.py --rows 500 --shards 3
+
 .PHONY: bench-publish
 bench-publish: venv
 	$(PY) bench/publish.py
