@@ -52,6 +52,11 @@ bench-attention: venv
 bench-storage: venv
 	$(PY) bench/storage.py
 
+# Local runner: 3 shards started at once at parallelism 1, 2 and auto (thread cap per worker).
+.PHONY: bench-parallelism
+bench-parallelism: venv
+	PYTHONPATH=plugins:worker_image $(PY) bench/local_parallelism.py --rows 500 --shards 3
+
 .PHONY: bench-publish
 bench-publish: venv
 	$(PY) bench/publish.py
@@ -83,8 +88,10 @@ INPUT ?= data/sample/debian_descriptions_sample.parquet
 OUTPUT ?= output
 ROWS_PER_SHARD ?= 3000
 PUBLISH_BACKEND ?= duckdb
+# Any DAG Param as a flag: `make run ARGS="--id-column key --text-column body --row-limit 500"` (see --help).
+ARGS ?=
 run: venv
-	PYTHONPATH=plugins:worker_image $(PY) -m batch_inference.cli run --input "$(INPUT)" --output "$(OUTPUT)" --rows-per-shard $(ROWS_PER_SHARD) --publish-backend $(PUBLISH_BACKEND)
+	PYTHONPATH=plugins:worker_image $(PY) -m batch_inference.cli run --input "$(INPUT)" --output "$(OUTPUT)" --rows-per-shard $(ROWS_PER_SHARD) --publish-backend $(PUBLISH_BACKEND) $(ARGS)
 
 # Pod manifests the kubernetes runner would create for a planned run, via the provider (no cluster).
 render-k8s: venv

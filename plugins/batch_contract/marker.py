@@ -1,7 +1,8 @@
 """Shard completion marker, per-attempt records and live progress objects (JSON in storage).
 
-* ``attempts/<attempt_id>.json`` - written when a worker starts and rewritten when it exits; a record
-  still ``running`` after its shard completed means that attempt was killed (SIGKILL, node loss).
+* ``attempts/<attempt_id>.json`` - written when a worker starts, after each commit, at each progress
+  tick and when it exits; a record still ``running`` after its shard completed means that attempt was
+  killed (SIGKILL, node loss), and holds what it did up to its last progress tick.
 * ``_PROGRESS.json`` - rewritten at most every ``progress_interval_seconds`` while a worker runs.
 * ``_SUCCESS.json`` - the :class:`ShardMarker`, written last, only when every row of the shard is
   committed (results + dead letters = input rows). Storage, not task state, is the truth: the gate,
@@ -66,6 +67,12 @@ class AttemptRecord:
     """Rows this attempt carried over from the result cache (:mod:`batch_contract.resultcache`)."""
     reuse_seconds_avoided: float = 0.0
     """Measured compute seconds of those rows in the runs that computed them (default 0)."""
+    updated_at: str = ""
+    """When the record was last written (UTC ISO): every commit and every progress tick while running,
+    so a killed attempt's record holds its seconds and rows in flight up to its last progress write."""
+    threads: int = 0
+    """Intra-op CPU threads the worker ran inference with (torch's count after the runner's cap,
+    ``BATCH_WORKER_THREADS``); 0 in records written before this field or when unknown."""
 
     def to_json_bytes(self) -> bytes:
         return pretty_json(asdict(self))

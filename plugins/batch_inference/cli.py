@@ -1,10 +1,14 @@
 """Local drivers behind ``make run`` and ``make render-k8s``.
 
-``python -m batch_inference.cli run [--input URI] [--output DIR] [--runner local] [...]``:
-an Airflow home inside the repository (``airflow_home/``, SQLite), ``airflow db migrate`` on first use,
-then ``airflow dags test batch_inference_backfill`` with the run's conf. Airflow's own output goes to
-``airflow_home/logs/make-run-<time>.log``; the terminal gets a short summary and, as its LAST line, the
-path of the run's ``report.json``. The operator running it is trusted: the input's directory, the output
+``python -m batch_inference.cli run [--input URI] [--output DIR] [--id-column C] [--dry-run] [...]``:
+every DAG Param is a ``--kebab-case`` flag (:func:`add_param_flags`, from ``PARAM_FIELDS``), plus
+``--conf JSON``; the conf is checked as the plan task will check it, then an Airflow home inside the
+repository (``airflow_home/``, SQLite), ``airflow db migrate`` on first use, then ``airflow dags test
+batch_inference_backfill`` with the run's conf. Airflow's own output goes to
+``airflow_home/logs/make-run-<time>.log``; the terminal gets each task's start and end, a progress line
+per running shard and one for the run every few seconds (:mod:`batch_inference.terminal`), then a short
+summary and, as its LAST line, the path of the run's ``report.json``. On a failure it prints the first
+failing task's own error and exits non-zero. The operator running it is trusted: the input's directory, the output
 root and the DuckDB file's directory are added to ``BATCH_INFERENCE_ALLOWED_ROOTS`` for that run only
 (:func:`run_allowed_roots`).
 
@@ -18,10 +22,10 @@ import argparse
 import json
 import os
 import posixpath
-import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -31,16 +35,17 @@ from batch_contract.engine_config import ConfigError
 
 from batch_inference.params import (
     ALLOWED_ROOTS_ENV,
+    PARAM_FIELDS,
     REPO_ROOT,
-    RUNNERS,
     SAMPLE_INPUT,
+    ParamField,
     allowed_roots_value,
     param_default,
 )
-from batch_inference.publish.target import BACKENDS
+from batch_inference.terminal import DagTestOutput, Printer, ProgressWatcher
 
-AIRFLOW_HOME = REPO_ROOT / "airflow_home"
-REPORT_RE = re.compile(r"BATCH_INFERENCE_REPORT_JSON=(\S+)")
+AIRFLOW_HOME = Path(os.environ.get("BATCH_CLI_AIRFLOW_HOME") or REPO_ROOT / "airflow_home")
+"""The Airflow home of ``make run`` (SQLite); ``BATCH_CLI_AIRFLOW_HOME`` moves it (tests use their own)."""
 
 
 def airflow_env(airflow_home: Path = AIRFLOW_HOME) -> dict[str, str]:
@@ -80,54 +85,147 @@ def ensure_db(env: dict[str, str]) -> None:
     stamp.touch()
 
 
-def dags_test(dag_id: str, conf: dict[str, Any], env: dict[str, str], log_path: Path) -> tuple[int, str]:
+def dags_test(dag_id: str, conf: dict[str, Any], env: dict[str, str], log_path: Path, *,
+              emit: Callable[[str], None] | None = None, output: DagTestOutput | None = None,
+              progress_interval: float = 5.0) -> tuple[int, str]:
     """Run ``airflow dags test <dag_id> --conf <json>``; output to ``log_path``.
 
+    While it runs, ``emit`` (when given) gets a line per task start/end (:class:`DagTestOutput`) and,
+    every ``progress_interval`` seconds, a line per running shard and one for the run
+    (:class:`ProgressWatcher`, reading ``conf["output_root"]``'s run store).
+
     Returns:
-        ``(exit code, report URI or "")``; the URI comes from the summary task's log line.
+        ``(exit code, report URI or "")``; the URI comes from the summary task's log line. ``output``
+        (when given) holds the run id and the failed tasks' messages afterwards.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "airflow", "dags", "test", dag_id, "--conf", json.dumps(conf)]
-    report = ""
-    with open(log_path, "w") as log_fh:
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                errors="replace", bufsize=1)
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            log_fh.write(line)
-            match = REPORT_RE.search(line)
-            if match:
-                report = match.group(1)
-            if "Marking task as" in line or "wrote part" in line.lower():
-                print("  " + _short(line), flush=True)
-        code = proc.wait()
-    return code, report
+    parsed = output if output is not None else DagTestOutput()
+    watcher = None
+    if emit is not None and conf.get("output_root"):
+        watcher = ProgressWatcher(str(conf["output_root"]), lambda: parsed.run_id, emit,
+                                  interval=progress_interval).start()
+    try:
+        with open(log_path, "w") as log_fh:
+            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                    errors="replace", bufsize=1)
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                log_fh.write(line)
+                for shown in parsed.feed(line):
+                    if emit is not None:
+                        emit(shown)
+            code = proc.wait()
+    finally:
+        if watcher is not None:
+            watcher.stop()
+            try:
+                watcher.poll()  # the last state (shards completed since the previous poll)
+            except Exception as exc:  # noqa: BLE001 - progress is advisory
+                emit(f"  (progress unavailable: {type(exc).__name__}: {exc})")
+    return code, parsed.report_uri
 
 
-def _short(line: str) -> str:
-    line = re.sub(r"\x1b\[[0-9;]*m", "", line.strip())
-    return line[-160:]
+_FLAG_ALIASES = {"input_uri": ("--input",), "output_root": ("--output",), "output_table": ("--table",)}
+"""Older spellings kept working next to the Param-named flags."""
+CLI_DEFAULTS: dict[str, Any] = {"input_uri": SAMPLE_INPUT, "output_root": str(REPO_ROOT / "output"),
+                                "rows_per_shard": 3000, "parallelism": 1}
+"""Where ``make run`` differs from the Param defaults: the bundled sample, the repo's output/, smaller
+shards (so the sample gives a few), and parallelism 1: ``airflow dags test`` runs mapped tasks one at a
+time, so the one running worker gets every core (parallelism N would only give it cores // N threads)."""
+_NULL = object()
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object ({...})")
+    return value
+
+
+def _flag_type(spec: ParamField) -> Callable[[str], Any]:
+    base: Callable[[str], Any] = {"integer": int, "number": float, "object": _json_object}.get(spec.type, str)
+    if not spec.nullable:
+        return base
+
+    def nullable(text: str) -> Any:
+        return _NULL if text.strip().lower() in ("", "null", "none") else base(text)
+
+    nullable.__name__ = base.__name__
+    return nullable
+
+
+def add_param_flags(parser: argparse.ArgumentParser) -> None:
+    """One ``--kebab-case`` flag per Param of :data:`PARAM_FIELDS` (its type, enum and help from the
+    table; booleans as ``--flag/--no-flag``; nullable ones accept ``null``), plus ``--conf JSON``.
+    Every flag defaults to ``None`` (not given: the Param's default, or :data:`CLI_DEFAULTS`)."""
+    group = parser.add_argument_group("DAG Params (passed as the run's conf; flags override --conf)")
+    group.add_argument("--conf", type=_json_object, default=None, metavar="JSON",
+                       help="a JSON object of Params, e.g. '{\"engine_options\": {\"dtype\": \"float32\"}}'")
+    for name, spec in PARAM_FIELDS.items():
+        flags = ("--" + name.replace("_", "-"), *_FLAG_ALIASES.get(name, ()))
+        default = CLI_DEFAULTS.get(name, spec.default)
+        text = f"{spec.title}: {spec.description} (default: {default!r})".replace("%", "%%")
+        if spec.type == "boolean":
+            group.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, default=None, help=text)
+            continue
+        group.add_argument(*flags, dest=name, type=_flag_type(spec), default=None, help=text,
+                           choices=list(spec.enum) if spec.enum else None,
+                           metavar=None if spec.enum else spec.type.upper())
+
+
+def param_conf(args: argparse.Namespace) -> dict[str, Any]:
+    """The Params given on the command line: ``--conf`` updated with the flags that were given."""
+    conf = dict(args.conf or {})
+    for name in PARAM_FIELDS:
+        value = getattr(args, name, None)
+        if value is not None:
+            conf[name] = None if value is _NULL else value
+    return conf
+
+
+def _resolved(uri: str) -> str:
+    """A URI (``file://``, ``gs://``) as written; a plain path made absolute."""
+    return uri if storage.scheme_of(uri) else str(Path(uri).resolve())
 
 
 def _conf(args: argparse.Namespace) -> dict[str, Any]:
-    # A URI (file://, gs://) stays as written, a plain path is resolved; the DuckDB file is always local:
-    # next to a local output, in the repo's output/ for a remote one (gs://).
-    output = args.output if storage.scheme_of(args.output) else str(Path(args.output).resolve())
-    duckdb_dir = storage.local_path(output) if storage.is_local(output) else REPO_ROOT / "output"
-    conf: dict[str, Any] = {
-        "input_uri": args.input if storage.scheme_of(args.input) else str(Path(args.input).resolve()),
-        "output_root": output,
-        "duckdb_path": str(duckdb_dir / "warehouse.duckdb"),
-        "runner": args.runner,
-        "rows_per_shard": args.rows_per_shard,
-        "parallelism": args.parallelism,
-        "row_limit": args.row_limit,
-        "output_table": args.table,
-        "publish_backend": args.publish_backend,
-    }
-    if args.model:
-        conf["model"] = args.model
+    """The run's conf: :func:`param_conf` over :data:`CLI_DEFAULTS`, paths resolved; the DuckDB file
+    (unless given) next to a local output, in the repo's output/ for a remote one (gs://)."""
+    conf = {**CLI_DEFAULTS, **param_conf(args)}
+    conf["input_uri"] = _resolved(conf["input_uri"])
+    output = conf["output_root"] = _resolved(conf["output_root"])
+    if conf.get("duckdb_path"):
+        conf["duckdb_path"] = _resolved(conf["duckdb_path"])
+    else:
+        duckdb_dir = storage.local_path(output) if storage.is_local(output) else REPO_ROOT / "output"
+        conf["duckdb_path"] = str(duckdb_dir / "warehouse.duckdb")
     return conf
+
+
+def precheck(conf: dict[str, Any]) -> None:
+    """Check the conf as the plan task will (:func:`resolve_run_config`) before starting Airflow, so a
+    bad flag fails in a second, not after Airflow's start-up. Skipped when a value holds Jinja.
+
+    Raises:
+        ConfigError: naming ``params.<field>``.
+    """
+    if any(isinstance(v, str) and "{{" in v for v in conf.values()):
+        return
+    from batch_inference.params import resolve_run_config
+
+    previous = os.environ.get(ALLOWED_ROOTS_ENV)
+    os.environ[ALLOWED_ROOTS_ENV] = run_allowed_roots(conf, dict(os.environ))
+    try:
+        resolve_run_config({**{name: param_default(name) for name in PARAM_FIELDS}, **conf})
+    finally:
+        if previous is None:
+            os.environ.pop(ALLOWED_ROOTS_ENV, None)
+        else:
+            os.environ[ALLOWED_ROOTS_ENV] = previous
 
 
 def _parent_of(uri: str) -> str:
@@ -185,10 +283,10 @@ def task_seconds(db_path: Path, run_id: str) -> dict[str, float]:
 def _print_summary(report_uri: str, timing: dict[str, Any]) -> None:
     from batch_contract import storage
 
-    from batch_inference.report import markdown_summary
+    from batch_inference.report import text_summary
 
     report = json.loads(storage.read_bytes(report_uri))
-    print(markdown_summary(report))
+    print(text_summary(report))
     print(f"wall {timing['wall_s']} s; worker inference {timing['worker_inference_s']} s "
           f"(share {timing['inference_share']}); whole worker processes {timing['worker_total_s']} s "
           f"(share {timing['worker_share']}); Airflow tasks {timing['task_seconds']}; outside tasks "
@@ -197,29 +295,55 @@ def _print_summary(report_uri: str, timing: dict[str, Any]) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    """``run``: precheck the conf, ``airflow dags test`` with live progress, then the summary; on a
+    failure the first failing task's own error and a non-zero exit code."""
     env = airflow_env()
-    ensure_db(env)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
-    log_path = AIRFLOW_HOME / "logs" / f"make-run-{stamp}.log"
     conf = _conf(args)
     try:
         env[ALLOWED_ROOTS_ENV] = run_allowed_roots(conf, env)
+        precheck(conf)
     except ConfigError as exc:
         print(f"run refused: {exc}", file=sys.stderr)
         return 2
+    ensure_db(env)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    log_path = AIRFLOW_HOME / "logs" / f"make-run-{stamp}.log"
+    if int(conf.get("parallelism") or 1) > 1:
+        print(f"note: airflow dags test runs the shards one at a time; parallelism {conf['parallelism']} only "
+              "gives each worker cores // parallelism threads (it overlaps shards under a real executor)",
+              flush=True)
     print(f"batch_inference_backfill: {conf['input_uri']} -> {conf['output_root']} "
-          f"(runner {conf['runner']}; Airflow log: {log_path})", flush=True)
+          f"(runner {conf.get('runner', param_default('runner'))}; Airflow log: {log_path})", flush=True)
     start = time.monotonic()
-    code, report = dags_test("batch_inference_backfill", conf, env, log_path)
+    output = DagTestOutput()
+    printer = Printer()
+    code, report = dags_test("batch_inference_backfill", conf, env, log_path, emit=printer, output=output,
+                             progress_interval=args.progress_interval)
     wall = time.monotonic() - start
-    if code != 0 or not report:
-        tail = log_path.read_text(errors="replace").splitlines()[-40:]
-        print("\n".join(tail), file=sys.stderr)
-        print(f"run failed (exit {code}); full log: {log_path}", file=sys.stderr)
-        return code or 1
+    if code == 0 and not output.failures and conf.get("dry_run"):
+        print(f"dry run done in {wall:.0f} s: nothing was run (pod manifests: see the render_k8s task in {log_path})")
+        return 0
+    if code != 0 or not report or output.failures:
+        return _report_failure(output, code, log_path)
     _print_summary(report, _timing(report, wall))
     print(report)
     return 0
+
+
+def _report_failure(output: DagTestOutput, code: int, log_path: Path) -> int:
+    """Print the first failing task's own error (or the log's tail when none was found); returns the
+    exit code (never 0)."""
+    failure = output.first_failure
+    if failure is not None:
+        print(f"run failed: task {failure.task}: {failure.message}", file=sys.stderr)
+        later = [f.task for f in output.failures[1:]]
+        if later:
+            print(f"  (then also failed, downstream of it: {', '.join(later)})", file=sys.stderr)
+    else:
+        tail = log_path.read_text(errors="replace").splitlines()[-40:]
+        print("\n".join(tail), file=sys.stderr)
+    print(f"run failed (exit {code or 1}); full Airflow log: {log_path}", file=sys.stderr)
+    return code or 1
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -245,16 +369,13 @@ def build_parser() -> argparse.ArgumentParser:
     default (:func:`batch_inference.params.param_default`)."""
     parser = argparse.ArgumentParser(prog="batch_inference.cli", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
-    run = sub.add_parser("run", help="airflow dags test batch_inference_backfill, local runner")
-    run.add_argument("--input", default=SAMPLE_INPUT)
-    run.add_argument("--output", default=str(REPO_ROOT / "output"))
-    run.add_argument("--runner", default=param_default("runner"), choices=list(RUNNERS))
-    run.add_argument("--rows-per-shard", type=int, default=3000)
-    run.add_argument("--parallelism", type=int, default=param_default("parallelism"))
-    run.add_argument("--row-limit", type=int, default=param_default("row_limit"))
-    run.add_argument("--table", default=param_default("output_table"))
-    run.add_argument("--publish-backend", default=param_default("publish_backend"), choices=list(BACKENDS))
-    run.add_argument("--model", default=None)
+    run = sub.add_parser("run", help="airflow dags test batch_inference_backfill, local runner",
+                         description="Every DAG Param is a flag; the run's conf is --conf updated with the "
+                                     "flags given; a Param not given takes the DAG's default (the input, "
+                                     "output and rows per shard default to the sample, output/ and 3000).")
+    run.add_argument("--progress-interval", type=float, default=5.0, metavar="SECONDS",
+                     help="seconds between progress lines (default 5)")
+    add_param_flags(run)
     render = sub.add_parser("render-k8s", help="plan and write pod manifests (no cluster)")
     render.add_argument("--input", default=SAMPLE_INPUT)
     render.add_argument("--output", default=str(REPO_ROOT / "output"))

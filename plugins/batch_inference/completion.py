@@ -74,16 +74,14 @@ def check_completion(run: str | RunStore, min_success_ratio: float = 1.0) -> Com
 
 
 def progress_line(run: str | RunStore, status: CompletionStatus) -> str:
-    """One log line: shard counts, missing shards, and the live progress summary
-    (``batch_inference.progress.format_progress``) when that module is installed."""
-    line = (f"shards complete {status.shards_complete}/{status.shards_total}, rows in complete shards "
-            f"{status.rows_complete}/{status.rows_total}")
-    if status.missing:
-        line += f"; missing: {name_shards(status.missing)}"
+    """One compact log line: the live progress summary (``batch_inference.progress.format_progress``:
+    rows/s and ETA first, shard counts, the shards waited on) when that module is installed, else the
+    shard counts and missing shards."""
     try:
         from batch_inference.progress import collect_progress, format_progress
     except ImportError:
-        return line
+        line = (f"shards complete {status.shards_complete}/{status.shards_total}, rows in complete shards "
+                f"{status.rows_complete}/{status.rows_total}")
+        return line + (f"; missing: {name_shards(status.missing)}" if status.missing else "")
     store = _store(run)
-    summary = collect_progress(store, [s.shard_id for s in store.manifest.shards])
-    return f"{line} | {format_progress(summary)}"
+    return format_progress(collect_progress(store, [s.shard_id for s in store.manifest.shards]))

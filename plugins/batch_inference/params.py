@@ -306,9 +306,10 @@ PARAM_FIELDS: Mapping[str, ParamField] = _fields(
     ParamField("max_shards", DEFAULT_MAX_MAP_LENGTH, "integer", "Max shards", "Never plan more mapped "
                f"tasks than this (Airflow's max_map_length, {DEFAULT_MAX_MAP_LENGTH} by default).",
                "Execution", minimum=1, maximum=DEFAULT_MAX_MAP_LENGTH),
-    ParamField("parallelism", 1, "integer", "Local parallelism", "Shards run at the same time by the "
-               "local runner (kubernetes: the DAG's max_active_tis_per_dagrun).", "Execution", minimum=1,
-               maximum=256),
+    ParamField("parallelism", 0, "integer", "Local parallelism", "Shards run at the same time by the "
+               "local runner, each with cores // parallelism threads; 0: fit the machine (at least 2 "
+               "workers on 2+ cores, up to 4 threads each; BATCH_WORKER_THREADS fixes the threads).", "Execution", minimum=0,
+               maximum=256, expected="0 (auto: fit the machine) or an integer in 1..256"),
     ParamField("dry_run", False, "boolean", "Dry run", "Plan and write pod manifests to build/k8s/*.yaml; "
                "run nothing.", "Execution"),
     ParamField("output_root", DEFAULT_OUTPUT_ROOT, "string", "Output root",

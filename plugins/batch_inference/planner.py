@@ -208,9 +208,19 @@ def _type_class(dtype: pa.DataType) -> str:
 _USABLE = {"id": {"string", "integer"}, "text": {"string", "binary"}}
 
 
-def _check_column(role: str, column: str, type_class: str, file_uri: str, shown: str) -> None:
+def _columns_hint(available: list[str] | None) -> str:
+    """``"; the columns are: a, b, c"`` (at most 30 named), or ``""`` when unknown."""
+    if not available:
+        return ""
+    shown = ", ".join(available[:30]) + (f" (+{len(available) - 30} more)" if len(available) > 30 else "")
+    return f"; its columns are: {shown}"
+
+
+def _check_column(role: str, column: str, type_class: str, file_uri: str, shown: str,
+                  available: list[str] | None = None) -> None:
     if type_class == "missing":
-        raise PlanError(f"{role}_column: column {column!r} is missing from {file_uri}")
+        raise PlanError(f"{role}_column: column {column!r} is missing from {file_uri}{_columns_hint(available)} "
+                        f"(set the {role}_column Param, CLI --{role}-column, to one of them)")
     if type_class == "null":
         raise PlanError(f"{role}_column: column {column!r} is all null in {file_uri}")
     if type_class not in _USABLE[role]:
@@ -242,7 +252,7 @@ def _parquet_meta(uri: str, columns: dict[str, str]) -> tuple[_FileMeta, dict[st
     for role, column in columns.items():
         idx = schema.get_field_index(column)
         if idx < 0:
-            _check_column(role, column, "missing", uri, "")
+            _check_column(role, column, "missing", uri, "", list(schema.names))
         dtype = schema.field(idx).type
         classes[role] = _type_class(dtype)
         _check_column(role, column, classes[role], uri, str(dtype))
@@ -288,11 +298,12 @@ def _jsonl_meta(uri: str, columns: dict[str, str]) -> tuple[_FileMeta, dict[str,
     block_rows = 0
     block_bytes = 0
     seen: dict[str, set[str]] = {role: set() for role in columns}
+    keys: dict[str, None] = {}  # keys of the sampled lines, first-seen order (named when a column is missing)
     size = fs.get_file_info(path).size or 0
     with fs.open_input_stream(path) as fh:
         for row, line in iter_jsonl_lines(fh, JSONL_READ_BYTES):
             if row < JSONL_SAMPLE_LINES:
-                _sample_line(line, row, uri, columns, seen)
+                _sample_line(line, row, uri, columns, seen, keys)
             rows = row + 1
             block_rows += 1
             block_bytes += len(line)
@@ -308,7 +319,7 @@ def _jsonl_meta(uri: str, columns: dict[str, str]) -> tuple[_FileMeta, dict[str,
             classes[role] = "empty"
             continue
         if not seen[role]:
-            _check_column(role, column, "missing", uri, "")
+            _check_column(role, column, "missing", uri, "", list(keys))
         if len(non_null) > 1:
             raise PlanError(f"{role}_column: column {column!r} mixes types {sorted(non_null)} in {uri}")
         classes[role] = non_null.pop() if non_null else "null"
@@ -316,7 +327,8 @@ def _jsonl_meta(uri: str, columns: dict[str, str]) -> tuple[_FileMeta, dict[str,
     return _FileMeta(uri, rows, [], size, blocks), classes
 
 
-def _sample_line(line: bytes, row: int, uri: str, columns: dict[str, str], seen: dict[str, set[str]]) -> None:
+def _sample_line(line: bytes, row: int, uri: str, columns: dict[str, str], seen: dict[str, set[str]],
+                 keys: dict[str, None] | None = None) -> None:
     """Record the JSON types of the id/text columns on one sampled JSONL line.
 
     Invalid UTF-8 is decoded as the worker decodes it (:func:`batch_contract.rows.decode_line`: the
@@ -332,6 +344,8 @@ def _sample_line(line: bytes, row: int, uri: str, columns: dict[str, str], seen:
         raise PlanError(f"input: {uri} line {row + 1} (non-blank) is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise PlanError(f"input: {uri} line {row + 1} (non-blank) is not a JSON object")
+    if keys is not None:
+        keys.update(dict.fromkeys(obj))
     for role, column in columns.items():
         if column in obj:
             seen[role].add(_jsonl_type(obj[column]))

@@ -125,20 +125,21 @@ def _eta(seconds: float | None) -> str:
 
 
 def format_progress(summary: dict[str, Any]) -> str:
-    """One log line from :func:`collect_progress`'s summary.
+    """One compact log line from :func:`collect_progress`'s summary, rate and ETA first.
 
-    Example: ``shards 3/8 completed, 0 failed, 2 running, 3 pending | rows 1,200/3,200 (37.5%), 4 dead
-    letters | 85.0 rows/s | ETA 23s | waiting on 00003, 00004, ...``
+    Example: ``85.0 rows/s | ETA 23s | rows 1,200/3,200 (37.5%), 4 dead letters | shards 3/8 completed,
+    0 failed, 2 running, 3 pending | waiting on 00003, 00004, ...``
     """
     s = summary
     total_rows = "?" if s["rows_total"] is None else f"{s['rows_total']:,}"
     frac = "" if s["fraction_done"] is None else f" ({100 * s['fraction_done']:.1f}%)"
+    dead = f", {s['rows_dead_letter']:,} dead letters" if s["rows_dead_letter"] else ""
     parts = [
-        f"shards {s['completed']}/{s['total']} completed, {s['failed']} failed, {s['running']} running, "
-        f"{s['pending']} pending" + (f", {s['stale']} stale" if s["stale"] else ""),
-        f"rows {s['rows_done']:,}/{total_rows}{frac}, {s['rows_dead_letter']:,} dead letters",
         f"{s['rows_per_s']:,.1f} rows/s",
         f"ETA {_eta(s['eta_s'])}",
+        f"rows {s['rows_done']:,}/{total_rows}{frac}{dead}",
+        f"shards {s['completed']}/{s['total']} completed, {s['failed']} failed, {s['running']} running, "
+        f"{s['pending']} pending" + (f", {s['stale']} stale" if s["stale"] else ""),
     ]
     if s["missing"]:
         shown = ", ".join(s["missing"][:_MAX_LISTED]) + (", ..." if len(s["missing"]) > _MAX_LISTED else "")

@@ -19,6 +19,27 @@ from batch_inference.params import PARAM_FIELDS
 if TYPE_CHECKING:
     from batch_contract.runstore import RunStore
 
+MAX_CAUSE_READS = 50
+"""Most missing shards whose attempt records the gate reads to name why they stopped."""
+
+
+def _cause_of(attempt: Any) -> str:
+    """A missing shard's cause and fix, from its last attempt record (``None``: it never started)."""
+    if attempt is None:
+        return ("no attempt record (the worker stopped before its attempt began, e.g. on a bad model path "
+                "or engine option, or its task never ran): the shard's task error names the cause; fix "
+                "that Param and trigger a new run, or clear the task if it never ran")
+    code = attempt.exit_code
+    if code == 2:
+        return ("bad config or input (worker exit 2; the shard's task log names the field): fix that Param "
+                "(e.g. a bad model path -> the model Param) and trigger a new run; a retry cannot fix it")
+    if code == 75:
+        return "interrupted (exit 75) and out of retries: clear the shard's task to resume after its committed chunks"
+    if code is None:
+        return ("killed while running (no exit code: SIGKILL, out of memory, node loss): check memory "
+                "(lower token_budget) and clear the shard's task to resume")
+    return f"worker failed (exit {code}; traceback in the shard's task log): fix it, then clear the shard's task"
+
 
 class ShardMarkerSensor(BaseSensorOperator):
     """Succeed when the run's complete shards hold ``min_success_ratio`` of its rows; fail at the
@@ -101,8 +122,9 @@ class ShardMarkerSensor(BaseSensorOperator):
             raise AirflowSkipException("dry run: no shards were run, nothing to wait for")
         if str(self.run_dir).strip() in {"", "None"}:
             raise AirflowFailException(
-                "completion gate: the plan task produced no run directory (it failed: its log has the "
-                "reason), so there is nothing to wait for"
+                "completion gate: nothing to wait for: the plan task failed, so no shards were planned "
+                "(its error, e.g. a missing column or a bad Param, is in the plan task's log); fix it and "
+                "trigger a new run"
             )
         status = check_completion(self._store(), float(self.min_success_ratio))
         self.log.info("%s", progress_line(self._store(), status))
@@ -140,5 +162,20 @@ class ShardMarkerSensor(BaseSensorOperator):
             f"completion gate for {self.run_dir}: {why} with {len(missing)} shard(s) missing their "
             f"_SUCCESS.json marker: {name_shards(missing)}; rows complete {status.get('rows_complete')}/"
             f"{status.get('rows_total')} (ratio {status.get('ratio', 0):.4f} < min_success_ratio "
-            f"{status.get('min_success_ratio')}). Clear those shards' tasks to rerun them."
+            f"{status.get('min_success_ratio')}). {self._causes(missing)}"
         )
+
+    def _causes(self, missing: list[str]) -> str:
+        """Why the missing shards stopped, from their last attempt records, and what fixes each cause."""
+        from batch_inference.completion import name_shards
+
+        by_cause: dict[str, list[str]] = {}
+        for sid in missing[:MAX_CAUSE_READS]:
+            try:
+                attempts = self._store().attempts(sid)
+            except (OSError, ValueError):
+                attempts = []
+            by_cause.setdefault(_cause_of(attempts[-1] if attempts else None), []).append(sid)
+        parts = [f"{cause}: {name_shards(ids)}" for cause, ids in by_cause.items()]
+        return "Causes: " + "; ".join(parts) if parts else ""
+

@@ -189,7 +189,7 @@ def infer_local_task(ref: dict[str, Any], context: Mapping[str, Any]) -> dict[st
 
     from batch_inference.local_runner import ShardBadInputError, ShardRetryableError, run_shard
 
-    parallelism = int(context["params"].get("parallelism", 1))
+    parallelism = int(context["params"].get("parallelism", 0))  # 0: fit the machine
     try:
         return run_shard(ref["run_dir"], ref["shard_id"], parallelism=parallelism).to_dict()
     except ShardBadInputError as exc:
@@ -303,10 +303,10 @@ def summary_task(result: dict[str, Any], context: Mapping[str, Any]) -> str:
 
     from batch_contract import storage
 
-    from batch_inference.report import markdown_summary
+    from batch_inference.report import text_summary
 
     report = json.loads(storage.read_bytes(result["report_json"]))
-    for line in markdown_summary(report).splitlines():
+    for line in text_summary(report).splitlines():
         log.info("%s", line)
     log.info("%s%s", REPORT_LINE_PREFIX, result["report_json"])
     return result["report_json"]

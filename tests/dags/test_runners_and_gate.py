@@ -142,3 +142,28 @@ def test_local_gate_fails_at_once_when_the_fan_out_left_shards_missing(run_dir: 
 def test_name_shards_truncates() -> None:
     ids = [f"{i:05d}" for i in range(25)]
     assert name_shards(ids).endswith("00019 (+5 more)")
+
+
+def test_bad_input_exit_names_the_cause_and_the_fix(run_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    script = ("import sys; print('2026 ERROR batch_worker: bad config or input (exit 2): engine.model_path: "
+              "/nope is not a local model directory with config.json', flush=True); sys.exit(2)")
+    monkeypatch.setenv("BATCH_WORKER_COMMAND", f"{sys.executable} -c \"{script}\"")
+    with pytest.raises(ShardBadInputError, match=r"shard 00000: engine.model_path: /nope .* Fix: fix the model Param"):
+        run_shard(run_dir, "00000")
+
+
+def test_gate_names_why_each_missing_shard_stopped(run_dir: str) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+    from batch_contract.marker import AttemptRecord
+    from batch_inference.sensors import ShardMarkerSensor
+
+    layout = RunLayout.from_run_dir(run_dir)
+    _mark(run_dir, "00000")
+    bad = AttemptRecord(attempt_id="a1", shard_id="00001", started_at="t", status="failed", exit_code=2)
+    storage.write_replace(f"{layout.attempts_dir('00001')}/a1.json", bad.to_json_bytes())
+    sensor = ShardMarkerSensor(task_id="gate", run_dir=run_dir, wait_for_stragglers="False")
+    with pytest.raises(AirflowFailException) as err:
+        sensor.execute({})
+    text = str(err.value)
+    assert "bad config or input (worker exit 2" in text and "the model Param" in text and ": 00001" in text
+    assert "no attempt record" in text and "00002" in text

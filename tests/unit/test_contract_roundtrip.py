@@ -92,7 +92,7 @@ def test_marker_attempt_progress_round_trip() -> None:
 def test_attempt_record_from_before_the_added_fields_still_reads() -> None:
     old = b'{"attempt_id": "a", "shard_id": "00000", "started_at": "t", "schema_version": 1}'
     rec = AttemptRecord.from_json_bytes(old)
-    assert rec.tokens_padded == 0 and rec.fingerprint == "" and rec.status == "running"
+    assert rec.tokens_padded == 0 and rec.fingerprint == "" and rec.status == "running" and rec.threads == 0
 
 
 def test_part_and_dead_letter_schemas_survive_parquet() -> None:

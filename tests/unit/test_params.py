@@ -244,10 +244,11 @@ def test_form_runconfig_planner_cli_and_sensor_defaults_come_from_the_table() ->
     assert plan_defaults["rows_per_shard"] == PARAM_FIELDS["rows_per_shard"].default
     assert plan_defaults["max_map_length"] == PARAM_FIELDS["max_shards"].default
 
-    parser = build_parser()
-    run = parser.parse_args(["run"])
-    assert (run.runner, run.parallelism, run.row_limit, run.table) == tuple(
-        PARAM_FIELDS[n].default for n in ("runner", "parallelism", "row_limit", "output_table"))
+    from batch_inference.cli import CLI_DEFAULTS, param_conf
+
+    run = build_parser().parse_args(["run"])
+    assert param_conf(run) == {}  # a flag not given leaves the Param's default to the DAG
+    assert set(CLI_DEFAULTS) == {"input_uri", "output_root", "rows_per_shard", "parallelism"}
     assert {f.name: f.default for f in dataclasses.fields(DagSpec)}["output_table"] == \
         PARAM_FIELDS["output_table"].default
 

@@ -102,8 +102,16 @@ def test_glob_and_jsonl_line_index(tmp_path: Path) -> None:
 
 
 def test_missing_column_is_named(tmp_path: Path) -> None:
-    with pytest.raises(PlanError, match=r"text_column: column 'body' is missing"):
+    with pytest.raises(PlanError, match=r"text_column: column 'body' is missing") as err:
         plan(_request(str(SAMPLE), tmp_path, text_column="body"))
+    assert "its columns are: id, section, text" in str(err.value) and "--text-column" in str(err.value)
+
+
+def test_missing_jsonl_column_lists_the_keys(tmp_path: Path) -> None:
+    path = tmp_path / "f.jsonl"
+    path.write_text('{"key": "a", "body": "x"}\n{"key": "b", "body": "y", "extra": 1}\n')
+    with pytest.raises(PlanError, match=r"id_column: column 'id' is missing .*its columns are: key, body, extra"):
+        plan(_request(str(path), tmp_path))
 
 
 def test_unusable_type_is_named(tmp_path: Path) -> None:

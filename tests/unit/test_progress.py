@@ -60,8 +60,8 @@ def test_counts_rows_rate_and_eta(run):
 def test_format_progress_one_line(run):
     line = format_progress(collect_progress(run.run_dir, IDS, now=NOW))
     assert "\n" not in line
-    assert line.startswith("shards 2/6 completed, 1 failed, 1 running, 1 pending, 1 stale")
-    assert "rows 300/600 (50.0%)" in line and "20.0 rows/s" in line and "ETA 15s" in line
+    assert line.startswith("20.0 rows/s | ETA 15s | rows 300/600 (50.0%)")
+    assert "shards 2/6 completed, 1 failed, 1 running, 1 pending, 1 stale" in line
     assert "waiting on 00002, 00003, 00004, 00005" in line
 
 

@@ -25,7 +25,7 @@ from batch_contract.layout import RunLayout
 from batch_contract.manifest import InputFile, InputSpec, Manifest, Segment, ShardSpec
 from batch_contract.marker import AttemptRecord, ShardMarker, ShardProgress
 from batch_contract.schemas import part_schema
-from batch_inference.report import asset_extra, build_report, markdown_summary, validate_report
+from batch_inference.report import asset_extra, build_report, markdown_summary, text_summary, validate_report
 from batch_inference.report.prices import DEFAULT_PRICES, cost_params_from_dict
 
 DAG_ID = "batch_embed"
@@ -226,6 +226,10 @@ def test_preempted_and_killed_attempts_show_redone_rows(tmp_path):
     assert (by_shard["00000"]["killed"], by_shard["00000"]["rows_redone"]) == (1, 4)
     md = markdown_summary(r)
     assert "1 / 5" in md.replace(",", "")  # preemptions / rows re-done
+    text = text_summary(r)
+    assert "|" not in text and "1 / 5" in text.replace(",", "") and "steady rows/s per GPU" in text
+    cpu = {**r, "cost": {**r["cost"], "params": {**r["cost"]["params"], "accelerator": "cpu"}}}
+    assert "per GPU" not in text_summary(cpu) and "steady rows/s per CPU worker" in text_summary(cpu)
     assert "preempted" in Path(layout.report_html_uri).read_text()
 
 

@@ -76,12 +76,15 @@ class ProgressReporter:
         counters: the shared :class:`Counters`.
         interval: seconds between writes (``WorkerSettings.progress_interval_seconds``).
         status: callable giving the current ``ShardStatus`` value.
+        on_tick: called after each periodic write (the runtime refreshes the attempt record with it).
     """
 
     def __init__(
         self, uri: str, shard_id: str, attempt_id: str, counters: Counters, interval: float,
         status: Callable[[], str] = lambda: ShardStatus.RUNNING.value,
+        on_tick: Callable[[], None] | None = None,
     ) -> None:
+        self.on_tick = on_tick
         self.uri = uri
         self.shard_id = shard_id
         self.attempt_id = attempt_id
@@ -99,6 +102,8 @@ class ProgressReporter:
         while not self._stop.wait(self.interval):
             try:
                 self.write(self.status())
+                if self.on_tick is not None:
+                    self.on_tick()
             except OSError as exc:  # progress is advisory: a failed write never stops the shard
                 log.warning("progress write failed: %s", exc)
 
@@ -120,8 +125,8 @@ class ProgressReporter:
         storage.write_replace(self.uri, progress.to_json_bytes())
         pct = 100.0 * done / total if total else 100.0
         eta_text = f"{eta:.0f} s" if eta is not None else "?"
-        log.info("shard %s: %d/%d rows (%.1f%%), %.1f rows/s, ETA %s [%s]",
-                 self.shard_id, done, total, pct, rate, eta_text, status)
+        log.info("%.1f rows/s, ETA %s | shard %s: %d/%d rows (%.1f%%) [%s]",
+                 rate, eta_text, self.shard_id, done, total, pct, status)
         return progress
 
     def stop(self) -> None:

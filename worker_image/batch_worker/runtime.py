@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -43,7 +44,7 @@ from batch_worker.pipeline import ChunkSizer, ChunkWork, Producer
 from batch_worker.progress import Counters, ProgressReporter, utc_now
 from batch_worker.reuse import ReuseOutcome, cache_rows, reuse_enabled, reuse_pass
 from batch_worker.signals import StopSignal
-from batch_worker.stats import GpuSampler, StageClock, cpu_seconds, release_memory
+from batch_worker.stats import GpuSampler, StageClock, apply_thread_cap, cpu_seconds, release_memory
 from batch_worker.validate import DeadLetter, Validator
 from batch_worker.writer import assemble_part, commit_table, dead_letter_table
 
@@ -149,9 +150,19 @@ class ShardRun:
         self.steady_rows = 0
         self.steady_rate = 0.0
         self.reuse_on = reuse_enabled(ctx.engine, self.settings)
+        self._attempt_lock = threading.Lock()
 
     # -- attempt record -------------------------------------------------------------------------------
     def _write_attempt(self, status: str | None = None, exit_code: int | None = None) -> None:
+        with self._attempt_lock:  # the main thread and the progress thread's tick both write it
+            self._write_attempt_locked(status, exit_code)
+
+    def _progress_tick(self) -> None:
+        """Refresh the attempt record while it runs (a killed attempt keeps its last tick's figures)."""
+        if self.attempt.exit_code is None:
+            self._write_attempt()
+
+    def _write_attempt_locked(self, status: str | None, exit_code: int | None) -> None:
         a = self.attempt
         if status is not None:
             a.status = status
@@ -160,7 +171,8 @@ class ShardRun:
             a.ended_at = utc_now()
         a.rows_committed = self.counters.rows_committed
         a.rows_processed = self.counters.rows_processed
-        a.stage_seconds = self.clock.rounded()
+        a.stage_seconds = self.clock.rounded(include_open=True)
+        a.updated_at = utc_now()
         a.cpu_seconds = round(cpu_seconds() - self.cpu0, 3)
         a.steady_rows_per_s = round(self.steady_rate, 2)
         a.gpu = self.gpu.summary()
@@ -194,11 +206,13 @@ class ShardRun:
             self.gpu.start(loaded.info.get("device_uuid"))  # after the load: the device this process uses
             if loaded.model_digest != self.ctx.engine.model_digest():
                 raise RuntimeError("model files changed while loading; retry")
+            self.attempt.threads = apply_thread_cap()
             self.counters.rows_before = ledger.rows_done - self.counters.rows_committed  # reuse pass counted
             self.ctx.engine.on_rows_done = self.counters.add_processed
             progress = ProgressReporter(
                 self.ctx.layout.progress_uri(self.ctx.shard_id), self.ctx.shard_id, self.attempt.attempt_id,
                 self.counters, self.settings.progress_interval_seconds, status=lambda: self.status,
+                on_tick=self._progress_tick,
             ).start()
             finished = self._process_all(loaded, ledger)
             if not finished:

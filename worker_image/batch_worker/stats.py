@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ class StageClock:
     def __init__(self) -> None:
         self.seconds: dict[str, float] = dict.fromkeys(STAGES, 0.0)
         self._lock = threading.Lock()
+        self._open: dict[int, tuple[str, float]] = {}
 
     def add(self, stage: str, seconds: float) -> None:
         """Add ``seconds`` to ``stage``. Raises ``KeyError`` for a stage not in ``STAGES``."""
@@ -31,14 +33,26 @@ class StageClock:
     def stage(self, name: str) -> Iterator[None]:
         """Time the ``with`` body into stage ``name``."""
         t0 = time.perf_counter()
+        token = object()
+        with self._lock:
+            self._open[id(token)] = (name, t0)
         try:
             yield
         finally:
+            with self._lock:
+                self._open.pop(id(token), None)
             self.add(name, time.perf_counter() - t0)
 
-    def rounded(self) -> dict[str, float]:
+    def rounded(self, include_open: bool = False) -> dict[str, float]:
+        """Seconds per stage, rounded to ms; ``include_open``: plus the time so far of stages still
+        running (a progress tick's snapshot, so a killed attempt's record holds its time in flight)."""
         with self._lock:
-            return {k: round(v, 3) for k, v in self.seconds.items()}
+            seconds = dict(self.seconds)
+            if include_open:
+                now = time.perf_counter()
+                for name, t0 in self._open.values():
+                    seconds[name] = seconds.get(name, 0.0) + (now - t0)
+        return {k: round(v, 3) for k, v in seconds.items()}
 
 
 def cpu_seconds() -> float:
@@ -184,3 +198,24 @@ def _nvml_handle(pynvml: Any, device_uuid: str | None) -> Any:
     if first.startswith(("GPU-", "MIG-")):
         return pynvml.nvmlDeviceGetHandleByUUID(first)
     return pynvml.nvmlDeviceGetHandleByIndex(int(first) if first.isdigit() else 0)
+
+
+THREADS_ENV = "BATCH_WORKER_THREADS"
+"""Threads this worker may use (set per worker by the local runner: cores // parallelism)."""
+
+
+def apply_thread_cap(environ: dict[str, str] | None = None) -> int:
+    """Apply ``BATCH_WORKER_THREADS`` to torch (``torch.set_num_threads``) when torch is loaded, and
+    return the intra-op threads in use: torch's count when loaded, else the cap, else 0 (unknown).
+
+    Call after the engine is loaded (it imports torch); never imports torch itself.
+    """
+    env = os.environ if environ is None else environ
+    raw = env.get(THREADS_ENV, "").strip()
+    cap = int(raw) if raw.isdigit() and int(raw) > 0 else 0
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return cap
+    if cap:
+        torch.set_num_threads(cap)
+    return int(torch.get_num_threads())

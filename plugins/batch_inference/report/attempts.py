@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from batch_contract.enums import ExitCode, ShardStatus
@@ -43,14 +44,33 @@ def rows_redone(record: dict[str, Any], outcome: str) -> int:
     return max(0, int(record.get("rows_processed", 0)) - int(record.get("rows_committed", 0)))
 
 
+def _span_seconds(start: str | None, end: str | None) -> float:
+    """Seconds from ``start`` to ``end`` (ISO timestamps); 0 when either is missing or unreadable."""
+    try:
+        return max(0.0, (datetime.fromisoformat(str(end)) - datetime.fromisoformat(str(start))).total_seconds())
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def attempt_seconds(record: dict[str, Any], outcome: str) -> float:
+    """Worker seconds of one attempt: the sum of its ``stage_seconds``; for a ``killed`` or ``running``
+    attempt at least the span from its start to its last write (``updated_at``: the last commit or
+    progress tick), so an attempt killed before it finished a stage is not counted as 0 s."""
+    seconds = float(sum((record.get("stage_seconds") or {}).values()))
+    if outcome in {"killed", "running"}:
+        seconds = max(seconds, _span_seconds(record.get("started_at"), record.get("updated_at")))
+    return seconds
+
+
 def summarize_attempts(records: list[dict[str, Any]], shard_complete: bool) -> dict[str, Any]:
     """Per-shard attempt summary.
 
     Returns:
         ``{"attempts": int, "by_outcome": {outcome: int}, "preemptions": int, "killed": int,
         "rows_redone": int, "list": [{attempt_id, outcome, exit_code, started_at, ended_at,
-        rows_committed, rows_processed, rows_redone, host, seconds}]}`` where ``seconds`` is the sum
-        of the attempt's recorded ``stage_seconds`` (0 for a record killed before it wrote them).
+        rows_committed, rows_processed, rows_redone, host, seconds}]}`` where ``seconds`` is
+        :func:`attempt_seconds` and a killed attempt's ``rows_processed`` / ``rows_redone`` are those of
+        its last progress tick (rows in flight when it was killed).
     """
     listed = []
     by_outcome = dict.fromkeys(OUTCOMES, 0)
@@ -68,7 +88,7 @@ def summarize_attempts(records: list[dict[str, Any]], shard_complete: bool) -> d
                 "rows_committed": int(rec.get("rows_committed", 0)),
                 "rows_processed": int(rec.get("rows_processed", 0)),
                 "rows_redone": rows_redone(rec, outcome),
-                "seconds": float(sum((rec.get("stage_seconds") or {}).values())),
+                "seconds": attempt_seconds(rec, outcome),
             }
         )
     return {

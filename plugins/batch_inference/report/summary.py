@@ -63,7 +63,7 @@ def markdown_summary(report: dict[str, Any]) -> str:
         f"| $ per million rows | {fmt.usd(report['cost_per_million_rows_usd'])} |",
         f"| $ per million tokens | {fmt.usd(report['cost_per_million_tokens_usd'])} |",
         f"| padding efficiency | {fmt.pct(report['padding_efficiency'])} |",
-        f"| steady rows/s per GPU | {fmt.num(report['throughput']['steady_rows_per_s_per_gpu'])} |",
+        f"| steady rows/s per {device_label(report)} | {fmt.num(report['throughput']['steady_rows_per_s_per_gpu'])} |",
         f"| attempts / preemptions / rows re-done | {report['attempts']['total']} / "
         f"{report['attempts']['preemptions']} / {fmt.num(report['attempts']['rows_redone'])} |",
     ]
@@ -83,4 +83,58 @@ def markdown_summary(report: dict[str, Any]) -> str:
         lines += ["", f"**Incomplete:** {len(report['shards_missing'])} shard(s) without marker: "
                   + ", ".join(report["shards_missing"][:20])]
     lines += ["", f"Report: {report['uris']['report_json']} and {report['uris']['report_html']}"]
+    return "\n".join(lines)
+
+
+def device_label(report: dict[str, Any]) -> str:
+    """``"GPU"`` when the run priced accelerators, ``"CPU worker"`` for ``accelerator == "cpu"`` (a
+    CPU run's "per GPU" figures are per worker process)."""
+    accelerator = str(report["cost"]["params"].get("accelerator", "")).lower()
+    return "CPU worker" if accelerator in ("", "cpu") else "GPU"
+
+
+def text_summary(report: dict[str, Any]) -> str:
+    """The report's headline figures as a plain aligned block for a terminal or a task log (no
+    Markdown pipes): rows, cost, throughput per GPU (per CPU worker on a CPU run), attempts, time and
+    cost by stage, the report URIs.
+
+    Returns:
+        Multi-line text; every line is at most about 100 characters except the URIs.
+    """
+    params = report["cost"]["params"]
+    unit = device_label(report)
+    count = params.get("gpu_count", 1)
+    devices = f"{count} x {params['accelerator']}" + ("" if unit == "GPU" else " worker(s)")
+    att = report["attempts"]
+    figures = [
+        ("rows in / published / dead-lettered", f"{fmt.num(report['rows_input'])} / "
+         f"{fmt.num(report['rows_published'])} / {fmt.num(report['rows_dead_letter'])}"),
+        (f"cost ({params['pricing']}, {devices})", fmt.usd(report["cost_usd"])),
+        ("$ per million rows / tokens", f"{fmt.usd(report['cost_per_million_rows_usd'])} / "
+         f"{fmt.usd(report['cost_per_million_tokens_usd'])}"),
+        ("padding efficiency", fmt.pct(report["padding_efficiency"])),
+        (f"steady rows/s per {unit}", fmt.num(report["throughput"]["steady_rows_per_s_per_gpu"])),
+        ("attempts / preemptions / rows re-done",
+         f"{att['total']} / {att['preemptions']} / {fmt.num(att['rows_redone'])}"),
+    ]
+    if att["interrupted_seconds"]:
+        figures.append(("time in interrupted/failed attempts",
+                        f"{fmt.num(att['interrupted_seconds'])} s ({fmt.usd(att['interrupted_cost_usd'])})"))
+    figures.append(("same job on on-demand", fmt.usd(report["counterfactuals"]["on_demand"]["cost_usd"])))
+    padding = report["counterfactuals"]["padding"]
+    if padding:
+        figures.append(("padding cost avoided by length sorting", f"{fmt.usd(padding['cost_avoided_usd'])} (estimate)"))
+    width = max(len(k) for k, _ in figures)
+    lines = [f"Batch inference report: {report['run_id']} ({report['dag_id']})"]
+    lines += [f"  {k:<{width}}  {v}" for k, v in figures]
+    lines.append("  time by stage:")
+    stages = report["stage_seconds"]
+    sw = max((len(s) for s in stages), default=5)
+    for stage, sec in stages.items():
+        lines.append(f"    {stage:<{sw}}  {fmt.num(sec):>9} s  {fmt.pct(report['stage_fractions'][stage]):>6}  "
+                     f"{fmt.usd(report['cost']['by_stage_usd'].get(stage))}")
+    if report["shards_missing"]:
+        lines.append(f"  INCOMPLETE: {len(report['shards_missing'])} shard(s) without marker: "
+                     + ", ".join(report["shards_missing"][:20]))
+    lines += [f"  report: {report['uris']['report_json']}", f"          {report['uris']['report_html']}"]
     return "\n".join(lines)
