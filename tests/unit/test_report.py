@@ -230,6 +230,10 @@ def test_preempted_and_killed_attempts_show_redone_rows(tmp_path):
     assert "|" not in text and "1 / 5" in text.replace(",", "") and "steady rows/s per GPU" in text
     cpu = {**r, "cost": {**r["cost"], "params": {**r["cost"]["params"], "accelerator": "cpu"}}}
     assert "per GPU" not in text_summary(cpu) and "steady rows/s per CPU worker" in text_summary(cpu)
+    assert "result cache" not in text and r.get("rows_reused", 0) == 0
+    reused = {**r, "rows_reused": 6000, "rows_computed": 0, "reuse": {"cost_avoided_usd": 0.25}}
+    line = next(ln for ln in text_summary(reused).splitlines() if "result cache" in ln)
+    assert "6,000 / 0" in line and "$0.25" in line, "a rerun says on the terminal what it reused"
     assert "preempted" in Path(layout.report_html_uri).read_text()
 
 

@@ -95,8 +95,9 @@ def device_label(report: dict[str, Any]) -> str:
 
 def text_summary(report: dict[str, Any]) -> str:
     """The report's headline figures as a plain aligned block for a terminal or a task log (no
-    Markdown pipes): rows, cost, throughput per GPU (per CPU worker on a CPU run), attempts, time and
-    cost by stage, the report URIs.
+    Markdown pipes): rows, cost, throughput per GPU (per CPU worker on a CPU run), attempts, rows
+    reused from the result cache (when any) and the cost that avoided, time and cost by stage, the
+    report URIs.
 
     Returns:
         Multi-line text; every line is at most about 100 characters except the URIs.
@@ -117,6 +118,11 @@ def text_summary(report: dict[str, Any]) -> str:
         ("attempts / preemptions / rows re-done",
          f"{att['total']} / {att['preemptions']} / {fmt.num(att['rows_redone'])}"),
     ]
+    reuse = report.get("reuse") or {}
+    if report.get("rows_reused"):
+        figures.append(("rows reused / computed (result cache)",
+                        f"{fmt.num(report['rows_reused'])} / {fmt.num(report.get('rows_computed', 0))}, "
+                        f"cost avoided {fmt.usd(reuse.get('cost_avoided_usd'))}"))
     if att["interrupted_seconds"]:
         figures.append(("time in interrupted/failed attempts",
                         f"{fmt.num(att['interrupted_seconds'])} s ({fmt.usd(att['interrupted_cost_usd'])})"))
