@@ -110,12 +110,18 @@ def dags_test(dag_id: str, conf: dict[str, Any], env: dict[str, str], log_path: 
             proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                     errors="replace", bufsize=1)
             assert proc.stdout is not None
-            for line in proc.stdout:
-                log_fh.write(line)
-                for shown in parsed.feed(line):
-                    if emit is not None:
-                        emit(shown)
-            code = proc.wait()
+            try:
+                for line in proc.stdout:
+                    log_fh.write(line)
+                    for shown in parsed.feed(line):
+                        if emit is not None:
+                            emit(shown)
+                code = proc.wait()
+            except KeyboardInterrupt:  # Ctrl-C: the workers got SIGINT too, commit what is done, exit 75
+                code = INTERRUPTED_EXIT
+                (emit or print)("interrupted: the running shard committed its finished chunks; run the same "
+                                "command again to resume (committed rows and cached results are reused)")
+                proc.wait()
     finally:
         if watcher is not None:
             watcher.stop()
@@ -125,6 +131,9 @@ def dags_test(dag_id: str, conf: dict[str, Any], env: dict[str, str], log_path: 
                 emit(f"  (progress unavailable: {type(exc).__name__}: {exc})")
     return code, parsed.report_uri
 
+
+INTERRUPTED_EXIT = 130
+"""Exit code of the CLI after Ctrl-C (128 + SIGINT, the shell's convention)."""
 
 _FLAG_ALIASES = {"input_uri": ("--input",), "output_root": ("--output",), "output_table": ("--table",)}
 """Older spellings kept working next to the Param-named flags."""
@@ -168,7 +177,8 @@ def add_param_flags(parser: argparse.ArgumentParser) -> None:
     for name, spec in PARAM_FIELDS.items():
         flags = ("--" + name.replace("_", "-"), *_FLAG_ALIASES.get(name, ()))
         default = CLI_DEFAULTS.get(name, spec.default)
-        text = f"{spec.title}: {spec.description} (default: {default!r})".replace("%", "%%")
+        shown = "warehouse.duckdb next to the output root" if name == "duckdb_path" else repr(default)
+        text = f"{spec.title}: {spec.description} (default: {shown})".replace("%", "%%")
         if spec.type == "boolean":
             group.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, default=None, help=text)
             continue
@@ -320,6 +330,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     code, report = dags_test("batch_inference_backfill", conf, env, log_path, emit=printer, output=output,
                              progress_interval=args.progress_interval)
     wall = time.monotonic() - start
+    if code == INTERRUPTED_EXIT:
+        return code
     if code == 0 and not output.failures and conf.get("dry_run"):
         print(f"dry run done in {wall:.0f} s: nothing was run (pod manifests: see the render_k8s task in {log_path})")
         return 0

@@ -87,3 +87,27 @@ def test_run_line() -> None:
                      "rows_total": 1500, "rows_done": 800, "rows_dead_letter": 0, "rows_per_s": 85.0,
                      "eta_s": 8.2, "fraction_done": 800 / 1500})
     assert line == "  run: shards 1/3 complete, 1 running, 1 pending | rows 800/1,500 (53.3%) | 85.0 rows/s | ETA 8s"
+
+
+def test_ctrl_c_ends_with_a_resume_hint_not_a_traceback(tmp_path: Path, monkeypatch) -> None:
+    """Ctrl-C while ``airflow dags test`` streams: the workers got SIGINT too (they commit and exit 75);
+    the CLI says how to resume and returns 130 instead of raising KeyboardInterrupt."""
+    from batch_inference import cli
+
+    class _Proc:
+        def __init__(self, *args, **kwargs) -> None:
+            self.stdout = self
+
+        def __iter__(self):
+            yield "starting\n"
+            raise KeyboardInterrupt
+
+        def wait(self) -> int:
+            return -2
+
+    monkeypatch.setattr(cli.subprocess, "Popen", _Proc)
+    lines: list[str] = []
+    code, report = cli.dags_test("d", {}, {}, tmp_path / "log.txt", emit=lines.append)
+    assert (code, report) == (cli.INTERRUPTED_EXIT, "")
+    assert any("run the same command again to resume" in line for line in lines)
+    assert (tmp_path / "log.txt").read_text() == "starting\n"

@@ -165,7 +165,7 @@ def _parse_line(raw: bytes) -> tuple[dict[str, Any], str | None]:
     try:
         rec = json.loads(decode_line(raw))
     except json.JSONDecodeError as exc:
-        return {}, f"invalid JSON: {exc.msg} at column {exc.colno}"
+        return {}, f"invalid JSON at column {exc.colno}: {exc.msg}"
     if not isinstance(rec, dict):
         return {}, f"line is JSON {type(rec).__name__}, not an object"
     return rec, None
