@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 from batch_contract import storage
 from batch_contract.layout import RunLayout, shard_id_for
 from batch_contract.manifest import InputFile, InputSpec, Manifest, Segment, ShardSpec
+from batch_contract.rows import count_jsonl_rows
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_PARQUET = REPO_ROOT / "data" / "sample" / "debian_descriptions_sample.parquet"
@@ -27,7 +28,7 @@ def _input_file(path: Path, fmt: str) -> InputFile:
         groups = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
         return InputFile(uri=str(path), rows=meta.num_rows, row_group_rows=groups, size_bytes=path.stat().st_size)
     with open(path, "rb") as fh:
-        rows = sum(1 for line in fh if line.strip())
+        rows = count_jsonl_rows(fh)
     return InputFile(uri=str(path), rows=rows, size_bytes=path.stat().st_size)
 
 

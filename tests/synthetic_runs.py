@@ -25,6 +25,7 @@ from batch_contract.layout import DEAD_LETTER_PREFIX, PART_PREFIX, RunLayout, pa
 from batch_contract.manifest import InputFile, InputSpec, Manifest, Segment, ShardSpec
 from batch_contract.marker import ShardMarker
 from batch_contract.partfiles import digest_of
+from batch_contract.rows import canonical_id, decode_line, iter_jsonl_lines
 from batch_contract.schemas import DEAD_LETTER_SCHEMA, parquet_write_options, part_schema
 
 
@@ -157,9 +158,8 @@ def write_jsonl_input(path: str | Path, ids: Sequence[str | int | None]) -> str:
 def _read_ids(input_path: str) -> list[str | None]:
     """Input ids as the worker sees them: strings, integers in decimal, ``None`` for null."""
     if input_path.endswith(".jsonl"):
-        raw = [json.loads(line).get("id") for line in Path(input_path).read_text("utf-8").splitlines()
-               if line.strip()]
-        return [None if v is None else str(v) for v in raw]
+        with open(input_path, "rb") as fh:
+            return [canonical_id(json.loads(decode_line(line)).get("id")).id for _, line in iter_jsonl_lines(fh)]
     fs, path = storage.arrow_filesystem(input_path)
     col = pq.read_table(path, columns=["id"], filesystem=fs).column("id").combine_chunks()
     return col.cast(pa.string()).to_pylist()

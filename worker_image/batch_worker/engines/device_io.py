@@ -13,7 +13,7 @@ which is how the unit tests exercise this path without a GPU.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,14 +34,13 @@ class _Slot:
 
 @dataclass
 class StagedBatch:
-    """A padded batch in a staging slot: numpy views to fill, and (after :meth:`Staging.to_device`) the
-    device tensors. Shapes: ``input_ids``/``mask`` int64 ``(rows, width)``, ``indices`` int64 ``(rows,)``."""
+    """A padded batch in a staging slot: numpy views to fill. Shapes: ``input_ids``/``mask`` int64
+    ``(rows, width)``, ``indices`` int64 ``(rows,)``."""
 
     input_ids: np.ndarray
     mask: np.ndarray
     indices: np.ndarray
     slot: int
-    tensors: tuple[Any, Any, Any] = field(default=(None, None, None))
 
 
 class Staging:
@@ -89,14 +88,12 @@ class Staging:
         torch = self.torch
         host = [torch.from_numpy(a) for a in (staged.input_ids, staged.mask, staged.indices)]
         if self.device != "cuda":
-            staged.tensors = (host[0], host[1], host[2])
-            return staged.tensors
+            return host[0], host[1], host[2]
         dev = [t.to(self.device, non_blocking=True) for t in host]
         event = torch.cuda.Event()
         event.record()
         self.slots[staged.slot].event = event
-        staged.tensors = (dev[0], dev[1], dev[2])
-        return staged.tensors
+        return dev[0], dev[1], dev[2]
 
 
 def is_out_of_memory(exc: BaseException, torch: Any) -> bool:
