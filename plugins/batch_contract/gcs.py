@@ -548,16 +548,27 @@ def copy(src: str, dst: str) -> None:
     """
     gexc = _errors()
     src_blob, dst_blob = _blob(src), _blob(dst)
+    if exists(dst):  # checked first too: emulators ignore the precondition of a copy
+        _check_same_copy(src, dst)
+        return
     try:
         src_blob.bucket.copy_blob(src_blob, dst_blob.bucket, dst_blob.name, if_generation_match=0,
                                   retry=_retry(), timeout=REQUEST_TIMEOUT_S)
     except gexc.NotFound:
         raise FileNotFoundError(src) from None
     except gexc.PreconditionFailed:
-        if content_tag(dst).split(";")[1] != content_tag(src).split(";")[1]:
-            raise AlreadyExistsError(f"{dst} already exists with other content") from None
+        _check_same_copy(src, dst)
     except _failures() as exc:
         raise _api_error(src, "copy", exc) from exc
+
+
+def _check_same_copy(src: str, dst: str) -> None:
+    """Raise :class:`AlreadyExistsError` unless ``dst`` holds the bytes of ``src`` (same CRC32C and size)."""
+    def crc_and_size(uri: str) -> list[str]:
+        return content_tag(uri).split(";")[1:]
+
+    if crc_and_size(dst) != crc_and_size(src):
+        raise AlreadyExistsError(f"{dst} already exists with other content")
 
 
 def content_tag(uri: str) -> str:
