@@ -294,7 +294,7 @@ class LocalCluster:
     def _start_apiserver(self, binary: Path) -> None:
         port = free_port()
         self.server = f"https://127.0.0.1:{port}"
-        self._apiserver = self._spawn([
+        self._apiserver_argv = [
             str(binary), f"--etcd-servers={self._etcd_url}", "--bind-address=127.0.0.1",
             "--advertise-address=127.0.0.1", f"--secure-port={port}", "--insecure-port=0",
             f"--tls-cert-file={self._serving.cert}", f"--tls-private-key-file={self._serving.key}",
@@ -307,7 +307,22 @@ class LocalCluster:
             # by kube-controller-manager, which does not run here; pods keep the account they name.
             "--disable-admission-plugins=ServiceAccount",
             f"--kubelet-certificate-authority={self.ca_file}", "--kubelet-preferred-address-types=InternalIP",
-            "--profiling=false", "--v=1"], "kube-apiserver.log")
+            "--profiling=false", "--v=1"]
+        self._apiserver = self._spawn(self._apiserver_argv, "kube-apiserver.log")
+
+    def restart_apiserver(self) -> float:
+        """Stop the API server and start it again on the same port and etcd (what a control-plane
+        upgrade does to watchers); returns seconds until it is ready again. The node agent re-watches
+        by itself; pods keep running.
+
+        Raises:
+            RuntimeError: it did not get ready (log tail included).
+        """
+        t0 = time.monotonic()
+        _stop_process(self._apiserver)
+        self._apiserver = self._spawn(self._apiserver_argv, "kube-apiserver.log")
+        self._wait_ready()
+        return time.monotonic() - t0
 
     def _wait_ready(self) -> None:
         ctx = ssl.create_default_context(cafile=str(self.ca_file))

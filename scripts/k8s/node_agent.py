@@ -38,10 +38,12 @@ import re
 import signal
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import urllib3
 from kubernetes import client, config, watch
 
 from .log_server import LogServer
@@ -65,6 +67,8 @@ WATCH_TIMEOUT_S = 60
 NEVER_STARTED_EXIT = 137
 """Exit code reported for a container whose pod was deleted or preempted before it started (what a
 kubelet reports for a container it cannot find at termination)."""
+API_RETRY_S = 120.0
+"""How long a pod thread keeps retrying a status write while the API server is away (seconds)."""
 DEFAULT_GRACE_S = 30
 """``terminationGracePeriodSeconds`` when a pod leaves it unset (the Kubernetes default)."""
 
@@ -525,23 +529,34 @@ class NodeAgent:
             status.update(reason="NodeAgentRestarted", message=why)
         return status
 
+    def _retrying(self, call: Any, *args: Any, **kwargs: Any) -> Any:
+        """``call(*args, **kwargs)``, retried every second for up to :data:`API_RETRY_S` seconds while the
+        API server is unreachable or answers 429/5xx (a restart); 404/409 mean the pod is gone or moved
+        on and end quietly (None)."""
+        deadline = time.monotonic() + API_RETRY_S
+        while True:
+            try:
+                return call(*args, **kwargs)
+            except client.ApiException as exc:
+                if exc.status in (404, 409):
+                    return None
+                if exc.status != 429 and exc.status < 500 or time.monotonic() > deadline:
+                    raise
+            except (urllib3.exceptions.HTTPError, OSError):
+                if time.monotonic() > deadline or self.stopping.is_set():
+                    raise
+            time.sleep(1.0)
+
     def _patch_status(self, pod: Any, status: dict[str, Any]) -> None:
-        try:
-            self.api.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, {"status": status})
-        except client.ApiException as exc:
-            if exc.status not in (404, 409):
-                raise
+        self._retrying(self.api.patch_namespaced_pod_status, pod.metadata.name, pod.metadata.namespace,
+                       {"status": status})
 
     def _remove(self, pod: Any) -> None:
         """Finish a graceful deletion: remove the object now (``gracePeriodSeconds=0``, this uid only)."""
         body = client.V1DeleteOptions(grace_period_seconds=0,
                                       preconditions=client.V1Preconditions(uid=pod.metadata.uid))
-        try:
-            self.api.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace, body=body)
-            log.info("removed %s/%s", pod.metadata.namespace, pod.metadata.name)
-        except client.ApiException as exc:
-            if exc.status not in (404, 409):
-                raise
+        self._retrying(self.api.delete_namespaced_pod, pod.metadata.name, pod.metadata.namespace, body=body)
+        log.info("removed %s/%s", pod.metadata.namespace, pod.metadata.name)
 
     def shutdown(self) -> None:
         """Stop watching and SIGKILL every pod process still running (no orphans outlive the agent)."""

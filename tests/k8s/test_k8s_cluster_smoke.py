@@ -187,3 +187,23 @@ def test_service_accounts_get_exactly_what_rbac_yaml_grants(k8s_cluster):
     with pytest.raises(client.ApiException) as err:  # the worker pods' own account has no API access
         k8s_cluster.api("batch-worker").list_namespaced_pod(NAMESPACE)
     assert err.value.status == 403
+
+
+def test_follow_streams_until_the_container_exits(k8s_cluster):
+    name = create(k8s_cluster, pod("for i in 1 2 3 4; do echo line $i; sleep 0.5; done"))
+    k8s_cluster.wait_for_pod(NAMESPACE, name, lambda p: p.status.phase != "Pending", 30)
+    resp = k8s_cluster.api("airflow-worker").read_namespaced_pod_log(
+        name, NAMESPACE, container="main", follow=True, timestamps=True, _preload_content=False)
+    text = b"".join(resp.stream()).decode().splitlines()  # the stream ends when the container has exited
+    assert [t.split(" ", 1)[1] for t in text] == [f"line {i}" for i in range(1, 5)]
+    assert finished(k8s_cluster.api().read_namespaced_pod(name, NAMESPACE))
+
+
+def test_pods_survive_an_api_server_restart(k8s_cluster):
+    name = create(k8s_cluster, pod("sleep 4; echo after restart"))
+    k8s_cluster.wait_for_pod(NAMESPACE, name, running, 30)
+    k8s_cluster.restart_apiserver()
+    done = k8s_cluster.wait_for_pod(NAMESPACE, name, finished, 90)
+    assert done.status.phase == "Succeeded"
+    later = create(k8s_cluster, pod("echo new pod"))  # the agent watches again
+    assert k8s_cluster.wait_for_pod(NAMESPACE, later, finished, 60).status.phase == "Succeeded"
