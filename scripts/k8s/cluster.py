@@ -303,9 +303,6 @@ class LocalCluster:
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={self._sa.cert}", f"--service-account-signing-key-file={self._sa.key}",
             "--service-cluster-ip-range=10.96.0.0/24",
-            # The ServiceAccount admission plugin wants token Secrets and a "default" account, both made
-            # by kube-controller-manager, which does not run here; pods keep the account they name.
-            "--disable-admission-plugins=ServiceAccount",
             f"--kubelet-certificate-authority={self.ca_file}", "--kubelet-preferred-address-types=InternalIP",
             "--profiling=false", "--v=1"]
         self._apiserver = self._spawn(self._apiserver_argv, "kube-apiserver.log")
@@ -362,13 +359,20 @@ class LocalCluster:
             path.chmod(0o600)
 
     def _apply_manifests(self) -> None:
-        from kubernetes import utils
+        from kubernetes import client, utils
 
         admin = self.api_client(ADMIN)
         for name in MANIFESTS:
             path = self.deploy_dir / name
             if path.exists():
                 utils.create_from_yaml(admin, yaml_file=str(path))
+        # kube-controller-manager (not run here) gives every namespace a "default" service account; the
+        # ServiceAccount admission plugin needs it for pods that name none. Without a token controller it
+        # cannot mount a token, so this one opts out (the project's own accounts do too).
+        core = client.CoreV1Api(admin)
+        for ns in ("default", NAMESPACE):
+            core.create_namespaced_service_account(ns, {"metadata": {"name": "default"},
+                                                        "automountServiceAccountToken": False})
 
     def _start_node_agent(self) -> None:
         agent = self.node_agent

@@ -207,3 +207,11 @@ def test_pods_survive_an_api_server_restart(k8s_cluster):
     assert done.status.phase == "Succeeded"
     later = create(k8s_cluster, pod("echo new pod"))  # the agent watches again
     assert k8s_cluster.wait_for_pod(NAMESPACE, later, finished, 60).status.phase == "Succeeded"
+
+
+def test_pod_naming_a_missing_service_account_is_rejected(k8s_cluster):
+    manifest = pod("echo never")
+    manifest["spec"]["serviceAccountName"] = "no-such-account"
+    with pytest.raises(client.ApiException) as err:
+        k8s_cluster.api("airflow-worker").create_namespaced_pod(NAMESPACE, manifest)
+    assert err.value.status == 403 and "no-such-account" in err.value.body
