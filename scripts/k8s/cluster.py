@@ -18,7 +18,7 @@ Start to ready is about 10 s (the API server's post-start hooks). What one clust
 
 Use it as a context manager (tests) or from the CLI (``make run-k8s``)::
 
-    python -m scripts.k8s.cluster up --env-file build/k8s/env    # foreground; SIGTERM/Ctrl-C stops it
+    python -m scripts.k8s.cluster up --env-file build/k8s-local/env    # foreground; SIGTERM/Ctrl-C stops it
 
 Stop order is node agent, API server, etcd (etcd first makes the API server hang for seconds).
 """

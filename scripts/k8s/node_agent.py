@@ -128,6 +128,7 @@ class PodRun:
     finished: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
     kill_timer: threading.Timer | None = None
+    kill_deadline: float | None = None  # time.monotonic() of the pending SIGKILL
 
     def stop(self, reason: str, grace_s: int) -> None:
         """SIGTERM every running container now and SIGKILL after ``grace_s`` seconds (a pod not yet
@@ -138,10 +139,12 @@ class PodRun:
             for proc in self.containers.values():
                 if first:
                     proc.signal(signal.SIGTERM)
-            if self.kill_timer is not None and not first and grace_s > 0:
+            deadline = time.monotonic() + max(grace_s, 0)
+            if self.kill_deadline is not None and deadline >= self.kill_deadline:
                 return
             if self.kill_timer is not None:
                 self.kill_timer.cancel()
+            self.kill_deadline = deadline
             self.kill_timer = threading.Timer(max(grace_s, 0), self.kill)
             self.kill_timer.daemon = True
             self.kill_timer.start()
@@ -286,13 +289,19 @@ class NodeAgent:
         if pod.metadata.deletion_timestamp is not None:
             if run is None or run.finished:
                 self._remove(pod)
-            else:
+            elif not run.stop_reason:
+                grace = pod.metadata.deletion_grace_period_seconds
+                grace = DEFAULT_GRACE_S if grace is None else int(grace)
+                run.stop("deleted", grace)
+                self.record_event(pod, "Normal", "Killing", f"Stopping container(s) (grace period {grace} s)")
+            else:  # already stopping (preempted, or an earlier delete): a shorter grace wins
                 grace = pod.metadata.deletion_grace_period_seconds
                 run.stop("deleted", DEFAULT_GRACE_S if grace is None else int(grace))
             return
         if run is not None:
-            if PREEMPT_ANNOTATION in (pod.metadata.annotations or {}) and not run.finished:
+            if PREEMPT_ANNOTATION in (pod.metadata.annotations or {}) and not run.finished and not run.stop_reason:
                 run.stop("preempted", self._grace(pod))
+                self.record_event(pod, "Warning", "Preempting", PREEMPT_MESSAGE)
             return
         phase = pod.status.phase if pod.status else None
         if phase in (None, "Pending"):
@@ -339,6 +348,8 @@ class NodeAgent:
                 raise
             return
         pod.spec.node_name = self.node.name  # counted as bound until the watch brings the new object
+        self.record_event(pod, "Normal", "Scheduled", f"Successfully assigned {pod.metadata.namespace}/"
+                          f"{pod.metadata.name} to {self.node.name}", "default-scheduler")
         log.info("bound %s/%s", pod.metadata.namespace, pod.metadata.name)
 
     def _mark_unschedulable(self, pod: Any, message: str) -> None:
@@ -348,7 +359,24 @@ class NodeAgent:
         self._patch_status(pod, {"phase": "Pending", "conditions": [{
             "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
             "lastTransitionTime": now_rfc3339()}]})
+        self.record_event(pod, "Warning", "FailedScheduling", message, "default-scheduler")
         log.info("unschedulable %s/%s: %s", pod.metadata.namespace, pod.metadata.name, message)
+
+    def record_event(self, pod: Any, kind: str, reason: str, message: str, component: str = "kubelet") -> None:
+        """Write a core/v1 Event about ``pod`` as kube-scheduler / kubelet do (what ``kubectl describe``
+        and KubernetesPodOperator's pod-event logging show). Best effort: a failure is only logged."""
+        now = now_rfc3339()
+        md = pod.metadata
+        body = {"metadata": {"generateName": f"{md.name}.", "namespace": md.namespace},
+                "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": md.namespace,
+                                   "name": md.name, "uid": md.uid},
+                "type": kind, "reason": reason, "message": message, "count": 1,
+                "firstTimestamp": now, "lastTimestamp": now,
+                "source": {"component": component, "host": self.node.name}}
+        try:
+            self.api.create_namespaced_event(md.namespace, body)
+        except (client.ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+            log.warning("event %s for %s/%s not written: %s", reason, md.namespace, md.name, exc)
 
     # ---- running ----------------------------------------------------------------------------------
     def _start(self, pod: Any) -> None:

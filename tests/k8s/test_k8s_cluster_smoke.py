@@ -107,6 +107,9 @@ def test_unfit_pod_stays_pending_unschedulable(k8s_cluster, kwargs, reason):
     cond = next(c for c in p.status.conditions if c.type == "PodScheduled")
     assert (p.status.phase, cond.status) == ("Pending", "False")
     assert cond.message == f"0/1 nodes are available: {reason}"
+    events = k8s_cluster.api("airflow-worker").list_namespaced_event(
+        NAMESPACE, field_selector=f"involvedObject.name={name}").items
+    assert [(e.type, e.reason, e.message) for e in events] == [("Warning", "FailedScheduling", cond.message)]
     time.sleep(1.0)
     assert k8s_cluster.api().read_namespaced_pod(name, NAMESPACE).spec.node_name is None
     k8s_cluster.api().delete_namespaced_pod(name, NAMESPACE)
