@@ -448,23 +448,41 @@ class LocalCluster:
                 raise TimeoutError(f"{namespace}/{name}: condition not met in {timeout} s (phase {phase})")
             time.sleep(0.2)
 
-    def preempt(self, namespace: str, pod: str, wait: float | None = None) -> Any:
-        """Simulate a spot preemption of a running pod (graceful node shutdown): the agent sends SIGTERM
-        to its processes, SIGKILL after ``terminationGracePeriodSeconds``, then sets phase ``Failed``,
-        reason ``Terminated`` and a ``DisruptionTarget`` condition, keeping the container's exit code (the
-        worker's 75) and the pod object. With ``wait`` (seconds), returns the pod once it is Failed.
+    def preempt(self, namespace: str, pod: str, wait: float | None = None, how: str = "shutdown") -> Any:
+        """Simulate losing a spot node under a running pod.
+
+        ``how="shutdown"`` (default; a GKE spot reclaim, graceful node shutdown): the agent sends SIGTERM
+        to the pod's processes, SIGKILL after ``terminationGracePeriodSeconds``, then sets phase
+        ``Failed``, reason ``Terminated`` and a ``DisruptionTarget`` condition, keeping the container's
+        exit code (the worker's 75) and the pod object. ``how="drain"`` (``kubectl drain``): the pod is
+        evicted through the Eviction API, i.e. deleted with its grace period: SIGTERM, SIGKILL after the
+        grace, then the object is removed.
+
+        Args:
+            wait: seconds to wait for the outcome (shutdown: the pod Failed, returned; drain: the object
+                gone, None returned); None returns at once.
 
         Raises:
             kubernetes.client.ApiException: no such pod.
-            TimeoutError: ``wait`` given and the pod did not fail in time.
+            ValueError: unknown ``how``.
+            TimeoutError: ``wait`` given and the outcome did not come in time.
         """
         from .node_agent import PREEMPT_ANNOTATION
 
-        self.api().patch_namespaced_pod(pod, namespace, {"metadata": {"annotations": {
-            PREEMPT_ANNOTATION: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}})
+        if how == "shutdown":
+            self.api().patch_namespaced_pod(pod, namespace, {"metadata": {"annotations": {
+                PREEMPT_ANNOTATION: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}})
+            done: Callable[[Any], bool] = lambda p: p is not None and p.status.phase == "Failed"  # noqa: E731
+        elif how == "drain":
+            eviction = {"apiVersion": "policy/v1beta1", "kind": "Eviction",
+                        "metadata": {"name": pod, "namespace": namespace}}
+            self.api().create_namespaced_pod_eviction(pod, namespace, eviction)
+            done = lambda p: p is None  # noqa: E731
+        else:
+            raise ValueError(f"how: {how!r} is not 'shutdown' or 'drain'")
         if wait is None:
             return None
-        return self.wait_for_pod(namespace, pod, lambda p: p is not None and p.status.phase == "Failed", wait)
+        return self.wait_for_pod(namespace, pod, done, wait)
 
     def env(self) -> dict[str, str]:
         """What ``cluster up --env-file`` writes: ``KUBECONFIG`` (admin), ``BATCH_K8S_KUBECONFIG_<NAME>``

@@ -218,3 +218,13 @@ def test_pod_naming_a_missing_service_account_is_rejected(k8s_cluster):
     with pytest.raises(client.ApiException) as err:
         k8s_cluster.api("airflow-worker").create_namespaced_pod(NAMESPACE, manifest)
     assert err.value.status == 403 and "no-such-account" in err.value.body
+
+
+def test_drain_evicts_with_sigterm_and_removes_the_pod(k8s_cluster):
+    script = "trap 'echo drained; exit 75' TERM; echo ready; while true; do sleep 0.1; done"
+    name = create(k8s_cluster, pod(script, grace=30))
+    k8s_cluster.wait_for_pod(NAMESPACE, name, running, 30)
+    wait_log(k8s_cluster, name, "ready")
+    assert k8s_cluster.preempt(NAMESPACE, name, wait=20, how="drain") is None
+    (pod_dir,) = k8s_cluster.node_agent.pod_dirs(NAMESPACE, name)
+    assert (pod_dir / "main.log").read_text().splitlines()[-1].endswith(" stdout F drained")
