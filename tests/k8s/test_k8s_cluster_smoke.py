@@ -228,3 +228,38 @@ def test_drain_evicts_with_sigterm_and_removes_the_pod(k8s_cluster):
     assert k8s_cluster.preempt(NAMESPACE, name, wait=20, how="drain") is None
     (pod_dir,) = k8s_cluster.node_agent.pod_dirs(NAMESPACE, name)
     assert (pod_dir / "main.log").read_text().splitlines()[-1].endswith(" stdout F drained")
+
+
+def test_env_from_secrets_and_missing_secret(k8s_cluster):
+    admin = k8s_cluster.api()
+    secret = f"s-{uuid.uuid4().hex[:6]}"
+    admin.create_namespaced_secret(NAMESPACE, {"metadata": {"name": secret}, "stringData": {"host": "http://x:1"}})
+    manifest = pod('echo "$STORAGE_EMULATOR_HOST"')
+    manifest["spec"]["containers"][0]["env"] = [
+        {"name": "STORAGE_EMULATOR_HOST", "valueFrom": {"secretKeyRef": {"name": secret, "key": "host"}}}]
+    name = create(k8s_cluster, manifest)
+    assert k8s_cluster.wait_for_pod(NAMESPACE, name, finished, 30).status.phase == "Succeeded"
+    assert log_text(admin, name) == "http://x:1\n"
+
+    manifest = pod("echo never")
+    manifest["spec"]["containers"][0]["env"] = [
+        {"name": "X", "valueFrom": {"secretKeyRef": {"name": "no-such-secret", "key": "k"}}}]
+    name = create(k8s_cluster, manifest)
+
+    def config_error(p) -> bool:
+        statuses = p.status.container_statuses or []
+        return bool(statuses) and statuses[0].state.waiting is not None
+
+    waiting = k8s_cluster.wait_for_pod(NAMESPACE, name, config_error, 30).status.container_statuses[0].state.waiting
+    assert (waiting.reason, waiting.message) == ("CreateContainerConfigError", 'secret "no-such-secret" not found')
+    assert k8s_cluster.api().read_namespaced_pod(name, NAMESPACE).status.phase == "Pending"
+
+
+def test_missing_command_is_a_start_error(k8s_cluster):
+    manifest = pod("unused")
+    manifest["spec"]["containers"][0]["command"] = ["no-such-binary-xyz"]
+    name = create(k8s_cluster, manifest)
+    done = k8s_cluster.wait_for_pod(NAMESPACE, name, finished, 30)
+    term = done.status.container_statuses[0].state.terminated
+    assert (done.status.phase, term.exit_code, term.reason) == ("Failed", 128, "StartError")
+    assert "no-such-binary-xyz" in term.message
