@@ -252,10 +252,19 @@ class NodeAgent:
                 self.stopping.wait(1.0)
 
     def _watch_once(self) -> None:
+        """List every pod (pods that vanished while no watch was open count as DELETED), then watch from
+        the list's resourceVersion until the server ends the watch or it fails (an informer's loop)."""
+        listing = self.api.list_pod_for_all_namespaces(_request_timeout=(5, 30))
+        listed = {p.metadata.uid for p in listing.items}
+        with self.lock:
+            vanished = [p for uid, p in self.pods.items() if uid not in listed]
+        for pod in vanished:
+            self.on_event("DELETED", pod)
+        for pod in listing.items:
+            self.on_event("MODIFIED", pod)
         w = watch.Watch()
-        # No resourceVersion: the server first replays every existing pod as ADDED (a relist).
-        for event in w.stream(self.api.list_pod_for_all_namespaces, timeout_seconds=WATCH_TIMEOUT_S,
-                              _request_timeout=(5, WATCH_TIMEOUT_S + 10)):
+        for event in w.stream(self.api.list_pod_for_all_namespaces, resource_version=listing.metadata.resource_version,
+                              timeout_seconds=WATCH_TIMEOUT_S, _request_timeout=(5, WATCH_TIMEOUT_S + 10)):
             if self.stopping.is_set():
                 w.stop()
                 return
@@ -264,7 +273,8 @@ class NodeAgent:
             self.on_event(event["type"], event["object"])
 
     def on_event(self, kind: str, pod: Any) -> None:
-        """Act on one watch event (idempotent: every relist replays all pods)."""
+        """Act on one watch event, ``ADDED``/``MODIFIED``/``DELETED`` (idempotent: every relist replays
+        all pods as ``MODIFIED``)."""
         uid = pod.metadata.uid
         with self.lock:
             if kind == "DELETED":
@@ -407,7 +417,9 @@ class NodeAgent:
             self._patch_status(pod, self._final_status(pod, results, reason))
         with self.lock:
             current = self.pods.get(run.uid)
-            if current is not None and current.metadata.deletion_timestamp is not None:
+            if current is None:
+                self.runs.pop(run.uid, None)  # the object is gone already (force-deleted)
+            elif current.metadata.deletion_timestamp is not None:
                 self._remove(current)
             self.schedule_pending()
 

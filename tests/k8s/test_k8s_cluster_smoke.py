@@ -253,6 +253,8 @@ def test_env_from_secrets_and_missing_secret(k8s_cluster):
     waiting = k8s_cluster.wait_for_pod(NAMESPACE, name, config_error, 30).status.container_statuses[0].state.waiting
     assert (waiting.reason, waiting.message) == ("CreateContainerConfigError", 'secret "no-such-secret" not found')
     assert k8s_cluster.api().read_namespaced_pod(name, NAMESPACE).status.phase == "Pending"
+    admin.delete_namespaced_pod(name, NAMESPACE)  # it holds a GPU of the session's node until deleted
+    k8s_cluster.wait_for_pod(NAMESPACE, name, lambda p: p is None, 20)
 
 
 def test_missing_command_is_a_start_error(k8s_cluster):
