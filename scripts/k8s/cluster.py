@@ -183,6 +183,10 @@ class NodeAgentHandle:
 class LocalCluster:
     """A live single-node cluster on loopback (see the module docstring). Context manager.
 
+    Its processes get SIGTERM when the thread that started them ends (``PR_SET_PDEATHSIG``), so a
+    killed test run leaves no servers behind: start it from a thread that outlives its use (the main
+    thread, as the pytest fixture and the CLI do).
+
     Args:
         work_dir: certificates, kubeconfigs, logs, pod dirs; a fresh temp dir (removed at stop) when
             None, else kept (the caller owns it).
