@@ -283,7 +283,7 @@ class ShardRun:
         ctx = self.ctx
         with self.clock.stage("reuse"):
             outcome = reuse_pass(
-                output_root=ctx.layout.output_root, run_id=ctx.manifest.run_id, shard_id=ctx.shard_id,
+                engine=ctx.engine, output_root=ctx.layout.output_root, run_id=ctx.manifest.run_id, shard_id=ctx.shard_id,
                 shard_dir=ctx.shard_dir, fingerprint=ctx.fingerprint, spec=ctx.manifest.input,
                 segments=self.spec.segments, settings=self.settings, ledger=ledger,
                 should_stop=lambda: self.stop.requested,
@@ -373,7 +373,7 @@ class ShardRun:
                 committed = commit_table(self.ctx.shard_dir, PART_PREFIX, chunk_no, part)
                 self._record(committed)
                 if self.reuse_on:
-                    cache_rows(self.ctx.layout.output_root, self.ctx.manifest.run_id, self.ctx.shard_id,
+                    cache_rows(self.ctx.engine, self.ctx.layout.output_root, self.ctx.manifest.run_id, self.ctx.shard_id,
                                committed[0], part, rows, time.perf_counter() - t0)
         if dead or n_ok:
             self.attempt.chunks_committed += 1

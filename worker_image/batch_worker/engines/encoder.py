@@ -200,6 +200,7 @@ class EncoderEngine(Engine):
     """
 
     kind = EngineKind.ENCODER
+    reuses_results = True
 
     def __init__(self, config: EncoderConfig, settings: WorkerSettings) -> None:
         super().__init__(config, settings)
