@@ -1,0 +1,144 @@
+"""One run's view model: DB record + storage reads -> status, figures, shard table.
+
+Reads go through the contract's run store after the storage guard (:mod:`batch_inference.ui.guard`)
+accepted the run directory. A run in a terminal DagRun state is cached per process (its storage no
+longer changes), so the list page re-reads only running runs.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from batch_contract import storage
+from batch_contract.layout import RunLayout
+from batch_contract.runstore import RunStore
+
+from batch_inference.progress import collect_progress
+from batch_inference.report.collect import load_run
+from batch_inference.ui.discovery import RunRecord
+from batch_inference.ui.figures import ShardRow, run_figures, shard_rows
+from batch_inference.ui.guard import PathRefused, guarded_layout
+from batch_inference.ui.status import BatchStatus, RunFacts, batch_status, deadline_of
+
+TERMINAL_DAG_RUN_STATES = frozenset({"success", "failed"})
+CACHE_SIZE = 256
+"""Views of finished runs kept per API-server process."""
+LIST_THREADS = 8
+"""Runs read concurrently for the list page (each read is a few storage round trips)."""
+
+
+@dataclass
+class RunView:
+    """What the pages show of one run.
+
+    Attributes:
+        record: the DagRun as the metadata DB knows it.
+        status: batch-API status (:func:`batch_inference.ui.status.batch_status`).
+        figures: :func:`batch_inference.ui.figures.run_figures` (``None`` before the manifest exists,
+            when the run dir was refused, or unreadable).
+        shards: the per-shard table.
+        problem: why there are no figures (``None`` when there are).
+        layout: the run's URIs when its run dir passed the guard.
+    """
+
+    record: RunRecord
+    status: BatchStatus
+    figures: dict[str, Any] | None = None
+    shards: list[ShardRow] = field(default_factory=list)
+    problem: str | None = None
+    layout: RunLayout | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dict (datetimes as ISO strings) for the JSON API."""
+        rec = self.record
+        return {
+            "dag_id": rec.dag_id, "run_id": rec.run_id, "dag_run_state": rec.state,
+            "status": self.status.value,
+            "queued_at": _iso(rec.queued_at), "started_at": _iso(rec.start_date), "finished_at": _iso(rec.end_date),
+            "run_dir": self.layout.run_dir if self.layout else None,
+            "figures": self.figures, "problem": self.problem,
+            "shards": [asdict(s) for s in self.shards],
+        }
+
+
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def read_report(layout: RunLayout) -> dict[str, Any] | None:
+    """The run's ``report.json`` or ``None`` when publish has not written it (or it is not JSON)."""
+    try:
+        return json.loads(storage.read_bytes(layout.report_json_uri))
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def build_view(record: RunRecord) -> RunView:
+    """Read the run's objects in storage and decide its status (never raises for a bad run: the view's
+    ``problem`` says what is wrong, and the status falls back to the Airflow states alone)."""
+    facts = dict(dag_run_state=record.state, task_states=record.task_states, gate_ended_at=record.gate_ended_at)
+    if not record.run_dir:
+        return RunView(record, batch_status(RunFacts(**facts)), problem="not planned yet (no run_dir XCom)")
+    try:
+        layout = guarded_layout(record.run_dir)
+    except PathRefused as exc:
+        return RunView(record, batch_status(RunFacts(**facts)), problem=f"refused: {exc}")
+    store = RunStore(layout)
+    try:
+        data = load_run(store)
+        ids = [s.shard_id for s in data.manifest.shards]
+        progress = collect_progress(store, ids)
+        report = read_report(layout)
+        shards = shard_rows(data, progress)
+        figures = run_figures(data, progress, shards, report, finished=record.state in TERMINAL_DAG_RUN_STATES)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return RunView(record, batch_status(RunFacts(**facts)), problem=f"unreadable: {exc}", layout=layout)
+    deadline = deadline_of(record.start_date, data.manifest.params.get("deadline_hours"))
+    status = batch_status(RunFacts(**facts, shards_total=len(ids), shards_complete=len(data.markers),
+                                   deadline_at=deadline))
+    return RunView(record, status, figures, shards, layout=layout)
+
+
+class ViewCache:
+    """Views of runs whose DagRun is finished, keyed by ``(dag_id, run_id, end_date)`` (LRU, thread-safe).
+
+    Args:
+        build: the view builder (default :func:`build_view`).
+        size: entries kept.
+    """
+
+    def __init__(self, build: Callable[[RunRecord], RunView] = build_view, size: int = CACHE_SIZE) -> None:
+        self._build = build
+        self._size = size
+        self._items: OrderedDict[tuple[str, str, str], RunView] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, record: RunRecord) -> RunView:
+        """The run's view: cached when its DagRun is finished and was read before, else built."""
+        if record.state not in TERMINAL_DAG_RUN_STATES:
+            return self._build(record)
+        key = (record.dag_id, record.run_id, _iso(record.end_date) or "")
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        view = self._build(record)
+        if view.problem is None:
+            with self._lock:
+                self._items[key] = view
+                while len(self._items) > self._size:
+                    self._items.popitem(last=False)
+        return view
+
+    def get_many(self, records: list[RunRecord]) -> list[RunView]:
+        """Views of ``records`` in order, built concurrently (:data:`LIST_THREADS`)."""
+        if not records:
+            return []
+        with ThreadPoolExecutor(max_workers=min(LIST_THREADS, len(records))) as pool:
+            return list(pool.map(self.get, records))
