@@ -86,7 +86,7 @@ def test_running_run_figures_equal_hand_computed(run: RunLayout) -> None:
     assert f["worker_seconds"] == pytest.approx(seconds)
     assert f["cost_usd"] == pytest.approx(cost)
     assert f["cost_projected_usd"] == pytest.approx(cost * ROWS / done)
-    assert f["usd_per_million_rows"] == pytest.approx(cost / done * 1e6)
+    assert f["usd_per_million_rows"] == pytest.approx(cost / (done - dead) * 1e6)   # per result row
     assert (f["shards_total"], f["shards_complete"], f["accelerator"]) == (3, 2, "nvidia-h100-80gb")
     assert f["fingerprint"] == "f" * 32 and f["report"] is False
 
@@ -114,13 +114,17 @@ def test_stale_and_failed_shards_have_no_live_rate(run: RunLayout) -> None:
 
 
 def test_finished_run_uses_report_cost_and_overall_rate(run: RunLayout) -> None:
-    storage.write_replace(run.report_json_uri, json.dumps({"run_id": run.run_id, "cost_usd": 1.25}).encode())
+    storage.write_replace(run.report_json_uri, json.dumps({"run_id": run.run_id, "cost_usd": 1.25,
+                                                           "cost_per_million_rows_usd": 17.0}).encode())
     view = build_view(_record(run, state="failed", task_states={"plan": "success", "infer_local[2]": "failed"}))
     f = view.figures
     assert view.status is BatchStatus.FAILED and f["report"] is True
     assert f["cost_usd"] == 1.25 and f["cost_projected_usd"] == 1.25
     assert f["eta_s"] is None and f["rows_per_s"] == pytest.approx(72 / 3960)
-    assert f["usd_per_million_rows"] == pytest.approx(1.25 / 72 * 1e6)
+    assert f["usd_per_million_rows"] == 17.0
+    storage.write_replace(run.report_json_uri, json.dumps({"run_id": run.run_id, "cost_usd": 1.25}).encode())
+    assert build_view(_record(run, state="success")).figures["usd_per_million_rows"] == pytest.approx(
+        1.25 / (72 - 4) * 1e6)          # an older report without the field: per result row
 
 
 def test_default_prices_when_the_manifest_names_none(tmp_path) -> None:

@@ -136,7 +136,7 @@ def run_figures(data: RunData, progress: dict[str, Any], shards: list[ShardRow],
         worker seconds over all attempts; ``None`` without either), ``eta_s`` (seconds; running only),
         ``cost_usd`` (so far: ``report.json``'s when written, else worker seconds x the run's price),
         ``cost_projected_usd`` (cost / rows done x rows total while running), ``usd_per_million_rows``
-        (cost per million rows done), ``worker_seconds``, ``shards_total``, ``shards_complete``,
+        (cost per million result rows; the report's ``cost_per_million_rows_usd`` once written), ``worker_seconds``, ``shards_total``, ``shards_complete``,
         ``fingerprint``, ``model`` (path or name), ``model_label`` (:func:`model_label`), ``accelerator``, ``report`` (whether ``report.json`` exists).
     """
     params = cost_params_of(data.manifest)
@@ -144,8 +144,10 @@ def run_figures(data: RunData, progress: dict[str, Any], shards: list[ShardRow],
     done, dead = int(progress["rows_done"]), int(progress["rows_dead_letter"])
     seconds = float(sum(s.seconds for s in shards))
     cost = worker_cost(seconds, params)
+    usd_per_m = per_million(cost, done - dead)
     if report is not None and report.get("run_id") == data.manifest.run_id:
         cost = float(report.get("cost_usd") or 0.0)
+        usd_per_m = report.get("cost_per_million_rows_usd", per_million(cost, done - dead))
     live_rate = float(progress["rows_per_s"] or 0.0)
     if finished:
         rate = done / seconds if seconds > 0 else None
@@ -165,7 +167,7 @@ def run_figures(data: RunData, progress: dict[str, Any], shards: list[ShardRow],
         "eta_s": eta,
         "cost_usd": cost,
         "cost_projected_usd": projected,
-        "usd_per_million_rows": per_million(cost, done),
+        "usd_per_million_rows": usd_per_m,
         "worker_seconds": seconds,
         "shards_total": len(data.manifest.shards),
         "shards_complete": len(data.markers),
