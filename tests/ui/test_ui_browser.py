@@ -318,3 +318,18 @@ def test_browser_gcs_run_page(airflow: Standalone, runs: dict[str, Any], browser
     _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "img[data-chart]"))
     browser.switch_to.default_content()
     _shot(browser, "06-gcs-run-page")
+
+
+def test_a_run_dir_outside_the_roots_is_never_read(airflow: Standalone, runs: dict[str, Any], bucket: str) -> None:
+    """Rewrite the ``run_dir`` XCom of the gs:// run (anyone with XCom write access could): the page
+    refuses to read it (last test: it spoils that run's view)."""
+    dag_id, run_id = runs["gcs"]
+    xcom = f"/api/v2/dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id, safe='')}/taskInstances/plan/xcomEntries/run_dir"
+    for evil in ("/etc/runs/passwd", "gs://another-bucket/out/runs/x", f"{bucket}-other/out/runs/x"):
+        airflow.api("PATCH", xcom, {"value": evil})
+        base = airflow.url + _run_path(dag_id, run_id)
+        for suffix in ("", "/manifest.json", "/report.html", "/dead-letters.jsonl"):
+            resp = http("GET", base + suffix, token=airflow.token())
+            assert resp.status == 403 and b"refused" in resp.body, (evil, suffix, resp.status, resp.body[:200])
+        listed = {v["run_id"]: v for v in _page_api(airflow)["runs"]}[run_id]
+        assert listed["figures"] is None and listed["problem"].startswith("refused"), listed

@@ -196,6 +196,9 @@ def test_view_cache_rebuilds_running_runs_only(run: RunLayout) -> None:
     cache.get(other), cache.get(done)
     assert len(built) == 5                                                          # size 1: evicted
     assert [v.record.run_id for v in cache.get_many([running, done])] == [run.run_id] * 2
+    moved = _record(run, state="success", end_date=NOW)
+    moved.run_dir = "/etc/runs/x"                          # the run_dir XCom rewritten: read again
+    assert cache.get(moved).problem.startswith("refused")
 
 
 def test_model_label() -> None:

@@ -106,7 +106,8 @@ def build_view(record: RunRecord) -> RunView:
 
 
 class ViewCache:
-    """Views of runs whose DagRun is finished, keyed by ``(dag_id, run_id, end_date)`` (LRU, thread-safe).
+    """Views of runs whose DagRun is finished, keyed by ``(dag_id, run_id, end_date, run_dir)`` (LRU,
+    thread-safe): a run cleared and re-run gets a new end date, a rewritten ``run_dir`` XCom a new key.
 
     Args:
         build: the view builder (default :func:`build_view`).
@@ -116,14 +117,14 @@ class ViewCache:
     def __init__(self, build: Callable[[RunRecord], RunView] = build_view, size: int = CACHE_SIZE) -> None:
         self._build = build
         self._size = size
-        self._items: OrderedDict[tuple[str, str, str], RunView] = OrderedDict()
+        self._items: OrderedDict[tuple[str, str, str, str], RunView] = OrderedDict()
         self._lock = threading.Lock()
 
     def get(self, record: RunRecord) -> RunView:
         """The run's view: cached when its DagRun is finished and was read before, else built."""
         if record.state not in TERMINAL_DAG_RUN_STATES:
             return self._build(record)
-        key = (record.dag_id, record.run_id, _iso(record.end_date) or "")
+        key = (record.dag_id, record.run_id, _iso(record.end_date) or "", record.run_dir or "")
         with self._lock:
             if key in self._items:
                 self._items.move_to_end(key)
