@@ -96,8 +96,10 @@ def _page_api(server: Standalone, path: str = "/batch-inference/api/runs") -> An
 
 
 @pytest.fixture(scope="module")
-def runs(airflow: Standalone, bucket: str) -> dict[str, Any]:
-    """Trigger the local and the gs:// run, watch the page's JSON API until both finish.
+def runs(airflow: Standalone, bucket: str, browser) -> dict[str, Any]:
+    """Trigger the local and the gs:// run, watch the page's JSON API until both finish; when the local
+    run is first ``in_progress`` with figures, and again when a shard first reports progress, open its
+    page in the browser (a live page: it reloads itself; its shard table shows shards not yet complete).
 
     Returns ``{"local": (dag_id, run_id), "gcs": (...), "seen": {run_id: [statuses in order]},
     "views": {run_id: last view}, "seconds": wait}``.
@@ -115,6 +117,7 @@ def runs(airflow: Standalone, bucket: str) -> dict[str, Any]:
         "model": str(get_model_path())}))   # no Asset event: the model comes from the Param
     seen: dict[str, list[str]] = {local[1]: [], gcs[1]: []}
     views: dict[str, Any] = {}
+    live_page: dict[str, Any] = {}
     t0 = time.monotonic()
     while time.monotonic() - t0 < RUN_TIMEOUT_S:
         for view in _page_api(airflow)["runs"]:
@@ -122,6 +125,11 @@ def runs(airflow: Standalone, bucket: str) -> dict[str, Any]:
                 views[view["run_id"]] = view
                 if not seen[view["run_id"]] or seen[view["run_id"]][-1] != view["status"]:
                     seen[view["run_id"]].append(view["status"])
+        local_view = views.get(local[1], {})
+        running = any(s["state"] == "running" for s in local_view.get("shards", []))
+        if local_view.get("status") == "in_progress" and local_view.get("figures") and (
+                not live_page or (running and "running" not in live_page["shard_states"])):
+            live_page = _open_live_page(airflow, browser, *local)   # again once a shard reports progress
         if len(views) == 2 and all(v["status"] in TERMINAL for v in views.values()):
             break
         time.sleep(1.0)
@@ -129,7 +137,20 @@ def runs(airflow: Standalone, bucket: str) -> dict[str, Any]:
     print(f"runs finished in {seconds:.1f} s; statuses seen: {seen}")
     SUMMARY["runs_seconds"] = round(seconds, 1)
     assert all(views[r[1]]["status"] == "completed" for r in (local, gcs)), (views, airflow.log_tail())
-    return {"local": local, "gcs": gcs, "seen": seen, "views": views, "seconds": seconds}
+    return {"local": local, "gcs": gcs, "seen": seen, "views": views, "seconds": seconds, "live_page": live_page}
+
+
+def _open_live_page(airflow: Standalone, browser, dag_id: str, run_id: str) -> dict[str, Any]:
+    """The run's page while it runs: its status badge, shard states and whether it reloads itself."""
+    from selenium.webdriver.common.by import By
+
+    browser.get(airflow.url + _run_path(dag_id, run_id))
+    _wait(browser, lambda d: d.find_elements(By.ID, "shards"))
+    page = {"status": browser.find_element(By.ID, "status").text,
+            "shard_states": [td.text for td in browser.find_elements(By.CSS_SELECTOR, "#shards tbody td:nth-child(2)")],
+            "refresh": bool(browser.find_elements(By.CSS_SELECTOR, "meta[http-equiv='refresh']"))}
+    _shot(browser, "00-run-in-progress")
+    return page
 
 
 def _run_path(dag_id: str, run_id: str) -> str:
@@ -150,6 +171,13 @@ def test_statuses_move_forward_and_figures_add_up(runs: dict[str, Any]) -> None:
     assert f["model_label"] and len(f["fingerprint"]) == 32
     assert [s["state"] for s in view["shards"]] == ["complete", "complete"]
     assert sum(s["rows"] for s in view["shards"]) == f["rows_total"]
+
+
+def test_run_page_is_live_while_running(runs: dict[str, Any]) -> None:
+    page = runs["live_page"]
+    assert page, "the local run was never seen in_progress with figures"
+    assert page["status"] in ("in_progress", "finalizing") and page["refresh"], page
+    assert len(page["shard_states"]) == 2 and set(page["shard_states"]) <= {"complete", "running", "pending", "stale"}
 
 
 def test_gcs_run_is_read_from_the_emulator(airflow: Standalone, runs: dict[str, Any], bucket: str) -> None:

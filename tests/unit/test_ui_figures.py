@@ -149,7 +149,7 @@ def test_unplanned_refused_and_unreadable_runs_say_why(tmp_path) -> None:
     assert view.status is BatchStatus.VALIDATING and view.figures is None and "not planned" in view.problem
     rec.run_dir = "/etc/runs/r1"
     view = build_view(rec)
-    assert view.problem.startswith("refused") and view.layout is None
+    assert view.refused and view.problem.startswith("refused") and view.layout is None
     rec.run_dir = str(tmp_path / "runs" / "r1")      # allowed, but the manifest is missing
     view = build_view(rec)
     assert view.problem.startswith("unreadable") and "manifest" in view.problem

@@ -27,19 +27,20 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from airflow.api_fastapi.app import get_auth_manager
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
 from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import GetUserDep, get_user, requires_access_dag
 from batch_contract import storage
+from batch_contract.layout import RunLayout
 from batch_contract.runstore import RunStore
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
-from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, Response, StreamingResponse
 from fastapi.templating import Jinja2Templates
 
 from batch_inference.report import fmt
 from batch_inference.ui import deadletters
 from batch_inference.ui.discovery import RunRecord, batch_dag_ids, find_runs
-from batch_inference.ui.guard import PathRefused
 from batch_inference.ui.views import TERMINAL_DAG_RUN_STATES, RunView, ViewCache
 
 LIST_LIMIT = 50
@@ -56,14 +57,14 @@ router = APIRouter()
 RunAccess = Depends(requires_access_dag("GET", DagAccessEntity.RUN))
 
 
-def _readable_dag_ids(request: Request, user: Any, session: Any) -> list[str]:
-    authorized = request.app.state.auth_manager_getter().get_authorized_dag_ids(user=user, method="GET",
-                                                                               session=session)
+def _readable_dag_ids(user: Any, session: Any) -> list[str]:
+    """Batch-inference DAGs the auth manager lets ``user`` read."""
+    authorized = get_auth_manager().get_authorized_dag_ids(user=user, method="GET", session=session)
     return [d for d in batch_dag_ids(session) if d in authorized]
 
 
-def _views(request: Request, user: Any, session: Any) -> list[RunView]:
-    return CACHE.get_many(find_runs(session, _readable_dag_ids(request, user, session), limit=LIST_LIMIT))
+def _views(user: Any, session: Any) -> list[RunView]:
+    return CACHE.get_many(find_runs(session, _readable_dag_ids(user, session), limit=LIST_LIMIT))
 
 
 def _record(session: Any, dag_id: str, run_id: str) -> RunRecord:
@@ -77,15 +78,16 @@ def _record(session: Any, dag_id: str, run_id: str) -> RunRecord:
 
 def _view(session: Any, dag_id: str, run_id: str) -> RunView:
     view = CACHE.get(_record(session, dag_id, run_id))
-    if view.problem and view.problem.startswith("refused"):
+    if view.refused:
         raise HTTPException(403, view.problem)
     return view
 
 
-def _store(view: RunView) -> RunStore:
+def _layout(view: RunView) -> RunLayout:
+    """The run's layout (its run dir passed the guard), else 404: not planned yet."""
     if view.layout is None:
         raise HTTPException(404, view.problem or "the run has no storage yet")
-    return RunStore(view.layout)
+    return view.layout
 
 
 def _page_context(request: Request, **extra: Any) -> dict[str, Any]:
@@ -100,15 +102,15 @@ def _page_context(request: Request, **extra: Any) -> dict[str, Any]:
 @router.get("/", response_class=HTMLResponse)
 def runs_page(request: Request, user: GetUserDep, session: SessionDep) -> Response:
     """HTML list of runs (newest first), refreshing itself while a run is unfinished."""
-    views = _views(request, user, session)
+    views = _views(user, session)
     live = any(v.record.state not in TERMINAL_DAG_RUN_STATES for v in views)
     return TEMPLATES.TemplateResponse(request, "runs.html", _page_context(request, views=views, live=live))
 
 
 @router.get("/api/runs")
-def runs_json(request: Request, user: GetUserDep, session: SessionDep) -> dict[str, Any]:
+def runs_json(user: GetUserDep, session: SessionDep) -> dict[str, Any]:
     """``{"runs": [RunView.to_dict(), ...]}`` newest first."""
-    return {"runs": [v.to_dict() for v in _views(request, user, session)]}
+    return {"runs": [v.to_dict() for v in _views(user, session)]}
 
 
 @router.get("/runs/{dag_id}/{run_id}", response_class=HTMLResponse, dependencies=[RunAccess])
@@ -130,10 +132,9 @@ def run_json(dag_id: str, run_id: str, session: SessionDep) -> dict[str, Any]:
 @router.get("/runs/{dag_id}/{run_id}/report.html", response_class=HTMLResponse, dependencies=[RunAccess])
 def report_html(dag_id: str, run_id: str, session: SessionDep) -> Response:
     """The run's ``report.html`` (404 before publish wrote it), under a CSP that lets it load nothing."""
-    view = _view(session, dag_id, run_id)
-    _store(view)
+    layout = _layout(_view(session, dag_id, run_id))
     try:
-        body = storage.read_bytes(view.layout.report_html_uri)
+        body = storage.read_bytes(layout.report_html_uri)
     except FileNotFoundError:
         raise HTTPException(404, "no report.html yet (publish writes it)") from None
     return HTMLResponse(body, headers={"Content-Security-Policy": REPORT_CSP})
@@ -142,17 +143,16 @@ def report_html(dag_id: str, run_id: str, session: SessionDep) -> Response:
 @router.get("/runs/{dag_id}/{run_id}/manifest.json", dependencies=[RunAccess])
 def manifest_json(dag_id: str, run_id: str, session: SessionDep) -> Response:
     """The run's ``manifest.json`` as stored."""
-    view = _view(session, dag_id, run_id)
-    store = _store(view)
+    layout = _layout(_view(session, dag_id, run_id))
     try:
-        body = storage.read_bytes(store.layout.manifest_uri)
+        body = storage.read_bytes(layout.manifest_uri)
     except FileNotFoundError:
         raise HTTPException(404, "no manifest yet (plan writes it)") from None
     return Response(body, media_type="application/json")
 
 
 def _download(view: RunView, kind: str) -> Response:
-    store = _store(view)
+    store = RunStore(_layout(view))
     rows = deadletters.iter_dead_letters(store)
     body = deadletters.to_jsonl(rows) if kind == "jsonl" else deadletters.to_csv(rows)
     media = "application/x-ndjson" if kind == "jsonl" else "text/csv; charset=utf-8"
@@ -172,18 +172,10 @@ def dead_letters_csv(dag_id: str, run_id: str, session: SessionDep) -> Response:
     return _download(_view(session, dag_id, run_id), "csv")
 
 
-def _refused(request: Request, exc: PathRefused) -> JSONResponse:
-    return JSONResponse({"detail": f"refused: {exc}"}, status_code=403)
-
-
 def create_app() -> FastAPI:
     """The app the plugin mounts (called once, on the API server's first request to it)."""
-    from airflow.api_fastapi.app import get_auth_manager
-
     app = FastAPI(title="Batch inference", docs_url=None, redoc_url=None, openapi_url=None,
                   dependencies=[Depends(get_user)])
-    app.state.auth_manager_getter = get_auth_manager
     app.include_router(router)
-    app.add_exception_handler(PathRefused, _refused)
     return app
 

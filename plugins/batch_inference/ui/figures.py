@@ -107,15 +107,16 @@ def model_label(model: str) -> str:
     return "/".join(parts[-2:])
 
 
-def _fingerprint_and_model(data: RunData) -> tuple[str, str]:
-    """The result fingerprint (a marker's; before any marker, the plan's config fingerprint) and the model
-    (what the worker loaded, from a marker's engine info; before any marker, the planned one)."""
+def _fingerprint_and_model(data: RunData) -> tuple[str, str, str]:
+    """``(fingerprint, its source, model)``: the result fingerprint of a marker (source ``result``) or,
+    before any marker, the plan's config fingerprint (source ``config``: the model digest is not known
+    yet); the model the worker loaded (a marker's engine info) or, before any marker, the planned one."""
     markers = list(data.markers.values())
     fingerprint = markers[0].fingerprint if markers else data.manifest.config_fingerprint
     engine = markers[0].engine if markers else {}
     model = (engine.get("model_path") or engine.get("model") or data.manifest.params.get("model")
              or data.manifest.engine.get("model_path") or data.manifest.engine.get("model") or "")
-    return str(fingerprint), str(model)
+    return str(fingerprint), "result" if markers else "config", str(model)
 
 
 def run_figures(data: RunData, progress: dict[str, Any], shards: list[ShardRow],
@@ -136,8 +137,10 @@ def run_figures(data: RunData, progress: dict[str, Any], shards: list[ShardRow],
         worker seconds over all attempts; ``None`` without either), ``eta_s`` (seconds; running only),
         ``cost_usd`` (so far: ``report.json``'s when written, else worker seconds x the run's price),
         ``cost_projected_usd`` (cost / rows done x rows total while running), ``usd_per_million_rows``
-        (cost per million result rows; the report's ``cost_per_million_rows_usd`` once written), ``worker_seconds``, ``shards_total``, ``shards_complete``,
-        ``fingerprint``, ``model`` (path or name), ``model_label`` (:func:`model_label`), ``accelerator``, ``report`` (whether ``report.json`` exists).
+        (cost per million result rows; the report's ``cost_per_million_rows_usd`` once written),
+        ``worker_seconds``, ``shards_total``, ``shards_complete``, ``fingerprint`` and
+        ``fingerprint_source`` (``result`` or ``config``), ``model`` (path or name), ``model_label``
+        (:func:`model_label`), ``accelerator``, ``report`` (whether ``report.json`` exists).
     """
     params = cost_params_of(data.manifest)
     total = int(progress["rows_total"] if progress["rows_total"] is not None else data.manifest.rows)
@@ -156,7 +159,7 @@ def run_figures(data: RunData, progress: dict[str, Any], shards: list[ShardRow],
         rate = live_rate if live_rate > 0 else None
         eta = progress["eta_s"]
         projected = cost * total / done if done else None
-    fingerprint, model = _fingerprint_and_model(data)
+    fingerprint, fingerprint_source, model = _fingerprint_and_model(data)
     return {
         "rows_total": total,
         "rows_completed": done - dead,
@@ -172,6 +175,7 @@ def run_figures(data: RunData, progress: dict[str, Any], shards: list[ShardRow],
         "shards_total": len(data.manifest.shards),
         "shards_complete": len(data.markers),
         "fingerprint": fingerprint,
+        "fingerprint_source": fingerprint_source,
         "model": model,
         "model_label": model_label(model),
         "accelerator": params.accelerator,

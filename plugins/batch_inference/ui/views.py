@@ -44,6 +44,7 @@ class RunView:
             when the run dir was refused, or unreadable).
         shards: the per-shard table.
         problem: why there are no figures (``None`` when there are).
+        refused: the run dir failed the storage guard (nothing was read; the API answers 403).
         layout: the run's URIs when its run dir passed the guard.
     """
 
@@ -52,6 +53,7 @@ class RunView:
     figures: dict[str, Any] | None = None
     shards: list[ShardRow] = field(default_factory=list)
     problem: str | None = None
+    refused: bool = False
     layout: RunLayout | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -88,7 +90,7 @@ def build_view(record: RunRecord) -> RunView:
     try:
         layout = guarded_layout(record.run_dir)
     except PathRefused as exc:
-        return RunView(record, batch_status(RunFacts(**facts)), problem=f"refused: {exc}")
+        return RunView(record, batch_status(RunFacts(**facts)), problem=f"refused: {exc}", refused=True)
     store = RunStore(layout)
     try:
         data = load_run(store)
