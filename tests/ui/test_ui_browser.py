@@ -177,7 +177,7 @@ def test_run_page_is_live_while_running(runs: dict[str, Any]) -> None:
     page = runs["live_page"]
     assert page, "the local run was never seen in_progress with figures"
     assert page["status"] in ("in_progress", "finalizing") and page["refresh"], page
-    assert len(page["shard_states"]) == 2 and set(page["shard_states"]) <= {"complete", "running", "pending", "stale"}
+    assert len(page["shard_states"]) == 2 and set(page["shard_states"]) <= {"complete", "running", "starting", "pending", "stale"}
 
 
 def test_gcs_run_is_read_from_the_emulator(airflow: Standalone, runs: dict[str, Any], bucket: str) -> None:

@@ -101,6 +101,12 @@ def test_shard_table(run: RunLayout) -> None:
     assert rows[RUNNING].seconds == pytest.approx(360.0)
 
 
+def test_a_shard_whose_worker_has_not_reported_progress_is_starting(run: RunLayout) -> None:
+    storage.delete(run.progress_uri(RUNNING))                 # attempt record written, model still loading
+    row = build_view(_record(run)).shards[2]
+    assert (row.state, row.rows_done, row.rows_per_s, row.attempts) == ("starting", 0, None, 1)
+
+
 def test_stale_and_failed_shards_have_no_live_rate(run: RunLayout) -> None:
     old = (NOW - timedelta(hours=2)).isoformat()
     prog = ShardProgress(shard_id=RUNNING, status="running", rows_total=30, rows_done=12, rows_dead_letter=1,
@@ -178,27 +184,33 @@ def test_error_file_writes_a_recommitted_chunk_once(tmp_path) -> None:
     assert [r["source_row"] for r in deadletters.iter_dead_letters(RunStore(layout))] == [3]
 
 
-def test_view_cache_rebuilds_running_runs_only(run: RunLayout) -> None:
-    built = []
+def test_view_cache(run: RunLayout) -> None:
+    built, now = [], [0.0]
 
     def build(rec: RunRecord):
         built.append(rec.run_id)
         return build_view(rec)
 
-    cache = ViewCache(build, size=1)
+    cache = ViewCache(build, size=2, live_ttl_s=5.0, clock=lambda: now[0])
     running = _record(run)
     cache.get(running), cache.get(running)
-    assert len(built) == 2
+    assert len(built) == 1                                     # reused within the TTL
+    now[0] = 6.0
+    cache.get(running)
+    assert len(built) == 2                                     # read again after it
+    progressed = _record(run, task_states={**running.task_states, "wait_for_shards": "success"})
+    assert cache.get(progressed).status is BatchStatus.FINALIZING and len(built) == 3   # a task moved on
     done = _record(run, state="success", end_date=NOW)
+    now[0] = 1000.0
     cache.get(done), cache.get(done)
-    assert len(built) == 3
-    other = _record(run, state="success", end_date=NOW + timedelta(seconds=1))   # cleared and re-run
-    cache.get(other), cache.get(done)
-    assert len(built) == 5                                                          # size 1: evicted
-    assert [v.record.run_id for v in cache.get_many([running, done])] == [run.run_id] * 2
+    assert len(built) == 4                                     # a finished run is kept, whatever the time
+    again = _record(run, state="success", end_date=NOW + timedelta(seconds=1))   # cleared and re-run
+    cache.get(again), cache.get(running), cache.get(done)
+    assert len(built) == 7                                     # size 2: evicted
     moved = _record(run, state="success", end_date=NOW)
-    moved.run_dir = "/etc/runs/x"                          # the run_dir XCom rewritten: read again
-    assert cache.get(moved).problem.startswith("refused")
+    moved.run_dir = "/etc/runs/x"                              # the run_dir XCom rewritten: read again
+    assert cache.get(moved).refused and len(built) == 8
+    assert [v.record.run_id for v in cache.get_many([running, done])] == [run.run_id] * 2
 
 
 def test_model_label() -> None:

@@ -33,7 +33,8 @@ class ShardRow:
     Attributes:
         shard_id: five digits.
         state: ``complete`` (marker), ``running`` / ``failed`` / ``stale`` (progress object, see
-            :data:`batch_inference.progress.STALE_AFTER_SECONDS`), or ``pending`` (neither).
+            :data:`batch_inference.progress.STALE_AFTER_SECONDS`), ``starting`` (a worker wrote its
+            attempt record, no progress yet: loading the model), or ``pending`` (none of these).
         rows: rows the manifest assigns to the shard.
         rows_done: rows committed so far, dead letters included.
         rows_dead_letter: rows rejected with a reason.
@@ -71,7 +72,9 @@ def _shard_state(shard_id: str, data: RunData, progress: dict[str, Any]) -> str:
         return "failed"
     if shard_id in progress["stale_ids"]:
         return "stale"
-    return "running" if shard_id in data.progress else "pending"
+    if shard_id in data.progress:
+        return "running"
+    return "starting" if data.attempts.get(shard_id) else "pending"
 
 
 def shard_rows(data: RunData, progress: dict[str, Any]) -> list[ShardRow]:

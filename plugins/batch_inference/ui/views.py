@@ -1,14 +1,15 @@
 """One run's view model: DB record + storage reads -> status, figures, shard table.
 
 Reads go through the contract's run store after the storage guard (:mod:`batch_inference.ui.guard`)
-accepted the run directory. A run in a terminal DagRun state is cached per process (its storage no
-longer changes), so the list page re-reads only running runs.
+accepted the run directory. Views are cached per process (:class:`ViewCache`): a finished run's until
+evicted (its storage no longer changes), an unfinished run's for a few seconds.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +29,9 @@ from batch_inference.ui.status import BatchStatus, RunFacts, batch_status, deadl
 
 TERMINAL_DAG_RUN_STATES = frozenset({"success", "failed"})
 CACHE_SIZE = 256
-"""Views of finished runs kept per API-server process."""
+"""Views kept per API-server process."""
+LIVE_TTL_S = 5.0
+"""Seconds an unfinished run's view is reused (the pages reload every 10 s)."""
 LIST_THREADS = 8
 """Runs read concurrently for the list page (each read is a few storage round trips)."""
 
@@ -108,33 +111,52 @@ def build_view(record: RunRecord) -> RunView:
 
 
 class ViewCache:
-    """Views of runs whose DagRun is finished, keyed by ``(dag_id, run_id, end_date, run_dir)`` (LRU,
-    thread-safe): a run cleared and re-run gets a new end date, a rewritten ``run_dir`` XCom a new key.
+    """Views of runs, so that page loads do not each re-read storage (LRU, thread-safe).
+
+    * A finished DagRun's view is kept until evicted, keyed by ``(dag_id, run_id, end_date, run_dir)``:
+      a run cleared and re-run gets a new end date, a rewritten ``run_dir`` XCom a new key.
+    * An unfinished run's view is reused for ``live_ttl_s`` seconds while its DagRun state, task states
+      and run dir are unchanged, so several open pages refreshing themselves cost one read of the run
+      per ``live_ttl_s`` (a run with many shards is one storage listing per shard).
 
     Args:
         build: the view builder (default :func:`build_view`).
         size: entries kept.
+        live_ttl_s: seconds an unfinished run's view is reused (default :data:`LIVE_TTL_S`).
+        clock: monotonic clock in seconds (tests pass a fake one).
     """
 
-    def __init__(self, build: Callable[[RunRecord], RunView] = build_view, size: int = CACHE_SIZE) -> None:
+    def __init__(self, build: Callable[[RunRecord], RunView] = build_view, size: int = CACHE_SIZE,
+                 live_ttl_s: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self._build = build
         self._size = size
-        self._items: OrderedDict[tuple[str, str, str, str], RunView] = OrderedDict()
+        self._ttl = LIVE_TTL_S if live_ttl_s is None else live_ttl_s
+        self._clock = clock
+        self._items: OrderedDict[tuple[Any, ...], tuple[float, RunView]] = OrderedDict()
         self._lock = threading.Lock()
 
+    @staticmethod
+    def _key(record: RunRecord) -> tuple[Any, ...]:
+        if record.state in TERMINAL_DAG_RUN_STATES:
+            return (record.dag_id, record.run_id, _iso(record.end_date) or "", record.run_dir or "")
+        return (record.dag_id, record.run_id, record.state, record.run_dir or "",
+                tuple(sorted(record.task_states.items())))
+
     def get(self, record: RunRecord) -> RunView:
-        """The run's view: cached when its DagRun is finished and was read before, else built."""
-        if record.state not in TERMINAL_DAG_RUN_STATES:
-            return self._build(record)
-        key = (record.dag_id, record.run_id, _iso(record.end_date) or "", record.run_dir or "")
+        """The run's view: reused as the class docstring says, else built (and kept unless it has a
+        problem)."""
+        key, now = self._key(record), self._clock()
+        finished = record.state in TERMINAL_DAG_RUN_STATES
         with self._lock:
-            if key in self._items:
+            hit = self._items.get(key)
+            if hit is not None and (finished or now - hit[0] < self._ttl):
                 self._items.move_to_end(key)
-                return self._items[key]
+                return hit[1]
         view = self._build(record)
         if view.problem is None:
             with self._lock:
-                self._items[key] = view
+                self._items[key] = (now, view)
+                self._items.move_to_end(key)
                 while len(self._items) > self._size:
                     self._items.popitem(last=False)
         return view
