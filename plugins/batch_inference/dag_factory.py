@@ -232,9 +232,9 @@ def build_dag(spec: DagSpec, k8s: K8sSettings | None = None,
 
 
 def _k8s_pods(k8s: K8sSettings, planned: Any):
-    """``kpo_args`` and the mapped ``infer_k8s`` pod task (the provider is imported here, only when the
-    ``kubernetes`` runner is enabled). Returns ``(kpo_args task, infer_k8s task)``."""
-    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+    """``kpo_args`` and the mapped ``infer_k8s`` pod task (``ShardPodOperator``; the provider is imported
+    here, only when the ``kubernetes`` runner is enabled). Returns ``(kpo_args task, infer_k8s task)``."""
+    from batch_inference.shard_pod import ShardPodOperator
 
     from batch_inference.pod_spec import kpo_partial_kwargs
 
@@ -245,7 +245,7 @@ def _k8s_pods(k8s: K8sSettings, planned: Any):
         return tasks.kpo_args_task(refs, context)
 
     args = kpo_args(planned)
-    pods = KubernetesPodOperator.partial(
+    pods = ShardPodOperator.partial(
         task_id="infer_k8s", map_index_template=K8S_SHARD_LABEL, **kpo_partial_kwargs(k8s),
     ).expand_kwargs(args)
     return args, pods
