@@ -3,6 +3,7 @@ the same paths against a real API server): relaunch within the try, fail now, re
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from unittest import mock
 
 import pytest
@@ -54,7 +55,7 @@ def operator(api: Api, **overrides) -> ShardPodOperator:
 
 def context(try_number: int = 1) -> dict:
     ti = mock.MagicMock(dag_id="d", task_id="infer_k8s", run_id=RUN_ID, map_index=2, try_number=try_number)
-    return {"ti": ti, "task_instance": ti, "run_id": RUN_ID, "dag": mock.MagicMock(dag_id="d"),
+    return {"ti": ti, "task_instance": ti, "run_id": RUN_ID, "dag": SimpleNamespace(dag_id="d", parent_dag=None),
             "dag_run": mock.MagicMock(run_id=RUN_ID), "params": {}}
 
 
