@@ -76,6 +76,8 @@ def airflow_k8s_env(base_env: dict[str, str], kubeconfig: Path, gcs_url: str,
         "BATCH_K8S_RETRY_DELAY_SECONDS": "1", "BATCH_K8S_MAX_RETRY_DELAY_SECONDS": "4",
         "BATCH_K8S_TERMINATION_GRACE_SECONDS": "30",
         "STORAGE_EMULATOR_HOST": gcs_url,
+        # buckets made since base_env was built (make_bucket adds them to this process's environment)
+        "BATCH_INFERENCE_ALLOWED_ROOTS": os.environ.get("BATCH_INFERENCE_ALLOWED_ROOTS", ""),
     })
     env.pop("KUBECONFIG", None)
     for name, value in k8s.items():
