@@ -150,3 +150,16 @@ def test_reattached_pod_brings_back_its_count_and_defers_with_it() -> None:
 def test_max_preemptions_must_not_be_negative() -> None:
     with pytest.raises(ValueError, match="max_preemptions"):
         ShardPodOperator(task_id="x", image=IMAGE, max_preemptions=-1)
+
+
+def test_settings_from_env_carry_max_preemptions_and_pod_env() -> None:
+    from batch_contract.engine_config import ConfigError
+
+    settings = K8sSettings.from_env({"BATCH_K8S_IMAGE": IMAGE, "BATCH_K8S_MAX_PREEMPTIONS": "3",
+                                     "BATCH_K8S_ENV": '{"STORAGE_EMULATOR_HOST": "http://127.0.0.1:9"}'})
+    kw = kpo_partial_kwargs(settings)
+    assert kw["max_preemptions"] == 3 and ShardPodOperator(task_id="t", **kw).max_preemptions == 3
+    assert kw["env_vars"]["STORAGE_EMULATOR_HOST"] == "http://127.0.0.1:9"
+    assert kw["env_vars"]["HF_HUB_OFFLINE"] == "1"
+    with pytest.raises(ConfigError, match="max_preemptions"):
+        K8sSettings(image=IMAGE, max_preemptions=-1)
