@@ -19,8 +19,8 @@ finished pod means (:func:`batch_inference.pod_outcome.classify`):
 
 Pods are never left behind by this task: succeeded and preempted pods are deleted, stuck ones are
 deleted at the timeout, and killing or clearing the task deletes the running pod (the provider's
-``on_kill``; while deferred, ``KubernetesPodTrigger.on_kill``, which the Airflow 3.3 triggerer calls on
-a user kill and not on a triggerer restart). Failed pods (exit 1 and 2) are kept, marked
+``on_kill``; while deferred, ``KubernetesPodTrigger.on_kill``, which the Airflow 3.3 triggerer calls
+when a user clears the task or marks it failed or succeeded, and not when the triggerer restarts). Failed pods (exit 1 and 2) are kept, marked
 ``already_checked``, for ``kubectl logs`` (``on_finish_action="delete_succeeded_pod"``).
 """
 
