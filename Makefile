@@ -118,7 +118,7 @@ K8S_FIGURES ?= build/k8s/test-k8s-figures.json
 test-k8s: venv
 	$(PY) -m scripts.k8s.cluster build >/dev/null
 	@rm -f $(K8S_FIGURES); mkdir -p $(dir $(K8S_FIGURES)); t0=$$(date +%s); \
-	BATCH_K8S_FIGURES=$(K8S_FIGURES) $(PY) -m pytest tests/k8s -q --durations=10; rc=$$?; \
+	BATCH_K8S_FIGURES=$(K8S_FIGURES) $(PY) -m pytest tests/k8s -q --durations=10 --basetemp=build/k8s/pytest; rc=$$?; \
 	$(PY) tests/k8s_summary.py $(K8S_FIGURES) --seconds $$(( $$(date +%s) - t0 )); exit $$rc
 
 # Deployment artefacts without an engine or a cluster: hadolint, Compose schema + `docker-compose config`,

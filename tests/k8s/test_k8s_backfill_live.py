@@ -82,9 +82,10 @@ def _vectors(db: Path, table: str) -> dict[str, np.ndarray]:
 
 class Preempter(threading.Thread):
     """Preempts the first pod of :data:`PREEMPT_SHARDS` whose worker has started (its attempt record is
-    in storage, so its SIGTERM handler is installed), ``delay`` seconds later, once."""
+    in storage, so its SIGTERM handler is installed), ``delay`` seconds later, once. One second lands in
+    the model load (over a second even on fast CPUs), so the worker is still far from done."""
 
-    def __init__(self, cluster, ledger: PodLedger, delay: float = 3.0) -> None:
+    def __init__(self, cluster, ledger: PodLedger, delay: float = 1.0) -> None:
         super().__init__(daemon=True)
         self.cluster, self.ledger, self.delay = cluster, ledger, delay
         self.preempted: list[tuple[str, str]] = []
