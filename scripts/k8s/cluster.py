@@ -18,7 +18,7 @@ Start to ready is about 10 s (the API server's post-start hooks). What one clust
 
 Use it as a context manager (tests) or from the CLI (``make run-k8s``)::
 
-    python -m scripts.k8s.cluster up --env-file build/k8s/env    # foreground; SIGTERM/Ctrl-C stops it
+    python -m scripts.k8s.cluster up --env-file build/k8s-local/env    # foreground; SIGTERM/Ctrl-C stops it
 
 Stop order is node agent, API server, etcd (etcd first makes the API server hang for seconds).
 """
@@ -183,6 +183,10 @@ class NodeAgentHandle:
 class LocalCluster:
     """A live single-node cluster on loopback (see the module docstring). Context manager.
 
+    Its processes get SIGTERM when the thread that started them ends (``PR_SET_PDEATHSIG``), so a
+    killed test run leaves no servers behind: start it from a thread that outlives its use (the main
+    thread, as the pytest fixture and the CLI do).
+
     Args:
         work_dir: certificates, kubeconfigs, logs, pod dirs; a fresh temp dir (removed at stop) when
             None, else kept (the caller owns it).
@@ -294,7 +298,7 @@ class LocalCluster:
     def _start_apiserver(self, binary: Path) -> None:
         port = free_port()
         self.server = f"https://127.0.0.1:{port}"
-        self._apiserver = self._spawn([
+        self._apiserver_argv = [
             str(binary), f"--etcd-servers={self._etcd_url}", "--bind-address=127.0.0.1",
             "--advertise-address=127.0.0.1", f"--secure-port={port}", "--insecure-port=0",
             f"--tls-cert-file={self._serving.cert}", f"--tls-private-key-file={self._serving.key}",
@@ -303,11 +307,23 @@ class LocalCluster:
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={self._sa.cert}", f"--service-account-signing-key-file={self._sa.key}",
             "--service-cluster-ip-range=10.96.0.0/24",
-            # The ServiceAccount admission plugin wants token Secrets and a "default" account, both made
-            # by kube-controller-manager, which does not run here; pods keep the account they name.
-            "--disable-admission-plugins=ServiceAccount",
             f"--kubelet-certificate-authority={self.ca_file}", "--kubelet-preferred-address-types=InternalIP",
-            "--profiling=false", "--v=1"], "kube-apiserver.log")
+            "--profiling=false", "--v=1"]
+        self._apiserver = self._spawn(self._apiserver_argv, "kube-apiserver.log")
+
+    def restart_apiserver(self) -> float:
+        """Stop the API server and start it again on the same port and etcd (what a control-plane
+        upgrade does to watchers); returns seconds until it is ready again. The node agent re-watches
+        by itself; pods keep running.
+
+        Raises:
+            RuntimeError: it did not get ready (log tail included).
+        """
+        t0 = time.monotonic()
+        _stop_process(self._apiserver)
+        self._apiserver = self._spawn(self._apiserver_argv, "kube-apiserver.log")
+        self._wait_ready()
+        return time.monotonic() - t0
 
     def _wait_ready(self) -> None:
         ctx = ssl.create_default_context(cafile=str(self.ca_file))
@@ -347,13 +363,20 @@ class LocalCluster:
             path.chmod(0o600)
 
     def _apply_manifests(self) -> None:
-        from kubernetes import utils
+        from kubernetes import client, utils
 
         admin = self.api_client(ADMIN)
         for name in MANIFESTS:
             path = self.deploy_dir / name
             if path.exists():
                 utils.create_from_yaml(admin, yaml_file=str(path))
+        # kube-controller-manager (not run here) gives every namespace a "default" service account; the
+        # ServiceAccount admission plugin needs it for pods that name none. Without a token controller it
+        # cannot mount a token, so this one opts out (the project's own accounts do too).
+        core = client.CoreV1Api(admin)
+        for ns in ("default", NAMESPACE):
+            core.create_namespaced_service_account(ns, {"metadata": {"name": "default"},
+                                                        "automountServiceAccountToken": False})
 
     def _start_node_agent(self) -> None:
         agent = self.node_agent
@@ -429,23 +452,41 @@ class LocalCluster:
                 raise TimeoutError(f"{namespace}/{name}: condition not met in {timeout} s (phase {phase})")
             time.sleep(0.2)
 
-    def preempt(self, namespace: str, pod: str, wait: float | None = None) -> Any:
-        """Simulate a spot preemption of a running pod (graceful node shutdown): the agent sends SIGTERM
-        to its processes, SIGKILL after ``terminationGracePeriodSeconds``, then sets phase ``Failed``,
-        reason ``Terminated`` and a ``DisruptionTarget`` condition, keeping the container's exit code (the
-        worker's 75) and the pod object. With ``wait`` (seconds), returns the pod once it is Failed.
+    def preempt(self, namespace: str, pod: str, wait: float | None = None, how: str = "shutdown") -> Any:
+        """Simulate losing a spot node under a running pod.
+
+        ``how="shutdown"`` (default; a GKE spot reclaim, graceful node shutdown): the agent sends SIGTERM
+        to the pod's processes, SIGKILL after ``terminationGracePeriodSeconds``, then sets phase
+        ``Failed``, reason ``Terminated`` and a ``DisruptionTarget`` condition, keeping the container's
+        exit code (the worker's 75) and the pod object. ``how="drain"`` (``kubectl drain``): the pod is
+        evicted through the Eviction API, i.e. deleted with its grace period: SIGTERM, SIGKILL after the
+        grace, then the object is removed.
+
+        Args:
+            wait: seconds to wait for the outcome (shutdown: the pod Failed, returned; drain: the object
+                gone, None returned); None returns at once.
 
         Raises:
             kubernetes.client.ApiException: no such pod.
-            TimeoutError: ``wait`` given and the pod did not fail in time.
+            ValueError: unknown ``how``.
+            TimeoutError: ``wait`` given and the outcome did not come in time.
         """
         from .node_agent import PREEMPT_ANNOTATION
 
-        self.api().patch_namespaced_pod(pod, namespace, {"metadata": {"annotations": {
-            PREEMPT_ANNOTATION: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}})
+        if how == "shutdown":
+            self.api().patch_namespaced_pod(pod, namespace, {"metadata": {"annotations": {
+                PREEMPT_ANNOTATION: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}})
+            done: Callable[[Any], bool] = lambda p: p is not None and p.status.phase == "Failed"  # noqa: E731
+        elif how == "drain":
+            eviction = {"apiVersion": "policy/v1beta1", "kind": "Eviction",
+                        "metadata": {"name": pod, "namespace": namespace}}
+            self.api().create_namespaced_pod_eviction(pod, namespace, eviction)
+            done = lambda p: p is None  # noqa: E731
+        else:
+            raise ValueError(f"how: {how!r} is not 'shutdown' or 'drain'")
         if wait is None:
             return None
-        return self.wait_for_pod(namespace, pod, lambda p: p is not None and p.status.phase == "Failed", wait)
+        return self.wait_for_pod(namespace, pod, done, wait)
 
     def env(self) -> dict[str, str]:
         """What ``cluster up --env-file`` writes: ``KUBECONFIG`` (admin), ``BATCH_K8S_KUBECONFIG_<NAME>``

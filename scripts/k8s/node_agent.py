@@ -38,10 +38,12 @@ import re
 import signal
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import urllib3
 from kubernetes import client, config, watch
 
 from .log_server import LogServer
@@ -65,6 +67,8 @@ WATCH_TIMEOUT_S = 60
 NEVER_STARTED_EXIT = 137
 """Exit code reported for a container whose pod was deleted or preempted before it started (what a
 kubelet reports for a container it cannot find at termination)."""
+API_RETRY_S = 120.0
+"""How long a pod thread keeps retrying a status write while the API server is away (seconds)."""
 DEFAULT_GRACE_S = 30
 """``terminationGracePeriodSeconds`` when a pod leaves it unset (the Kubernetes default)."""
 
@@ -124,6 +128,7 @@ class PodRun:
     finished: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
     kill_timer: threading.Timer | None = None
+    kill_deadline: float | None = None  # time.monotonic() of the pending SIGKILL
 
     def stop(self, reason: str, grace_s: int) -> None:
         """SIGTERM every running container now and SIGKILL after ``grace_s`` seconds (a pod not yet
@@ -134,10 +139,12 @@ class PodRun:
             for proc in self.containers.values():
                 if first:
                     proc.signal(signal.SIGTERM)
-            if self.kill_timer is not None and not first and grace_s > 0:
+            deadline = time.monotonic() + max(grace_s, 0)
+            if self.kill_deadline is not None and deadline >= self.kill_deadline:
                 return
             if self.kill_timer is not None:
                 self.kill_timer.cancel()
+            self.kill_deadline = deadline
             self.kill_timer = threading.Timer(max(grace_s, 0), self.kill)
             self.kill_timer.daemon = True
             self.kill_timer.start()
@@ -245,10 +252,19 @@ class NodeAgent:
                 self.stopping.wait(1.0)
 
     def _watch_once(self) -> None:
+        """List every pod (pods that vanished while no watch was open count as DELETED), then watch from
+        the list's resourceVersion until the server ends the watch or it fails (an informer's loop)."""
+        listing = self.api.list_pod_for_all_namespaces(_request_timeout=(5, 30))
+        listed = {p.metadata.uid for p in listing.items}
+        with self.lock:
+            vanished = [p for uid, p in self.pods.items() if uid not in listed]
+        for pod in vanished:
+            self.on_event("DELETED", pod)
+        for pod in listing.items:
+            self.on_event("MODIFIED", pod)
         w = watch.Watch()
-        # No resourceVersion: the server first replays every existing pod as ADDED (a relist).
-        for event in w.stream(self.api.list_pod_for_all_namespaces, timeout_seconds=WATCH_TIMEOUT_S,
-                              _request_timeout=(5, WATCH_TIMEOUT_S + 10)):
+        for event in w.stream(self.api.list_pod_for_all_namespaces, resource_version=listing.metadata.resource_version,
+                              timeout_seconds=WATCH_TIMEOUT_S, _request_timeout=(5, WATCH_TIMEOUT_S + 10)):
             if self.stopping.is_set():
                 w.stop()
                 return
@@ -257,7 +273,8 @@ class NodeAgent:
             self.on_event(event["type"], event["object"])
 
     def on_event(self, kind: str, pod: Any) -> None:
-        """Act on one watch event (idempotent: every relist replays all pods)."""
+        """Act on one watch event, ``ADDED``/``MODIFIED``/``DELETED`` (idempotent: every relist replays
+        all pods as ``MODIFIED``)."""
         uid = pod.metadata.uid
         with self.lock:
             if kind == "DELETED":
@@ -282,13 +299,19 @@ class NodeAgent:
         if pod.metadata.deletion_timestamp is not None:
             if run is None or run.finished:
                 self._remove(pod)
-            else:
+            elif not run.stop_reason:
+                grace = pod.metadata.deletion_grace_period_seconds
+                grace = DEFAULT_GRACE_S if grace is None else int(grace)
+                run.stop("deleted", grace)
+                self.record_event(pod, "Normal", "Killing", f"Stopping container(s) (grace period {grace} s)")
+            else:  # already stopping (preempted, or an earlier delete): a shorter grace wins
                 grace = pod.metadata.deletion_grace_period_seconds
                 run.stop("deleted", DEFAULT_GRACE_S if grace is None else int(grace))
             return
         if run is not None:
-            if PREEMPT_ANNOTATION in (pod.metadata.annotations or {}) and not run.finished:
+            if PREEMPT_ANNOTATION in (pod.metadata.annotations or {}) and not run.finished and not run.stop_reason:
                 run.stop("preempted", self._grace(pod))
+                self.record_event(pod, "Warning", "Preempting", PREEMPT_MESSAGE)
             return
         phase = pod.status.phase if pod.status else None
         if phase in (None, "Pending"):
@@ -335,6 +358,8 @@ class NodeAgent:
                 raise
             return
         pod.spec.node_name = self.node.name  # counted as bound until the watch brings the new object
+        self.record_event(pod, "Normal", "Scheduled", f"Successfully assigned {pod.metadata.namespace}/"
+                          f"{pod.metadata.name} to {self.node.name}", "default-scheduler")
         log.info("bound %s/%s", pod.metadata.namespace, pod.metadata.name)
 
     def _mark_unschedulable(self, pod: Any, message: str) -> None:
@@ -344,7 +369,24 @@ class NodeAgent:
         self._patch_status(pod, {"phase": "Pending", "conditions": [{
             "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
             "lastTransitionTime": now_rfc3339()}]})
+        self.record_event(pod, "Warning", "FailedScheduling", message, "default-scheduler")
         log.info("unschedulable %s/%s: %s", pod.metadata.namespace, pod.metadata.name, message)
+
+    def record_event(self, pod: Any, kind: str, reason: str, message: str, component: str = "kubelet") -> None:
+        """Write a core/v1 Event about ``pod`` as kube-scheduler / kubelet do (what ``kubectl describe``
+        and KubernetesPodOperator's pod-event logging show). Best effort: a failure is only logged."""
+        now = now_rfc3339()
+        md = pod.metadata
+        body = {"metadata": {"generateName": f"{md.name}.", "namespace": md.namespace},
+                "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": md.namespace,
+                                   "name": md.name, "uid": md.uid},
+                "type": kind, "reason": reason, "message": message, "count": 1,
+                "firstTimestamp": now, "lastTimestamp": now,
+                "source": {"component": component, "host": self.node.name}}
+        try:
+            self.api.create_namespaced_event(md.namespace, body)
+        except (client.ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+            log.warning("event %s for %s/%s not written: %s", reason, md.namespace, md.name, exc)
 
     # ---- running ----------------------------------------------------------------------------------
     def _start(self, pod: Any) -> None:
@@ -375,7 +417,9 @@ class NodeAgent:
             self._patch_status(pod, self._final_status(pod, results, reason))
         with self.lock:
             current = self.pods.get(run.uid)
-            if current is not None and current.metadata.deletion_timestamp is not None:
+            if current is None:
+                self.runs.pop(run.uid, None)  # the object is gone already (force-deleted)
+            elif current.metadata.deletion_timestamp is not None:
                 self._remove(current)
             self.schedule_pending()
 
@@ -525,23 +569,34 @@ class NodeAgent:
             status.update(reason="NodeAgentRestarted", message=why)
         return status
 
+    def _retrying(self, call: Any, *args: Any, **kwargs: Any) -> Any:
+        """``call(*args, **kwargs)``, retried every second for up to :data:`API_RETRY_S` seconds while the
+        API server is unreachable or answers 429/5xx (a restart); 404/409 mean the pod is gone or moved
+        on and end quietly (None)."""
+        deadline = time.monotonic() + API_RETRY_S
+        while True:
+            try:
+                return call(*args, **kwargs)
+            except client.ApiException as exc:
+                if exc.status in (404, 409):
+                    return None
+                if exc.status != 429 and exc.status < 500 or time.monotonic() > deadline:
+                    raise
+            except (urllib3.exceptions.HTTPError, OSError):
+                if time.monotonic() > deadline or self.stopping.is_set():
+                    raise
+            time.sleep(1.0)
+
     def _patch_status(self, pod: Any, status: dict[str, Any]) -> None:
-        try:
-            self.api.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, {"status": status})
-        except client.ApiException as exc:
-            if exc.status not in (404, 409):
-                raise
+        self._retrying(self.api.patch_namespaced_pod_status, pod.metadata.name, pod.metadata.namespace,
+                       {"status": status})
 
     def _remove(self, pod: Any) -> None:
         """Finish a graceful deletion: remove the object now (``gracePeriodSeconds=0``, this uid only)."""
         body = client.V1DeleteOptions(grace_period_seconds=0,
                                       preconditions=client.V1Preconditions(uid=pod.metadata.uid))
-        try:
-            self.api.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace, body=body)
-            log.info("removed %s/%s", pod.metadata.namespace, pod.metadata.name)
-        except client.ApiException as exc:
-            if exc.status not in (404, 409):
-                raise
+        self._retrying(self.api.delete_namespaced_pod, pod.metadata.name, pod.metadata.namespace, body=body)
+        log.info("removed %s/%s", pod.metadata.namespace, pod.metadata.name)
 
     def shutdown(self) -> None:
         """Stop watching and SIGKILL every pod process still running (no orphans outlive the agent)."""

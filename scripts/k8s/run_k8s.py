@@ -31,7 +31,7 @@ from .cluster import NAMESPACE, REPO_ROOT, LocalCluster, apiserver_binary, ensur
 
 EMULATOR_SECRET = "gcs-emulator"
 """Secret (key ``host``) holding the emulator URL the worker pods get as ``STORAGE_EMULATOR_HOST``."""
-STATE_DIR = REPO_ROOT / "build" / "k8s"
+STATE_DIR = REPO_ROOT / "build" / "k8s-local"
 """Cluster work dir (logs, pod dirs) and the run's own Airflow home (SQLite) live here."""
 
 

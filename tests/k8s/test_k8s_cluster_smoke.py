@@ -107,6 +107,9 @@ def test_unfit_pod_stays_pending_unschedulable(k8s_cluster, kwargs, reason):
     cond = next(c for c in p.status.conditions if c.type == "PodScheduled")
     assert (p.status.phase, cond.status) == ("Pending", "False")
     assert cond.message == f"0/1 nodes are available: {reason}"
+    events = k8s_cluster.api("airflow-worker").list_namespaced_event(
+        NAMESPACE, field_selector=f"involvedObject.name={name}").items
+    assert [(e.type, e.reason, e.message) for e in events] == [("Warning", "FailedScheduling", cond.message)]
     time.sleep(1.0)
     assert k8s_cluster.api().read_namespaced_pod(name, NAMESPACE).spec.node_name is None
     k8s_cluster.api().delete_namespaced_pod(name, NAMESPACE)
@@ -187,3 +190,78 @@ def test_service_accounts_get_exactly_what_rbac_yaml_grants(k8s_cluster):
     with pytest.raises(client.ApiException) as err:  # the worker pods' own account has no API access
         k8s_cluster.api("batch-worker").list_namespaced_pod(NAMESPACE)
     assert err.value.status == 403
+
+
+def test_follow_streams_until_the_container_exits(k8s_cluster):
+    name = create(k8s_cluster, pod("for i in 1 2 3 4; do echo line $i; sleep 0.5; done"))
+    k8s_cluster.wait_for_pod(NAMESPACE, name, lambda p: p.status.phase != "Pending", 30)
+    resp = k8s_cluster.api("airflow-worker").read_namespaced_pod_log(
+        name, NAMESPACE, container="main", follow=True, timestamps=True, _preload_content=False)
+    text = b"".join(resp.stream()).decode().splitlines()  # the stream ends when the container has exited
+    assert [t.split(" ", 1)[1] for t in text] == [f"line {i}" for i in range(1, 5)]
+    assert finished(k8s_cluster.api().read_namespaced_pod(name, NAMESPACE))
+
+
+def test_pods_survive_an_api_server_restart(k8s_cluster):
+    name = create(k8s_cluster, pod("sleep 4; echo after restart"))
+    k8s_cluster.wait_for_pod(NAMESPACE, name, running, 30)
+    k8s_cluster.restart_apiserver()
+    done = k8s_cluster.wait_for_pod(NAMESPACE, name, finished, 90)
+    assert done.status.phase == "Succeeded"
+    later = create(k8s_cluster, pod("echo new pod"))  # the agent watches again
+    assert k8s_cluster.wait_for_pod(NAMESPACE, later, finished, 60).status.phase == "Succeeded"
+
+
+def test_pod_naming_a_missing_service_account_is_rejected(k8s_cluster):
+    manifest = pod("echo never")
+    manifest["spec"]["serviceAccountName"] = "no-such-account"
+    with pytest.raises(client.ApiException) as err:
+        k8s_cluster.api("airflow-worker").create_namespaced_pod(NAMESPACE, manifest)
+    assert err.value.status == 403 and "no-such-account" in err.value.body
+
+
+def test_drain_evicts_with_sigterm_and_removes_the_pod(k8s_cluster):
+    script = "trap 'echo drained; exit 75' TERM; echo ready; while true; do sleep 0.1; done"
+    name = create(k8s_cluster, pod(script, grace=30))
+    k8s_cluster.wait_for_pod(NAMESPACE, name, running, 30)
+    wait_log(k8s_cluster, name, "ready")
+    assert k8s_cluster.preempt(NAMESPACE, name, wait=20, how="drain") is None
+    (pod_dir,) = k8s_cluster.node_agent.pod_dirs(NAMESPACE, name)
+    assert (pod_dir / "main.log").read_text().splitlines()[-1].endswith(" stdout F drained")
+
+
+def test_env_from_secrets_and_missing_secret(k8s_cluster):
+    admin = k8s_cluster.api()
+    secret = f"s-{uuid.uuid4().hex[:6]}"
+    admin.create_namespaced_secret(NAMESPACE, {"metadata": {"name": secret}, "stringData": {"host": "http://x:1"}})
+    manifest = pod('echo "$STORAGE_EMULATOR_HOST"')
+    manifest["spec"]["containers"][0]["env"] = [
+        {"name": "STORAGE_EMULATOR_HOST", "valueFrom": {"secretKeyRef": {"name": secret, "key": "host"}}}]
+    name = create(k8s_cluster, manifest)
+    assert k8s_cluster.wait_for_pod(NAMESPACE, name, finished, 30).status.phase == "Succeeded"
+    assert log_text(admin, name) == "http://x:1\n"
+
+    manifest = pod("echo never")
+    manifest["spec"]["containers"][0]["env"] = [
+        {"name": "X", "valueFrom": {"secretKeyRef": {"name": "no-such-secret", "key": "k"}}}]
+    name = create(k8s_cluster, manifest)
+
+    def config_error(p) -> bool:
+        statuses = p.status.container_statuses or []
+        return bool(statuses) and statuses[0].state.waiting is not None
+
+    waiting = k8s_cluster.wait_for_pod(NAMESPACE, name, config_error, 30).status.container_statuses[0].state.waiting
+    assert (waiting.reason, waiting.message) == ("CreateContainerConfigError", 'secret "no-such-secret" not found')
+    assert k8s_cluster.api().read_namespaced_pod(name, NAMESPACE).status.phase == "Pending"
+    admin.delete_namespaced_pod(name, NAMESPACE)  # it holds a GPU of the session's node until deleted
+    k8s_cluster.wait_for_pod(NAMESPACE, name, lambda p: p is None, 20)
+
+
+def test_missing_command_is_a_start_error(k8s_cluster):
+    manifest = pod("unused")
+    manifest["spec"]["containers"][0]["command"] = ["no-such-binary-xyz"]
+    name = create(k8s_cluster, manifest)
+    done = k8s_cluster.wait_for_pod(NAMESPACE, name, finished, 30)
+    term = done.status.container_statuses[0].state.terminated
+    assert (done.status.phase, term.exit_code, term.reason) == ("Failed", 128, "StartError")
+    assert "no-such-binary-xyz" in term.message
