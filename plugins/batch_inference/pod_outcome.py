@@ -10,8 +10,8 @@ base container exited 0 (or the pod is gone after the   ``succeeded``     succee
 trigger saw it succeed)
 exit 75 (SIGTERM: finished chunks committed), or the    ``preempted``     a fresh pod for the same shard,
 pod vanished (deleted by the node / GC), or the pod                       same try; no retry consumed, up
-has condition ``DisruptionTarget`` or a node-shutdown                     to ``max_preemptions`` per try
-status reason (spot reclaim before the worker exited)
+ended with condition ``DisruptionTarget`` or a node-                      to ``max_preemptions`` per try
+shutdown status reason (spot reclaim, any exit code)
 exit 2 (bad config or input)                            ``bad_input``     fails now, no retries
 not scheduled when the startup timeout ran out          ``unschedulable`` fails this try naming the
                                                                           ``PodScheduled`` reason; retries
@@ -115,8 +115,8 @@ def classify(event_status: str, pod: Any | None, container: str) -> PodOutcome:
     code = exit_code(pod, container)
     if code == ExitCode.OK:
         return PodOutcome.SUCCEEDED
-    if code == ExitCode.INTERRUPTED or node_reclaimed(pod):
-        return PodOutcome.PREEMPTED
+    if code == ExitCode.INTERRUPTED or (node_reclaimed(pod) and _is_finished(pod, container)):
+        return PodOutcome.PREEMPTED  # a reclaimed pod still running is waited for: one writer per shard
     if code == ExitCode.BAD_INPUT:
         return PodOutcome.BAD_INPUT
     if event_status == "timeout":

@@ -57,6 +57,8 @@ UNSCHEDULED = [("PodScheduled", "False", "Unschedulable",
     ("timeout", pod(phase="Pending", node=None), PodOutcome.UNSCHEDULABLE),
     ("timeout", pod(phase="Pending", waiting=("ImagePullBackOff", "no such image")), PodOutcome.FAILED),
     ("error", pod(phase="Running"), PodOutcome.RUNNING),         # the provider re-defers
+    ("error", pod(phase="Running", conditions=[("DisruptionTarget", "True", "TerminationByKubelet", "")]),
+     PodOutcome.RUNNING),                                         # reclaimed but still running: wait for it
 ])
 def test_outcome_table(status: str, the_pod: k8s.V1Pod | None, expected: PodOutcome) -> None:
     assert classify(status, the_pod, C) is expected
