@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import pyarrow as pa
-from batch_contract.engine_config import WorkerSettings
+from batch_contract.engine_config import ConfigError, WorkerSettings
 from batch_contract.enums import DeadLetterReason, EngineKind
 
 
@@ -179,6 +179,17 @@ class Engine(ABC):
         encoder's dtype), without loading the model; they go into the result fingerprint
         (``batch_contract.manifest.result_fingerprint``). Default: none."""
         return {}
+
+    def pin_resolved(self, resolved: dict[str, Any]) -> None:
+        """Resolve ``auto`` settings to ``resolved`` instead of this host's choice (the run carried
+        shards over that another host computed: :mod:`batch_contract.carryover`). Default: nothing to
+        pin (an engine with no resolved settings has the same fingerprint everywhere).
+
+        Raises:
+            ConfigError: this engine cannot run with ``resolved`` on this host.
+        """
+        if resolved:
+            raise ConfigError(f"engine {self.kind.value} resolves no settings; cannot pin {resolved}")
 
     def extra_columns(self) -> list[str]:
         """Input columns the engine reads besides the id and text columns (in ``ChunkRows.fields``).
