@@ -306,6 +306,7 @@ def _wire(spec: DagSpec, k8s: K8sSettings | None, alias: AssetAlias, runners: tu
         min_success_ratio="{{ params.min_success_ratio }}",
         dry_run="{{ params.dry_run }}",
         wait_for_stragglers="{{ params.runner == 'kubernetes' }}",
+        straggler_grace_seconds=(k8s.termination_grace_seconds + 60) if k8s is not None else 0,
         trigger_rule=TriggerRule.ALL_DONE,
         poll_seconds=10.0,
     )
