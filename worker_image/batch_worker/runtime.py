@@ -206,6 +206,7 @@ class ShardRun:
             self.gpu.start(loaded.info.get("device_uuid"))  # after the load: the device this process uses
             if loaded.model_digest != self.ctx.engine.model_digest():
                 raise RuntimeError("model files changed while loading; retry")
+            self._apply_canary_tuning(loaded)
             self.attempt.threads = apply_thread_cap()
             self.counters.rows_before = ledger.rows_done - self.counters.rows_committed  # reuse pass counted
             self.ctx.engine.on_rows_done = self.counters.add_processed
@@ -237,6 +238,22 @@ class ShardRun:
         finally:
             if install_signals:
                 self.stop.uninstall()
+
+    def _apply_canary_tuning(self, loaded: LoadedModel) -> None:
+        """Batch with the settings the run's canary chose (``canary.json``) when the run left
+        ``token_budget`` on auto (0) and the canary ran on the same kind of device; recorded in the
+        marker's engine info as ``tuned_by: canary``."""
+        if self.settings.token_budget:
+            return
+        try:
+            canary = self.ctx.store.canary()
+        except ValueError as exc:
+            log.warning("shard %s: ignoring unreadable canary.json: %s", self.ctx.shard_id, exc)
+            return
+        if canary is None or canary.device != loaded.info.get("device"):
+            return
+        if self.ctx.engine.apply_tuning(canary.chosen["token_budget"], canary.chosen["max_batch_rows"]):
+            loaded.info["tuned_by"] = "canary"
 
     def _interrupted(self, progress: ProgressReporter | None) -> int:
         """Record the interruption (signal) and return exit code 75."""
