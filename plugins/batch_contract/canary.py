@@ -45,6 +45,7 @@ class AutotuneTrial:
         rows: rows processed in the trial.
         tokens_real / tokens_padded: input tokens without / with padding.
         seconds: engine seconds of the trial (``process`` wall time, no model load).
+        batches: engine batches run.
         oom: the device ran out of memory during the trial (the engine split the batch and went on;
             the trial is a data point, not a failure).
         warmup: the first slice, run to warm kernels and caches; never chosen and not in the throughput.
@@ -56,6 +57,7 @@ class AutotuneTrial:
     tokens_real: int = 0
     tokens_padded: int = 0
     seconds: float = 0.0
+    batches: int = 0
     oom: bool = False
     warmup: bool = False
 
@@ -84,7 +86,12 @@ class CanaryResult:
         steady_rows_per_s / steady_tokens_per_s: rows and real tokens per engine second over the
             non-warm-up trials (model load excluded).
         worker_seconds_per_token: (input_read + tokenize + inference + write) seconds per real token at
-            the chosen settings: what a shard's marker will add up per token.
+            the chosen settings in a full-size chunk: what a shard's marker will add up per token. The
+            engine seconds come from a fit of the trials, ``seconds = a x padded tokens + b x batches``,
+            applied to the batches a shard's chunk of this length distribution makes (the canary's small
+            slices make smaller batches than a shard's chunks, so their raw tokens/s is pessimistic).
+        engine_fit: ``{"seconds_per_padded_token": a, "seconds_per_batch": b, "chunk_rows": rows,
+            "padded_per_token": ..., "batches_per_token": ...}`` of that fit.
         peak_rss_bytes: the process's peak resident memory; peak_device_bytes: CUDA peak (None on CPU).
         padding_efficiency: real / padded tokens over the sample.
         strategy / trials / autotune_seconds: the search (see :data:`STRATEGIES`).
@@ -117,6 +124,7 @@ class CanaryResult:
     shard_tokens: dict[str, int] = field(default_factory=dict)
     stage_seconds: dict[str, float] = field(default_factory=dict)
     trials: list[AutotuneTrial] = field(default_factory=list)
+    engine_fit: dict[str, float] = field(default_factory=dict)
     autotune_seconds: float = 0.0
     profile_uri: str = ""
     profile_reused: bool = False

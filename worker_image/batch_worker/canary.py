@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from batch_contract import storage
+from batch_contract import resultcache, storage
 from batch_contract.canary import AutotuneTrial, CanaryResult, TuningProfile, profile_uri
 from batch_contract.engine_config import CUDA_MIN_ROW_TOKENS
 from batch_contract.layout import DEAD_LETTER_PREFIX, PART_PREFIX
@@ -179,7 +179,18 @@ class Canary:
                     parts.append(rows.take(keep))
                     owners.extend([shard_id] * len(keep))
         rows = concat_rows(parts) if parts else ChunkRows([], [], [], [], [], pa.table({}))
+        if self.reuse_on and len(rows):
+            rows, owners = self._without_cached(rows, owners)
         return Sample(rows=rows, owners=owners, next_chunk=next_chunk)
+
+    def _without_cached(self, rows: ChunkRows, owners: list[str]) -> tuple[ChunkRows, list[str]]:
+        """Leave out rows the result cache already holds (their shard's reuse pass copies them)."""
+        keys = pa.array([resultcache.text_key(t) for t in rows.texts], resultcache.KEY_TYPE)
+        found = resultcache.lookup(self.store.layout.output_root, self.fingerprint, keys)
+        keep = pc.indices_nonzero(pc.invert(pc.is_valid(found.row_hit))).to_pylist()
+        if len(keep) < len(rows):
+            log.info("canary: %d sampled rows are in the result cache: left to their shards", len(rows) - len(keep))
+        return rows.take(keep), [owners[i] for i in keep]
 
     # -- trials ---------------------------------------------------------------------------------------
     def _max_rows_for(self, budget: int) -> int:
@@ -208,7 +219,7 @@ class Canary:
         oom = int(getattr(self.engine, "oom_splits", 0)) > splits
         return AutotuneTrial(token_budget=budget, max_batch_rows=max_rows, rows=len(rows),
                              tokens_real=int(out.tokens_real), tokens_padded=int(out.tokens_padded),
-                             seconds=round(seconds, 6), oom=oom, warmup=warmup)
+                             seconds=round(seconds, 6), batches=int(out.batches), oom=oom, warmup=warmup)
 
     def _commit(self, sample: Sample, rows: ChunkRows, owners: list[str], out: Any, seconds: float) -> None:
         """Commit the slice's results and engine dead letters into each owning shard's directory."""
@@ -322,11 +333,11 @@ class Canary:
         engine_s = sum(t.seconds for t in measured)
         rows_m = sum(t.rows for t in measured)
         tokens_m = sum(t.tokens_real for t in measured)
-        at_chosen = [t for t in measured if t.token_budget == chosen and not t.oom] or measured
         stages = self.clock.rounded()
         per_token_other = sum(stages.get(s, 0.0) for s in ("input_read", "tokenize", "write")) / max(real, 1)
-        infer_per_token = (sum(t.seconds for t in at_chosen) / max(sum(t.tokens_real for t in at_chosen), 1)
-                           if at_chosen else 0.0)
+        fit = self._engine_fit(measured, chosen, rows_m / engine_s if engine_s else 0.0)
+        infer_per_token = (fit["seconds_per_padded_token"] * fit["padded_per_token"]
+                           + fit["seconds_per_batch"] * fit["batches_per_token"])
         return CanaryResult(
             run_id=self.manifest.run_id, fingerprint=self.fingerprint, engine_kind=self.engine.kind.value,
             model_digest=self.loaded.model_digest, device=self.device, device_name=device_name, threads=threads,
@@ -340,12 +351,28 @@ class Canary:
             padding_efficiency=round(real / padded, 4) if padded else None,
             strategy=strategy, chosen={"token_budget": int(chosen), "max_batch_rows": self._max_rows_for(chosen)},
             shard_rows=dict(sorted(self.shard_rows.items())), shard_tokens=dict(sorted(self.shard_tokens.items())),
-            stage_seconds=stages, trials=trials, autotune_seconds=round(autotune_s, 3),
+            stage_seconds=stages, trials=trials, engine_fit=fit, autotune_seconds=round(autotune_s, 3),
             profile_uri=self._profile_uri(device_name), profile_reused=profile is not None,
             peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             peak_device_bytes=_peak_device_bytes(self.device), llm=self._llm_figures(),
             elapsed_seconds=round(time.perf_counter() - self.t0, 3), created_at=utc_now(),
         )
+
+    def _engine_fit(self, measured: list[AutotuneTrial], chosen: int, rows_per_s: float) -> dict[str, float]:
+        """Engine seconds per real token in a shard's full chunk (see ``CanaryResult.worker_seconds_per_token``)."""
+        a, b = fit_engine_time(measured)
+        lengths = np.concatenate([p.column("n_tokens").to_numpy(zero_copy_only=False) for p in self.outputs]) \
+            if self.outputs else np.zeros(0, dtype=np.int64)
+        s = self.settings
+        shard_rows = max((sh.rows for sh in self.manifest.shards), default=0)
+        chunk = int(min(max(rows_per_s * s.chunk_target_seconds, s.min_chunk_rows), s.max_chunk_rows, shard_rows))
+        padded, batches = chunk_shape(lengths, chunk, chosen, self._max_rows_for(chosen), self._pad_multiple())
+        return {"seconds_per_padded_token": a, "seconds_per_batch": b, "chunk_rows": chunk,
+                "padded_per_token": padded, "batches_per_token": batches}
+
+    def _pad_multiple(self) -> int:
+        multiple = getattr(self.engine, "_pad_multiple", None)
+        return int(multiple()) if callable(multiple) else 1
 
     def _committed_text_bytes(self, sample: Sample) -> int:
         ids = {i for p in self.outputs for i in p.column("id").to_pylist()}
@@ -388,6 +415,42 @@ class Canary:
         storage.makedirs(uri.rsplit("/", 1)[0])
         storage.write_replace(uri, profile.to_json_bytes())
         log.info("canary: saved tuning profile %s (token budget %d)", uri, result.chosen["token_budget"])
+
+
+def fit_engine_time(trials: list[AutotuneTrial]) -> tuple[float, float]:
+    """Least-squares ``seconds = a x tokens_padded + b x batches`` over ``trials`` with ``a, b >= 0``
+    (one of them 0 when the unconstrained fit makes it negative; ``(0.0, 0.0)`` without data).
+
+    Returns:
+        ``(a, b)``: seconds per padded token, seconds per batch.
+    """
+    pts = [(float(t.tokens_padded), float(t.batches), float(t.seconds)) for t in trials if t.seconds > 0 and t.batches]
+    if not pts:
+        return 0.0, 0.0
+    x = np.asarray([[p, n] for p, n, _ in pts])
+    y = np.asarray([s for _, _, s in pts])
+    if len(pts) >= 2 and np.linalg.matrix_rank(x) == 2:
+        (a, b), *_ = np.linalg.lstsq(x, y, rcond=None)
+        if a > 0 and b >= 0:
+            return float(a), float(b)
+    tokens_only = float(y.sum() / max(x[:, 0].sum(), 1.0))
+    return tokens_only, 0.0
+
+
+def chunk_shape(lengths: np.ndarray, chunk_rows: int, token_budget: int, max_batch_rows: int,
+                pad_multiple: int) -> tuple[float, float]:
+    """Padded tokens and batches per real token of a ``chunk_rows``-row chunk whose row lengths follow
+    ``lengths`` (the sample's, repeated to the chunk's size), batched as the engine batches
+    (:func:`batch_worker.batching.plan_batches`). ``(1.0, 0.0)`` without lengths."""
+    from batch_worker.batching import plan_batches
+
+    if lengths.size == 0 or chunk_rows <= 0:
+        return 1.0, 0.0
+    reps = int(math.ceil(chunk_rows / lengths.size))
+    rows = np.tile(np.maximum(lengths.astype(np.int64), 1), reps)[:chunk_rows]
+    batches = plan_batches(rows, token_budget, max_batch_rows, pad_multiple)
+    real = float(rows.sum())
+    return sum(b.padded_tokens for b in batches) / real, len(batches) / real
 
 
 def _peak_device_bytes(device: str) -> int | None:
