@@ -38,16 +38,18 @@ class BudgetSearch:
         strategy: ``candidates`` or ``grow``.
         candidates: budgets for ``candidates`` (default :data:`CPU_CANDIDATES`).
         start / maximum: first and largest budget for ``grow`` (tokens).
+        min_gain: relative tokens/s gain a doubling must bring (default :data:`MIN_GAIN`).
     """
 
     def __init__(self, strategy: str, candidates: Sequence[int] = CPU_CANDIDATES, start: int = GROW_START,
-                 maximum: int = GROW_MAX) -> None:
+                 maximum: int = GROW_MAX, min_gain: float = MIN_GAIN) -> None:
         if strategy not in ("candidates", "grow"):
             raise ValueError(f"search strategy {strategy!r} is not 'candidates' or 'grow'")
         self.strategy = strategy
         self.candidates = list(candidates)
         self.start = start
         self.maximum = maximum
+        self.min_gain = min_gain
         self.trials: list[AutotuneTrial] = []
         self._done = False
 
@@ -83,7 +85,7 @@ class BudgetSearch:
                 return None
             nxt = last.token_budget // 2
             return nxt if nxt >= MIN_TOKEN_BUDGET else None
-        if len(fits) >= 2 and fits[-1].tokens_per_s < fits[-2].tokens_per_s * (1 + MIN_GAIN):
+        if len(fits) >= 2 and fits[-1].tokens_per_s < fits[-2].tokens_per_s * (1 + self.min_gain):
             return None  # no gain from the last doubling
         nxt = last.token_budget * 2
         return nxt if nxt <= self.maximum else None
@@ -100,7 +102,7 @@ class BudgetSearch:
         if not fits:
             return max(MIN_TOKEN_BUDGET, min(t.token_budget for t in measured) // 2)
         if self.strategy == "grow":
-            if len(fits) >= 2 and fits[-1].tokens_per_s < fits[-2].tokens_per_s * (1 + MIN_GAIN):
+            if len(fits) >= 2 and fits[-1].tokens_per_s < fits[-2].tokens_per_s * (1 + self.min_gain):
                 return fits[-2].token_budget
             return fits[-1].token_budget
         best = max(fits, key=lambda t: (t.tokens_per_s, -t.token_budget))

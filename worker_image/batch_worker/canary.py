@@ -43,7 +43,7 @@ from batch_contract.layout import DEAD_LETTER_PREFIX, PART_PREFIX
 from batch_contract.manifest import Manifest, Segment, result_fingerprint
 from batch_contract.runstore import RunStore
 
-from batch_worker.autotune import BudgetSearch, stratified_order
+from batch_worker.autotune import GROW_START, MIN_GAIN, BudgetSearch, stratified_order
 from batch_worker.engines.base import ChunkRows, Engine, LoadedModel, check_chunk_output, engine_class
 from batch_worker.errors import BadInputError
 from batch_worker.ledger import build_ledger
@@ -74,6 +74,8 @@ class CanaryOptions:
             (a run with an explicit ``token_budget`` never searches).
         use_profile: read a saved profile for this model and device and skip the search.
         warmup_rows: rows of the first (warm-up) slice.
+        grow_start / min_gain: the ``grow`` search's first budget (tokens) and the gain a doubling
+            must bring (:class:`batch_worker.autotune.BudgetSearch`).
     """
 
     fraction: float = 0.005
@@ -83,6 +85,8 @@ class CanaryOptions:
     strategy: str = "auto"
     use_profile: bool = True
     warmup_rows: int = 32
+    grow_start: int = GROW_START
+    min_gain: float = MIN_GAIN
 
     def __post_init__(self) -> None:
         if not 0 < self.fraction <= 1:
@@ -304,7 +308,7 @@ class Canary:
         strategy = self.options.strategy
         if strategy == "auto":
             strategy = "grow" if self.device == "cuda" else "candidates"
-        return strategy, BudgetSearch(strategy), None
+        return strategy, BudgetSearch(strategy, start=self.options.grow_start, min_gain=self.options.min_gain), None
 
     def _search(self, sample: Sample, search: BudgetSearch, order: list[int], est: np.ndarray) -> list[int]:
         """Run the search's trials on consecutive slices of ``order`` (each at least one full batch of

@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="start no new slice after this many seconds of work (default 120)")
     canary.add_argument("--search", default="auto", choices=("auto", "grow", "candidates"),
                         help="batch-size search: auto (grow on a GPU, candidates on CPU)")
+    canary.add_argument("--grow-start", type=int, default=16384, help="first token budget of the grow search")
     canary.add_argument("--no-profile", action="store_true", help="ignore a saved tuning profile: search again")
     canary.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     quality_gate.add_parser(sub)  # ``quality-gate``: compare two LLM configs on a sample (quality_gate.py)
@@ -91,7 +92,8 @@ def _canary(args: argparse.Namespace) -> int:
 
     try:
         options = CanaryOptions(fraction=args.fraction, min_rows=args.min_rows, max_rows=args.max_rows,
-                                max_seconds=args.max_seconds, strategy=args.search, use_profile=not args.no_profile)
+                                max_seconds=args.max_seconds, strategy=args.search, use_profile=not args.no_profile,
+                                grow_start=args.grow_start)
     except ValueError as exc:
         raise ConfigError(f"canary: {exc}") from None
     run_canary(args.run_dir, options)
