@@ -197,6 +197,7 @@ def project(canary: CanaryResult, manifest: Manifest, limits: Limits, params: Co
         "token_calibration": round(inputs.calibration, 4),
         "projected_tokens": int(sum(s.tokens for s in inputs.loads) + canary.sample_tokens_real),
         "startup_seconds": round(startup, 3),
+        "elapsed_seconds": round(limits.elapsed_seconds, 3),
         "canary": {"wall_seconds": round(canary_wall_seconds, 3), "rows": canary.sample_rows,
                    "tokens_per_s": canary.steady_tokens_per_s, "token_budget": canary.chosen["token_budget"],
                    "strategy": canary.strategy, "autotune_seconds": canary.autotune_seconds,
