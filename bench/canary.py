@@ -11,9 +11,9 @@ runner's shard subprocesses (``local_runner.run_shard``, ``auto_parallelism`` wo
 For each input: plan (3,000 rows per shard), canary + projection, fan-out, then the report's
 projection-versus-actual section. ``projection_error`` = (projected - actual) / actual fan-out
 worker-seconds (the markers' stage seconds, what the report prices). ``canary_share_of_wall`` = the
-canary task's wall over (canary + fan-out wall) of input A. Then two more runs of A, with
-``budget_usd`` and ``deadline_hours`` set 10% below A's projection: both must be refused and start no
-shard. The A canary searches the batch size; B and the refused runs reuse its tuning profile.
+canary task's wall over (canary + fan-out wall) of input A. Then two more runs of A, each with
+``budget_usd`` or ``deadline_hours`` set 10% below its own projection (its canary runs, then the
+decision is taken again with the limit): both must be refused, with no shard started. The A canary searches the batch size; B and the refused runs reuse its tuning profile.
 
 The machine is shared: the fan-out's throughput moves with the other processes' load, the canary's
 measurement with the load during its few seconds. The result names the load average before and after.
@@ -42,10 +42,13 @@ import pyarrow.compute as pc  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 from batch_contract.layout import RunLayout  # noqa: E402
 from batch_inference.canary_task import canary_and_project  # noqa: E402
-from batch_inference.local_runner import auto_parallelism, run_shard  # noqa: E402
+from batch_contract.runstore import RunStore  # noqa: E402
+from batch_inference.local_runner import auto_parallelism, machine_cores, run_shard  # noqa: E402
 from batch_inference.params import ALLOWED_ROOTS_ENV, resolve_run_config  # noqa: E402
 from batch_inference.planner import PlanRequest, plan  # noqa: E402
+from batch_inference.projection import Limits, project  # noqa: E402
 from batch_inference.report import build_report  # noqa: E402
+from batch_inference.report.prices import cost_params_from_dict  # noqa: E402
 
 SAMPLE = REPO / "data" / "sample" / "debian_descriptions_sample.parquet"
 ROWS_PER_SHARD = 3000
@@ -111,14 +114,24 @@ def full_run(name: str, input_uri: Path, out: Path) -> dict:
     }
 
 
-def refused_run(name: str, input_uri: Path, out: Path, **limits) -> dict:
-    """A run with a limit set below the projection: its decision, and whether any shard started."""
-    cfg = _cfg(input_uri, out, **limits)
+def refused_run(name: str, input_uri: Path, out: Path, limit: str) -> dict:
+    """A run whose ``budget_usd`` or ``deadline_hours`` is set 10% below its own projection: plan, canary,
+    project without the limit, then decide again with the limit (the same ``project`` the canary task
+    calls, on the same canary figures). Returns the decision and whether any shard started."""
+    cfg = _cfg(input_uri, out)
     manifest, refs = _plan(cfg, f"bench_{name}")
     run_dir = refs[0]["run_dir"]
-    projection = canary_and_project(cfg, manifest, run_dir)
+    free = canary_and_project(cfg, manifest, run_dir)
+    value = (free["cost_usd"] * 0.9 if limit == "budget_usd" else free["finish_seconds"] * 0.9 / 3600.0)
+    limited = _cfg(input_uri, out, **{limit: value})
+    limits = Limits(runner="local", cores=machine_cores(), parallelism=auto_parallelism(), max_gpus=limited.max_gpus,
+                    deadline_hours=limited.deadline_hours, budget_usd=limited.budget_usd)
+    canary = RunStore.open(run_dir).canary()
+    projection = project(canary, manifest, limits, cost_params_from_dict(limited.cost_params()),
+                         canary_wall_seconds=free["canary"]["wall_seconds"])
     started = any((Path(run_dir) / "shards" / r["shard_id"] / "attempts").exists() for r in refs)
-    return {"decision": projection["decision"], "message": projection["message"], "shards_started": started}
+    return {"limit": {limit: value}, "decision": projection["decision"], "message": projection["message"],
+            "shards_started": started}
 
 
 def main() -> dict:
@@ -131,9 +144,8 @@ def main() -> dict:
         out = work / "out"
         per_input = {name: full_run(name, path, out) for name, path in inputs.items()}
         a = per_input["A"]
-        budget = refused_run("budget", inputs["A"], out, budget_usd=a["projected_cost_usd"] * 0.9)
-        deadline_h = max(0.01, (a["projected_finish_s"] * 0.9) / 3600.0)
-        deadline = refused_run("deadline", inputs["A"], out, deadline_hours=deadline_h)
+        budget = refused_run("budget", inputs["A"], out, "budget_usd")
+        deadline = refused_run("deadline", inputs["A"], out, "deadline_hours")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result = {

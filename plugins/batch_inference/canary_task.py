@@ -55,6 +55,41 @@ def refusal_message(run_dir: str) -> str | None:
     return None
 
 
+BUDGET_TOLERANCE = 0.10
+"""A run stops launching shards once its actual spend passes ``budget_usd`` by this share (10%): the
+projection's error on the development machine stayed within about 25%, so a tighter line would stop
+runs the canary rightly let through, a looser one would let a mis-projected run overspend further."""
+
+
+def spent_usd(markers: list[Any], canary: Any, params: Any) -> float:
+    """USD spent so far: the complete shards' stage seconds (the report's worker-seconds) plus the
+    canary's own (idle excluded), priced as the report prices them."""
+    from batch_inference.report.cost import worker_cost
+
+    seconds = sum(float(v) for m in markers for v in m.stage_seconds.values())
+    if canary is not None:
+        seconds += sum(v for k, v in canary.stage_seconds.items() if k != "idle")
+    return worker_cost(seconds, params)
+
+
+def over_budget_message(run_dir: str, cfg: RunConfig, shard_id: str) -> str | None:
+    """Why shard ``shard_id`` must not start: the run's actual spend (:func:`spent_usd`) has passed
+    ``budget_usd`` by more than :data:`BUDGET_TOLERANCE`; ``None`` when there is no budget or it holds."""
+    from batch_inference.report.prices import cost_params_from_dict
+
+    if cfg.budget_usd is None:
+        return None
+    store = RunStore.open(run_dir)
+    markers = list(store.poll().values())
+    spent = spent_usd(markers, store.canary(), cost_params_from_dict(cfg.cost_params()))
+    limit = cfg.budget_usd * (1 + BUDGET_TOLERANCE)
+    if spent <= limit:
+        return None
+    return (f"BUDGET EXCEEDED: the run has spent ${spent:.6g} ({len(markers)} complete shard(s) and the canary) "
+            f"> budget_usd={cfg.budget_usd:g} + {BUDGET_TOLERANCE:.0%}; shard {shard_id} is not started. Every "
+            "committed row is kept: raise budget_usd and clear the failed shard tasks to finish the run.")
+
+
 def _elapsed_seconds(context: Mapping[str, Any]) -> float:
     """Seconds since the DAG run started (0.0 when unknown)."""
     start = getattr(context.get("dag_run"), "start_date", None)
@@ -142,4 +177,5 @@ def canary_task(context: Mapping[str, Any]) -> dict[str, Any]:
             "token_budget": projection["canary"]["token_budget"]}
 
 
-__all__ = ["canary_and_project", "canary_options", "canary_task", "read_projection", "refusal_message"]
+__all__ = ["BUDGET_TOLERANCE", "canary_and_project", "canary_options", "canary_task", "over_budget_message",
+           "read_projection", "refusal_message", "spent_usd"]
