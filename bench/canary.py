@@ -41,8 +41,8 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 from batch_contract.layout import RunLayout  # noqa: E402
-from batch_inference.canary_task import canary_and_project  # noqa: E402
 from batch_contract.runstore import RunStore  # noqa: E402
+from batch_inference.canary_task import canary_and_project  # noqa: E402
 from batch_inference.local_runner import auto_parallelism, machine_cores, run_shard  # noqa: E402
 from batch_inference.params import ALLOWED_ROOTS_ENV, resolve_run_config  # noqa: E402
 from batch_inference.planner import PlanRequest, plan  # noqa: E402

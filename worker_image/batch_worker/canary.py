@@ -39,6 +39,7 @@ import pyarrow.compute as pc
 from batch_contract import resultcache, storage
 from batch_contract.canary import AutotuneTrial, CanaryResult, TuningProfile, profile_uri
 from batch_contract.engine_config import CUDA_MIN_ROW_TOKENS
+from batch_contract.enums import EngineKind
 from batch_contract.layout import DEAD_LETTER_PREFIX, PART_PREFIX
 from batch_contract.manifest import Manifest, Segment, result_fingerprint
 from batch_contract.runstore import RunStore
@@ -297,8 +298,8 @@ class Canary:
 
     def _strategy(self, device_name: str) -> tuple[str, BudgetSearch | None, TuningProfile | None]:
         """``(strategy, search or None, profile or None)`` for this run (see :data:`STRATEGIES`)."""
-        if self.settings.token_budget:
-            return "fixed", None, None
+        if self.settings.token_budget or self.engine.kind is not EngineKind.ENCODER:
+            return "fixed", None, None  # an explicit budget; or an engine without token-budget batching
         if self.options.use_profile:
             profile = self._read_profile(device_name)
             if profile is not None:
