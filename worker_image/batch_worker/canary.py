@@ -263,6 +263,9 @@ class Canary:
 
     # -- main -----------------------------------------------------------------------------------------
     def run(self) -> CanaryResult:
+        """Read the sample, load the engine, run the warm-up, the search's slices and the rest at the chosen
+        budget (each committed into its shards), save the profile when a search ran; returns the record
+        (not yet written: :func:`run_canary` writes it)."""
         sample = self.read_sample()
         with self.clock.stage("model_load"):
             self.loaded: LoadedModel = self.engine.load()
