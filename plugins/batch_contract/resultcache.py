@@ -142,12 +142,13 @@ def cache_files(output_root: str, fingerprint: str) -> list[str]:
 
 
 def lookup(output_root: str, fingerprint: str, keys: pa.Array) -> LookupResult:
-    """Find cached results for ``keys`` (``binary(16)``, one per query row; repeats allowed).
+    """Find cached results for ``keys`` (``binary(16)``, one per query row; repeats and nulls allowed:
+    a null is always a miss).
 
     Streams the fingerprint's cache files one at a time (see the module docstring); stops as soon as
     every distinct key was found. Never raises for a bad cache file: it is a miss.
     """
-    wanted = pc.unique(keys)
+    wanted = pc.unique(pc.drop_null(keys))  # a null key (a row the engine cannot key) is a miss
     found: list[pa.Table] = []
     result = LookupResult(table=None, row_hit=pa.nulls(len(keys), pa.int32()))
     directory = cache_dir(output_root, fingerprint)

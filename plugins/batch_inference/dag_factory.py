@@ -183,7 +183,8 @@ def dag_doc(spec: DagSpec, runners: tuple[str, ...], alias: AssetAlias, deadline
         f"2. `choose_runner`: branches to {fanout}; a dry run goes to `render_k8s` instead.",
         "3. `infer_local[shard]`" + (" / `infer_k8s[shard]`" if k8s else "")
         + ": one mapped task per shard, named `shard 00001 · 15,828 rows`; runs "
-        "`batch-worker run --run-dir <run_dir> --shard <id>` (exit 75 and crashes retry, exit 2 fails).",
+        "`batch-worker run --run-dir <run_dir> --shard <id>` (exit 2 fails at once; crashes retry; exit 75 "
+        "retries `infer_local`, while a preempted `infer_k8s` pod is replaced within the same try).",
         "4. `render_k8s` (dry run only): writes the pod manifests the `kubernetes` runner would create; "
         "runs nothing.",
         "5. `wait_for_shards`: the completion gate (deferrable). Runs when the fan-out is done in any "
@@ -235,11 +236,10 @@ def build_dag(spec: DagSpec, k8s: K8sSettings | None = None,
 
 
 def _k8s_pods(k8s: K8sSettings, planned: Any):
-    """``kpo_args`` and the mapped ``infer_k8s`` pod task (the provider is imported here, only when the
-    ``kubernetes`` runner is enabled). Returns ``(kpo_args task, infer_k8s task)``."""
-    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
-
+    """``kpo_args`` and the mapped ``infer_k8s`` pod task (``ShardPodOperator``; the provider is imported
+    here, only when the ``kubernetes`` runner is enabled). Returns ``(kpo_args task, infer_k8s task)``."""
     from batch_inference.pod_spec import kpo_partial_kwargs
+    from batch_inference.shard_pod import ShardPodOperator
 
     @task
     def kpo_args(refs: list[dict[str, Any]], **context: Any) -> list[dict[str, Any]]:
@@ -248,7 +248,7 @@ def _k8s_pods(k8s: K8sSettings, planned: Any):
         return tasks.kpo_args_task(refs, context)
 
     args = kpo_args(planned)
-    pods = KubernetesPodOperator.partial(
+    pods = ShardPodOperator.partial(
         task_id="infer_k8s", map_index_template=K8S_SHARD_LABEL, **kpo_partial_kwargs(k8s),
     ).expand_kwargs(args)
     return args, pods
@@ -315,6 +315,7 @@ def _wire(spec: DagSpec, k8s: K8sSettings | None, alias: AssetAlias, runners: tu
         min_success_ratio="{{ params.min_success_ratio }}",
         dry_run="{{ params.dry_run }}",
         wait_for_stragglers="{{ params.runner == 'kubernetes' }}",
+        straggler_grace_seconds=(k8s.termination_grace_seconds + 60) if k8s is not None else 0,
         trigger_rule=TriggerRule.ALL_DONE,
         poll_seconds=10.0,
     )

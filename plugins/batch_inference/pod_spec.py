@@ -52,7 +52,12 @@ class K8sSettings:
             its in-flight chunk before SIGKILL.
         retries / retry_delay_seconds / max_retry_delay_seconds: exponential backoff for spot deaths.
         max_active_pods: ``max_active_tis_per_dagrun`` of the mapped pod task.
-        startup_timeout_seconds: image pull + GPU node scale-up allowance.
+        startup_timeout_seconds: image pull + GPU node scale-up allowance (seconds); a pod still not
+            started then is deleted and its try fails naming the ``PodScheduled`` reason.
+        max_preemptions: preempted pods (exit 75, vanished, node reclaimed) one try replaces with a
+            fresh pod without consuming ``retries`` (``shard_pod.ShardPodOperator``).
+        env: extra plain environment variables of the worker container (e.g. ``STORAGE_EMULATOR_HOST``
+            for a GCS emulator, ``GOOGLE_CLOUD_PROJECT``); secrets go in ``secret_env``.
     """
 
     image: str = DEFAULT_IMAGE
@@ -77,6 +82,8 @@ class K8sSettings:
     max_retry_delay_seconds: int = 900
     max_active_pods: int = 16
     startup_timeout_seconds: int = 900
+    max_preemptions: int = 20
+    env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not DIGEST_PATTERN.match(self.image):
@@ -87,6 +94,10 @@ class K8sSettings:
             raise ConfigError("k8s.retries: must be >= 2 (spot preemptions are expected)")
         if self.max_active_pods < 1:
             raise ConfigError("k8s.max_active_pods: must be >= 1")
+        if self.max_preemptions < 0:
+            raise ConfigError("k8s.max_preemptions: must be >= 0")
+        if self.startup_timeout_seconds < 1:
+            raise ConfigError("k8s.startup_timeout_seconds: must be >= 1")
         for name, ref in self.secret_env.items():
             if ref.count(":") != 1:
                 raise ConfigError(f"k8s.secret_env.{name}: {ref!r} is not 'secret-name:key'")
@@ -110,12 +121,12 @@ class K8sSettings:
         simple = {"image": str, "namespace": str, "service_account": str, "gpus": int, "cpu": str,
                   "memory": str, "termination_grace_seconds": int, "retries": int,
                   "retry_delay_seconds": int, "max_retry_delay_seconds": int, "max_active_pods": int,
-                  "startup_timeout_seconds": int}
+                  "startup_timeout_seconds": int, "max_preemptions": int}
         for name, conv in simple.items():
             raw = env.get(f"BATCH_K8S_{name.upper()}")
             if raw:
                 kwargs[name] = conv(raw)
-        for name in ("node_selector", "tolerations", "secret_env"):
+        for name in ("node_selector", "tolerations", "secret_env", "env"):
             raw = env.get(f"BATCH_K8S_{name.upper()}")
             if raw:
                 kwargs[name] = json.loads(raw)
@@ -183,7 +194,8 @@ which needs no capabilities)."""
 
 
 def kpo_partial_kwargs(settings: K8sSettings, worker: WorkerSettings | None = None) -> dict[str, Any]:
-    """Kwargs shared by every shard pod, for ``KubernetesPodOperator.partial(task_id=..., **kwargs)``.
+    """Kwargs shared by every shard pod, for ``ShardPodOperator.partial(task_id=..., **kwargs)``
+    (``batch_inference.shard_pod``: a ``KubernetesPodOperator`` plus ``max_preemptions``).
 
     Args:
         settings: cluster settings.
@@ -206,7 +218,7 @@ def kpo_partial_kwargs(settings: K8sSettings, worker: WorkerSettings | None = No
         "tolerations": _tolerations(settings),
         "affinity": _affinity(settings),
         "secrets": _secrets(settings),
-        "env_vars": {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"},
+        "env_vars": {**settings.env, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"},
         "security_context": dict(POD_SECURITY_CONTEXT),
         "container_security_context": dict(CONTAINER_SECURITY_CONTEXT),
         "termination_grace_period": settings.termination_grace_seconds,
@@ -220,6 +232,7 @@ def kpo_partial_kwargs(settings: K8sSettings, worker: WorkerSettings | None = No
         "retry_exponential_backoff": 2.0,
         "max_retry_delay": timedelta(seconds=settings.max_retry_delay_seconds),
         "max_active_tis_per_dagrun": settings.max_active_pods,
+        "max_preemptions": settings.max_preemptions,
     }
 
 
@@ -250,11 +263,11 @@ def kpo_expand_kwargs(ref: dict[str, Any], run_id: str) -> dict[str, Any]:
 
 def build_pod(ref: dict[str, Any], run_id: str, settings: K8sSettings, worker: WorkerSettings | None = None):
     """The ``V1Pod`` the provider would create for one shard, built offline (no cluster, no context)."""
-    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+    from batch_inference.shard_pod import ShardPodOperator
 
     kwargs = {**kpo_partial_kwargs(settings, worker), **kpo_expand_kwargs(ref, run_id)}
     kwargs["name"] = f"batch-worker-{ref['shard_id']}"
-    op = KubernetesPodOperator(task_id=f"infer_k8s_{ref['shard_id']}", **kwargs)
+    op = ShardPodOperator(task_id=f"infer_k8s_{ref['shard_id']}", **kwargs)
     return op.build_pod_request_obj(None, dry_run=True)
 
 

@@ -53,9 +53,11 @@ class ShardMarkerSensor(BaseSensorOperator):
         deadline_hours: hours after the DAG run's start at which the gate fails (templated).
         min_success_ratio: 0..1 (templated).
         dry_run: skip (nothing was run) when true (templated).
-        wait_for_stragglers: when the shards are not complete at the first check, wait until the deadline
-            (kubernetes: a pod can still commit after its task gave up) instead of failing at once
-            (local: a worker never outlives its task) (templated; ``"True"``/``"False"`` accepted).
+        wait_for_stragglers: when the shards are not complete at the first check, wait instead of failing
+            at once (kubernetes: a pod being deleted can still commit in its termination grace after its
+            task gave up; local: a worker never outlives its task) (templated; ``"True"``/``"False"``).
+        straggler_grace_seconds: how long that wait lasts after the first check (the pods' termination
+            grace plus a margin); ``0``: until the deadline (templated).
         poll_seconds: trigger poll interval (seconds).
         deferrable: wait in the triggerer (default) or poke in the worker.
 
@@ -64,12 +66,12 @@ class ShardMarkerSensor(BaseSensorOperator):
     """
 
     template_fields: Sequence[str] = ("run_dir", "deadline_hours", "min_success_ratio", "dry_run",
-                                      "wait_for_stragglers")
+                                      "wait_for_stragglers", "straggler_grace_seconds")
 
     def __init__(self, *, run_dir: str, deadline_hours: Any = PARAM_FIELDS["deadline_hours"].default,
                  min_success_ratio: Any = PARAM_FIELDS["min_success_ratio"].default,
                  dry_run: Any = PARAM_FIELDS["dry_run"].default, wait_for_stragglers: Any = True,
-                 poll_seconds: float = 10.0,
+                 straggler_grace_seconds: Any = 0, poll_seconds: float = 10.0,
                  deferrable: bool = True,
                  **kwargs: Any) -> None:
         kwargs.setdefault("poke_interval", poll_seconds)
@@ -79,14 +81,33 @@ class ShardMarkerSensor(BaseSensorOperator):
         self.min_success_ratio = min_success_ratio
         self.dry_run = dry_run
         self.wait_for_stragglers = wait_for_stragglers
+        self.straggler_grace_seconds = straggler_grace_seconds
         self.poll_seconds = poll_seconds
         self.deferrable = deferrable
 
     def _deadline_epoch(self, context: Any) -> float:
+        """When the wait ends (epoch seconds): the run's deadline, or earlier, ``straggler_grace_seconds``
+        after the gate's first check when that is set."""
         dag_run = context.get("dag_run")
         start = getattr(dag_run, "start_date", None) if dag_run is not None else None
         start_epoch = start.timestamp() if start is not None else time.time()
-        return start_epoch + float(self.deadline_hours) * 3600.0
+        deadline = start_epoch + float(self.deadline_hours) * 3600.0
+        grace = float(self.straggler_grace_seconds or 0)
+        if grace > 0:
+            if getattr(self, "_first_check", None) is None:
+                self._first_check = time.time()
+            deadline = min(deadline, self._first_check + grace)
+        return deadline
+
+    def _timeout_reason(self, context: Any) -> str:
+        """Why the wait ended: the run's deadline, or the straggler grace (well before the deadline)."""
+        dag_run = context.get("dag_run")
+        start = getattr(dag_run, "start_date", None) if dag_run is not None else None
+        run_deadline = (start.timestamp() if start is not None else time.time()) + float(self.deadline_hours) * 3600.0
+        if float(self.straggler_grace_seconds or 0) > 0 and time.time() < run_deadline - 1.0:
+            return (f"the fan-out finished and pods still being deleted had {float(self.straggler_grace_seconds):g} s "
+                    "(their termination grace) to commit")
+        return "deadline passed"
 
     @staticmethod
     def _truthy(value: Any) -> bool:
@@ -111,7 +132,7 @@ class ShardMarkerSensor(BaseSensorOperator):
         if status.satisfied:
             return True
         if time.time() >= self._deadline_epoch(context):
-            self._fail(status.to_dict(), "deadline passed")
+            self._fail(status.to_dict(), self._timeout_reason(context))
         return False
 
     def execute(self, context: Any) -> dict:
@@ -143,7 +164,7 @@ class ShardMarkerSensor(BaseSensorOperator):
             return check_completion(self._store(), float(self.min_success_ratio)).to_dict()
         deadline = self._deadline_epoch(context)
         if time.time() >= deadline:
-            self._fail(status.to_dict(), "deadline passed")
+            self._fail(status.to_dict(), self._timeout_reason(context))
         self.defer(
             trigger=ShardMarkerTrigger(self.run_dir, deadline, float(self.min_success_ratio),
                                        self.poll_seconds),
@@ -157,7 +178,7 @@ class ShardMarkerSensor(BaseSensorOperator):
             return {k: v for k, v in event.items() if k != "status"}
         if event.get("status") == "error":
             raise AirflowFailException(f"completion gate for {self.run_dir}: {event.get('message')}")
-        self._fail(event, "deadline passed")
+        self._fail(event, self._timeout_reason(context))
         return {}
 
     def _fail(self, status: dict[str, Any], why: str) -> None:

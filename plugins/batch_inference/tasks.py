@@ -152,8 +152,31 @@ def _plan(context: Mapping[str, Any], *, model_from_asset: bool) -> list[dict[st
     manifest, refs = plan(request)
     log.info("run %s: %d rows in %d shards -> %s", run_id, manifest.rows, len(refs),
              RunLayout(cfg.output_root, run_id).manifest_uri)
+    refs = carry_over_task(cfg, manifest, run_dir_of(cfg, run_id), refs)
     context["ti"].xcom_push(key="run_dir", value=run_dir_of(cfg, run_id))
     return refs
+
+
+def carry_over_task(cfg: RunConfig, manifest: Manifest, run_dir: str, refs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Complete the shards an earlier run already computed from unchanged input
+    (:mod:`batch_inference.carryover`) and return the refs of the others: carried shards get no mapped
+    task (no pod, no subprocess). Off for ``reuse: off``, dry runs and empty plans."""
+    if cfg.reuse != "same_root" or cfg.dry_run or not manifest.shards:
+        return refs
+    from batch_inference.carryover import carry_over
+    from batch_inference.params import default_model_path
+    from batch_inference.pod_spec import K8sSettings
+
+    image = K8sSettings.from_env().image if cfg.runner == "kubernetes" else None
+    plan = carry_over(manifest, run_dir, runner=cfg.runner, image=image, default_model=default_model_path())
+    if plan.disabled:
+        log.info("shard carry-over off: %s", plan.disabled)
+    carried = set(plan.carried)
+    if carried:
+        rows = sum(s.rows for s in manifest.shards if s.shard_id in carried)
+        log.info("carried over %d of %d shards (%d rows) from earlier runs: no worker for them; "
+                 "fingerprint %s", len(carried), len(manifest.shards), rows, plan.pinned.get("fingerprint"))
+    return [r for r in refs if r["shard_id"] not in carried]
 
 
 def choose_runner_task(context: Mapping[str, Any], runners: Iterable[str] = ("local", "kubernetes")) -> str:
@@ -291,6 +314,10 @@ def publish_and_report_task(context: Mapping[str, Any], gate: dict[str, Any] | N
     else:
         summary = publish_run(run_dir, publish_target(cfg), min_success_ratio=cfg.min_success_ratio)
         log.info("published: %s", summary)
+        if cfg.reuse == "same_root":
+            from batch_inference.carryover import index_published
+
+            log.info("indexed %d shard(s) for carry-over by later runs", index_published(run_dir))
     report = build_report(run_dir, dag_id=context["dag"].dag_id, publish_summary=summary,
                           cost_params=cfg.cost_params())
     extra = {**asset_extra(report), "run_id": context["run_id"], "table": summary.get("table"),

@@ -14,6 +14,11 @@ BIN="$CACHE/kube-apiserver-$VERSION"
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
 
 apt_install() { $SUDO apt-get install -y -qq "$@" >/dev/null; }
+# One build at a time per cache (two test sessions starting together): the second waits, then finds
+# the binary cached.
+mkdir -p "$CACHE"
+exec 9>"$CACHE/.build.lock"
+flock 9
 command -v etcd >/dev/null || { $SUDO apt-get update -qq; apt_install etcd-server; }
 command -v openssl >/dev/null || apt_install openssl
 if [ -x "$BIN" ] && "$BIN" --version 2>/dev/null | grep -q "$VERSION"; then
@@ -38,7 +43,6 @@ echo "kube-apiserver: building $VERSION from Debian source (about 10 CPU-minutes
 # GOPATH-mode build exactly as upstream's Makefile does (generators first, then the binary).
 ( cd "$work/kubernetes-1.20.2" && CGO_ENABLED=0 HOME="$work/home" \
   make WHAT=cmd/kube-apiserver >"$work/build.log" 2>&1 ) || { tail -40 "$work/build.log"; exit 1; }
-mkdir -p "$CACHE"
 install -m 0755 "$work/kubernetes-1.20.2/_output/bin/kube-apiserver" "$BIN.tmp"
 mv "$BIN.tmp" "$BIN"
 "$BIN" --version

@@ -139,6 +139,25 @@ def test_local_gate_fails_at_once_when_the_fan_out_left_shards_missing(run_dir: 
     assert relaxed.execute({})["shards_complete"] == 1
 
 
+def test_kubernetes_gate_waits_for_stragglers_only_their_grace(run_dir: str) -> None:
+    """A straggling pod gets its termination grace to commit, not the whole run deadline (24 h)."""
+    from airflow.sdk.exceptions import AirflowFailException
+    from batch_inference.sensors import ShardMarkerSensor
+
+    _mark(run_dir, "00000")
+    sensor = ShardMarkerSensor(task_id="gate", run_dir=run_dir, wait_for_stragglers="True",
+                               straggler_grace_seconds="0.5", deadline_hours="24", deferrable=False,
+                               poll_seconds=0.1)
+    t0 = time.monotonic()
+    with pytest.raises(AirflowFailException, match=r"pods still being deleted had 0.5 s .* 2 shard\(s\) missing"):
+        while not sensor.poke({}):
+            time.sleep(0.1)
+    assert time.monotonic() - t0 < 10
+    _mark(run_dir, "00001")
+    _mark(run_dir, "00002")
+    assert sensor.poke({})
+
+
 def test_name_shards_truncates() -> None:
     ids = [f"{i:05d}" for i in range(25)]
     assert name_shards(ids).endswith("00019 (+5 more)")

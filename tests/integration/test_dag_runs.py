@@ -155,6 +155,18 @@ def test_backfill_local_runner_end_to_end(tmp_path: Path, airflow_env: dict[str,
     assert report and (run_dir / "report.html").is_file()
     assert f"BATCH_INFERENCE_REPORT_JSON={run_dir}/report.json" in out
 
+    # The same input again: the plan task carries both shards over; no worker task runs at all.
+    again, out = _run(RUN_DAG, ["batch_inference_backfill", json.dumps(conf), str(REPO / "dags")], airflow_env)
+    assert again["state"].endswith("success"), out[-6000:]
+    run_dir2 = Path(conf["output_root"]) / "runs" / again["run_id"]
+    for shard in ("00000", "00001"):
+        marker = json.loads((run_dir2 / "shards" / shard / "_SUCCESS.json").read_text())
+        assert marker["engine"]["carried_from"].endswith(f"#{shard}") and marker["rows_reused"] == marker["rows_ok"]
+        assert not (run_dir2 / "shards" / shard / "attempts").exists()  # no worker ever started
+    assert json.loads((run_dir2 / "report.json").read_text())["reuse"]["shards_carried"] == 2
+    assert "2 shard(s) carried over, no worker started" in out
+    assert _count(conf["duckdb_path"], "emb_test") == (200, 200)
+
 
 def test_empty_input_is_a_green_noop(tmp_path: Path, airflow_env: dict[str, str]) -> None:
     (tmp_path / "empty").mkdir()

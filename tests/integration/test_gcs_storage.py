@@ -79,6 +79,25 @@ def test_arrow_filesystem_reads_parquet(root: str) -> None:
     assert pq.read_table(path, filesystem=fs).equals(table)
 
 
+def test_copy_is_create_only_and_content_tag_follows_the_bytes(root: str) -> None:
+    src, dst = f"{root}/runs/r1/part-a.parquet", f"{root}/runs/r2/part-a.parquet"
+    with pytest.raises(FileNotFoundError):
+        storage.content_tag(src)
+    storage.write_create_only(src, b"abcd")
+    tag = storage.content_tag(src)
+    storage.copy(src, dst)
+    storage.copy(src, dst)  # a retried copy of the same bytes: success
+    assert storage.read_bytes(dst) == b"abcd"
+    other = f"{root}/runs/r1/other.parquet"
+    storage.write_create_only(other, b"wxyz")
+    with pytest.raises(storage.AlreadyExistsError):
+        storage.copy(other, dst)
+    storage.write_replace(src, b"abce")  # same size, new bytes
+    assert storage.content_tag(src) != tag
+    with pytest.raises(FileNotFoundError):
+        storage.copy(f"{root}/missing", f"{root}/x")
+
+
 def test_gcs_second_commit_gets_412_and_changes_nothing(gcs_bucket: str) -> None:
     from google.api_core.exceptions import PreconditionFailed
 

@@ -85,6 +85,8 @@ class Producer:
         self.rows_skipped = 0
         self.exhausted = False
         """True once every row of the shard was read and handed over."""
+        self.stopped_reading = False
+        """True when a stop request ended the reading early (rows of the shard were left unread)."""
         self._queue: queue.Queue = queue.Queue(maxsize=1)
         self._thread = threading.Thread(target=self._run, name="producer", daemon=True)
 
@@ -160,6 +162,7 @@ class Producer:
                 rest = rows.take(list(range(k, len(rows))))
                 pending, n_pending, dead = ([rest] if len(rest) else []), len(rest), []
             if self.should_stop():
+                self.stopped_reading = True
                 return
         if n_pending or dead:
             yield (concat_rows(pending) if pending else _empty_rows()), dead
@@ -169,6 +172,8 @@ class Producer:
             for rows, dead in self._chunks():
                 if self.should_stop() or not self._emit(rows, dead):
                     return
+            if self.stopped_reading:  # a signal while reading: not exhausted, the shard is interrupted
+                return
             self.exhausted = True
             self._put(_DONE)
         except BaseException as exc:  # handed to the main thread, which maps it to an exit code

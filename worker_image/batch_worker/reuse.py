@@ -13,8 +13,9 @@ Runs once per attempt, after the resume ledger and before ``engine.load()``
    shard completes **without loading the model**.
 
 The main pass then skips the reused ids like any committed row (resume), so only misses reach the
-engine. Only the encoder engine reuses: the LLM's result depends on the rendered prompt and sampling,
-which are not keyed yet.
+engine. The key is the engine's (``Engine.reuse_keys``): the encoder hashes the repaired text, the LLM
+its whole rendered prompt (tokenizer only, no vLLM start); sampling and templates are in the
+fingerprint, which is the cache directory.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from batch_contract import resultcache
 from batch_contract.engine_config import WorkerSettings
-from batch_contract.enums import EngineKind
 from batch_contract.layout import DEAD_LETTER_PREFIX, PART_PREFIX
 from batch_contract.manifest import InputSpec, Segment
 from batch_contract.schemas import COMMON_FIELDS
@@ -49,8 +49,8 @@ REUSE_PART_ROWS = 50_000
 
 def reuse_enabled(engine: Engine, settings: WorkerSettings) -> bool:
     """Whether this shard reads and writes the result cache: ``worker.reuse == "same_root"`` and an
-    engine whose result depends on the text alone (the encoder)."""
-    return settings.reuse == "same_root" and engine.kind is EngineKind.ENCODER
+    engine whose result depends only on what it keys (``Engine.reuses_results``)."""
+    return settings.reuse == "same_root" and engine.reuses_results
 
 
 @dataclass
@@ -86,7 +86,7 @@ class ReuseOutcome:
 @dataclass
 class _ShardRows:
     ids: list[str] = field(default_factory=list)
-    keys: list[bytes] = field(default_factory=list)
+    keys: list[bytes | None] = field(default_factory=list)
     repaired: list[bool] = field(default_factory=list)
     dead: list[DeadLetter] = field(default_factory=list)
 
@@ -97,12 +97,13 @@ def part_schema_from_cache(cache: pa.Schema) -> pa.Schema:
     return pa.schema(COMMON_FIELDS + [f for f in cache if f.name not in skip])
 
 
-def _read_shard(spec: InputSpec, segments: list[Segment], settings: WorkerSettings, ledger: Ledger,
+def _read_shard(engine: Engine, spec: InputSpec, segments: list[Segment], settings: WorkerSettings, ledger: Ledger,
                 should_stop: Callable[[], bool], out: ReuseOutcome) -> _ShardRows | None:
-    """Validated, keyed rows of the shard not yet committed (``None`` when stopped by a signal)."""
+    """Validated, keyed rows of the shard not yet committed (``None`` when stopped by a signal); a row
+    the engine cannot key has the key ``None`` (a miss)."""
     validator = Validator(spec.id_column, set(ledger.done_ids), set(ledger.done_dead), text_column=spec.text_column)
     rows = _ShardRows()
-    blocks = iter_shard_blocks(spec, segments, settings.read_batch_rows)
+    blocks = iter_shard_blocks(spec, segments, settings.read_batch_rows, engine.extra_columns())
     while True:
         t0 = time.perf_counter()
         block = next(blocks, None)
@@ -111,7 +112,7 @@ def _read_shard(spec: InputSpec, segments: list[Segment], settings: WorkerSettin
             return rows
         vb = validator.validate(block)
         t0 = time.perf_counter()
-        rows.keys.extend(resultcache.text_key(t) for t in vb.rows.texts)
+        rows.keys.extend(engine.reuse_keys(vb.rows))
         out.hash_seconds += time.perf_counter() - t0
         rows.ids.extend(vb.rows.ids)
         rows.repaired.extend(vb.rows.text_repaired)
@@ -120,7 +121,7 @@ def _read_shard(spec: InputSpec, segments: list[Segment], settings: WorkerSettin
             return None
 
 
-def reuse_pass(*, output_root: str, run_id: str, shard_id: str, shard_dir: str, fingerprint: str,
+def reuse_pass(*, engine: Engine, output_root: str, run_id: str, shard_id: str, shard_dir: str, fingerprint: str,
                spec: InputSpec, segments: list[Segment], settings: WorkerSettings, ledger: Ledger,
                should_stop: Callable[[], bool]) -> ReuseOutcome | None:
     """Run the reuse pass of one shard (see the module docstring).
@@ -133,7 +134,7 @@ def reuse_pass(*, output_root: str, run_id: str, shard_id: str, shard_dir: str, 
         OSError: committing a part file failed (the attempt fails and is retried).
     """
     out = ReuseOutcome()
-    rows = _read_shard(spec, segments, settings, ledger, should_stop, out)
+    rows = _read_shard(engine, spec, segments, settings, ledger, should_stop, out)
     if rows is None:
         return None
     t0 = time.perf_counter()
@@ -183,14 +184,19 @@ def _part_table(ids: list[str], repaired: list[bool], cached: pa.Table, fingerpr
     return pa.table(cols, schema=schema)
 
 
-def cache_rows(output_root: str, run_id: str, shard_id: str, part_name: str, part: pa.Table,
+def cache_rows(engine: Engine, output_root: str, run_id: str, shard_id: str, part_name: str, part: pa.Table,
                rows: ChunkRows, seconds: float) -> None:
-    """Add a just-committed computed part to the result cache. The chunk's measured ``seconds``
-    (engine + commit) are shared out over its rows by ``n_tokens``. A failure is logged, never raised:
-    the cache is an optimisation, the part file is what counts."""
+    """Add a just-committed computed part to the result cache, keyed by ``engine.reuse_keys`` (rows
+    without a key are left out). The chunk's measured ``seconds`` (engine + commit) are shared out over
+    its rows by ``n_tokens``. A failure is logged, never raised: the cache is an optimisation, the part
+    file is what counts."""
     try:
-        text_by_id = dict(zip(rows.ids, rows.texts, strict=True))
-        keys = resultcache.text_keys([text_by_id[i] for i in part.column("id").to_pylist()])
+        key_by_id = dict(zip(rows.ids, engine.reuse_keys(rows), strict=True))
+        keyed = pa.array([key_by_id.get(i) is not None for i in part.column("id").to_pylist()])
+        part = part.filter(keyed)
+        if part.num_rows == 0:
+            return
+        keys = pa.array([key_by_id[i] for i in part.column("id").to_pylist()], resultcache.KEY_TYPE)
         n_tokens = part.column("n_tokens").cast(pa.float64())
         total = float(pc.sum(n_tokens).as_py() or 0.0)
         share = pc.divide(n_tokens, total) if total else pa.array([1.0 / part.num_rows] * part.num_rows)

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 from batch_contract import storage
+from batch_contract.carryover import read_plan as read_carryover_plan
 from batch_contract.engine_config import ConfigError
 from batch_contract.enums import ExitCode, ShardStatus
 from batch_contract.layout import DEAD_LETTER_PREFIX, PART_PREFIX, RunLayout, is_reused_part, join_uri
@@ -101,7 +102,32 @@ def load_context(run_dir: str, shard_id: str) -> ShardContext:
     config = manifest.engine_config  # parsed and validated once, when the manifest was read
     engine = engine_class(config.kind)(config, manifest.worker)
     fingerprint = result_fingerprint(manifest.config_fingerprint, engine.model_digest(), engine.resolved_settings())
+    fingerprint = _adopt_pin(run_dir, manifest, engine, fingerprint)
     return ShardContext(store=store, shard_id=shard_id, engine=engine, fingerprint=fingerprint)
+
+
+def _adopt_pin(run_dir: str, manifest: Manifest, engine: Engine, fingerprint: str) -> str:
+    """The fingerprint this shard runs under when the plan task carried shards over
+    (:mod:`batch_contract.carryover`): their fingerprint, by adopting the settings their host resolved
+    (``Engine.pin_resolved``), so one run never mixes fingerprints.
+
+    Raises:
+        ConfigError: this host cannot run the pinned settings, or the pin does not match this run's
+            model and config (the message says how to run the shard anyway).
+    """
+    plan = read_carryover_plan(run_dir)
+    pinned = (plan.pinned if plan else {}).get("fingerprint")
+    if not pinned or pinned == fingerprint:
+        return fingerprint
+    resolved = plan.pinned.get("resolved") or {}
+    engine.pin_resolved(resolved)
+    adopted = result_fingerprint(manifest.config_fingerprint, engine.model_digest(), engine.resolved_settings())
+    if adopted != pinned:
+        raise ConfigError(
+            f"this run carried shards over with fingerprint {pinned} (resolved {resolved}); this host's "
+            f"fingerprint is {adopted}: rerun with params.reuse='off', or set the engine dtype explicitly")
+    log.info("fingerprint %s: adopted the carried shards' resolved settings %s", pinned, resolved)
+    return adopted
 
 
 def existing_marker(ctx: ShardContext) -> ShardMarker | None:
@@ -274,7 +300,7 @@ class ShardRun:
         ctx = self.ctx
         with self.clock.stage("reuse"):
             outcome = reuse_pass(
-                output_root=ctx.layout.output_root, run_id=ctx.manifest.run_id, shard_id=ctx.shard_id,
+                engine=ctx.engine, output_root=ctx.layout.output_root, run_id=ctx.manifest.run_id, shard_id=ctx.shard_id,
                 shard_dir=ctx.shard_dir, fingerprint=ctx.fingerprint, spec=ctx.manifest.input,
                 segments=self.spec.segments, settings=self.settings, ledger=ledger,
                 should_stop=lambda: self.stop.requested,
@@ -364,7 +390,7 @@ class ShardRun:
                 committed = commit_table(self.ctx.shard_dir, PART_PREFIX, chunk_no, part)
                 self._record(committed)
                 if self.reuse_on:
-                    cache_rows(self.ctx.layout.output_root, self.ctx.manifest.run_id, self.ctx.shard_id,
+                    cache_rows(self.ctx.engine, self.ctx.layout.output_root, self.ctx.manifest.run_id, self.ctx.shard_id,
                                committed[0], part, rows, time.perf_counter() - t0)
         if dead or n_ok:
             self.attempt.chunks_committed += 1
@@ -447,7 +473,7 @@ class ShardRun:
             tokens_cached=llm_tokens["cached_tokens"],
             tokens_output=llm_tokens["output_tokens"],
             steady_rows_per_s=round(self.steady_rate, 2),
-            engine=dict(loaded.info),
+            engine={**loaded.info, "resolved": ctx.engine.resolved_settings()},
             gpu=self.gpu.summary(),
             parts=list(ledger.parts),
             dead_letter_parts=list(ledger.dead_letter_parts),

@@ -31,7 +31,7 @@ from batch_contract.storage.base import AlreadyExistsError, StorageBackend, Stor
 
 __all__ = [
     "BACKENDS", "AlreadyExistsError", "StorageBackend", "StorageError", "arrow_filesystem", "backend_for",
-    "clean_temp", "delete", "exists", "is_gcs", "is_local", "is_under", "list_names", "list_sizes",
+    "clean_temp", "content_tag", "copy", "delete", "exists", "is_gcs", "is_local", "is_under", "list_names", "list_sizes",
     "local_path", "localize", "makedirs", "move", "normalize", "read_bytes", "register_backend",
     "scheme_of", "unregister_backend", "write_create_only", "write_replace",
 ]
@@ -233,6 +233,31 @@ def move(src: str, dst: str) -> None:
     if backend_for(dst) is not backend:
         raise StorageError(f"{src} -> {dst}: a move stays within one storage backend")
     backend.move(src, dst)
+
+
+def copy(src: str, dst: str) -> None:
+    """Copy the object ``src`` to ``dst`` create-only, within one backend: locally a hard link, on GCS a
+    server-side copy that never overwrites.
+
+    Raises:
+        FileNotFoundError: ``src`` does not exist.
+        AlreadyExistsError: ``dst`` exists with other content.
+        StorageError: ``src`` and ``dst`` belong to different backends, or the backend failed.
+    """
+    backend = backend_for(src)
+    if backend_for(dst) is not backend:
+        raise StorageError(f"{src} -> {dst}: a copy stays within one storage backend")
+    backend.copy(src, dst)
+
+
+def content_tag(uri: str) -> str | None:
+    """A version tag of the object ``uri`` that changes whenever its bytes change (local: size, mtime,
+    inode; GCS: generation and CRC32C), or ``None`` when the backend cannot tell.
+
+    Raises:
+        FileNotFoundError: ``uri`` does not exist.
+    """
+    return backend_for(uri).content_tag(uri)
 
 
 def delete(uri: str) -> None:

@@ -175,6 +175,26 @@ class StorageBackend(ABC):
         directories)."""
         return None
 
+    def copy(self, src: str, dst: str) -> None:
+        """Copy the object ``src`` to ``dst`` create-only (the same backend). Default: read ``src``
+        whole and :meth:`write_create_only` it (the objects copied are part files, tens of MB at most).
+
+        Raises:
+            FileNotFoundError: ``src`` does not exist.
+            AlreadyExistsError: ``dst`` exists with other content.
+        """
+        self.write_create_only(dst, self.read_bytes(src))
+
+    def content_tag(self, uri: str) -> str | None:
+        """A short string that changes whenever the object's bytes change (a version tag, not a hash
+        of the content), or ``None`` when the backend cannot tell (default). Shard carry-over
+        (:mod:`batch_contract.carryover`) treats ``None`` as "unknown": that input is never carried over.
+
+        Raises:
+            FileNotFoundError: ``uri`` does not exist.
+        """
+        return None
+
 
 def is_segment_prefix(location: str, root: str, sep: str) -> bool:
     """Whether ``location`` equals ``root`` or starts with ``root`` + ``sep`` (whole path segments:

@@ -8,6 +8,7 @@ replaces use ``os.replace``. A killed writer may leave temp files: :meth:`LocalB
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import uuid
 from pathlib import Path
@@ -16,6 +17,9 @@ import pyarrow.fs as pafs
 
 from batch_contract.layout import TEMP_MARK
 from batch_contract.storage.base import AlreadyExistsError, StorageBackend, StorageError, is_segment_prefix
+
+HASH_TAG_MAX_BYTES = 256 << 20
+"""Local files up to this size (bytes) get a content hash as their version tag; larger ones a stat tag."""
 
 FILE_PREFIX = "file://"
 
@@ -116,6 +120,47 @@ class LocalBackend(StorageBackend):
             self.path(uri).unlink()
         except FileNotFoundError:
             pass
+
+    def copy(self, src: str, dst: str) -> None:
+        """A hard link (free, atomic, create-only) when both paths are on one file system, else the
+        default read + create-only write; the target's directory is created and fsync'ed.
+
+        Raises:
+            FileNotFoundError: ``src`` does not exist.
+            AlreadyExistsError: ``dst`` exists with other content.
+        """
+        source, target = self.path(src), self.path(dst)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(source, target)
+        except FileExistsError:
+            if not target.samefile(source) and target.read_bytes() != source.read_bytes():
+                raise AlreadyExistsError(f"{dst} already exists with other content") from None
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+                raise
+            super().copy(src, dst)
+            return
+        _fsync_dir(target.parent)
+
+    def content_tag(self, uri: str) -> str:
+        """``size=<bytes>;sha256=<hex>`` for a file up to :data:`HASH_TAG_MAX_BYTES` (hashed: about
+        1 s per GB), else ``size=<bytes>;mtime_ns=<ns>;ino=<inode>``: a rewrite in place changes the
+        mtime and a replace by rename the inode (the rule ``make`` and ``rsync`` use; a tool that
+        restores an old mtime on purpose defeats it).
+
+        Raises:
+            FileNotFoundError: ``uri`` does not exist.
+        """
+        path = self.path(uri)
+        st = path.stat()
+        if st.st_size > HASH_TAG_MAX_BYTES:
+            return f"size={st.st_size};mtime_ns={st.st_mtime_ns};ino={st.st_ino}"
+        digest = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+        return f"size={st.st_size};sha256={digest.hexdigest()}"
 
     def move(self, src: str, dst: str) -> None:
         """Atomic rename; the target's directory is created and fsync'ed.

@@ -212,6 +212,7 @@ def compute_report(data: RunData, *, dag_id: str, publish_summary: dict[str, Any
             "seconds_avoided": reuse_seconds,
             "cost_avoided_usd": worker_cost(reuse_seconds, params),
             "method": REUSE_METHOD,
+            "shards_carried": sum(1 for m in markers if m.engine.get("carried_from")),
         },
         "dead_letter_reasons": agg.dead_letter_reasons(markers, publish),
         "files_quarantined": agg.files_quarantined(markers, publish),

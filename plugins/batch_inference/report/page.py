@@ -63,7 +63,8 @@ def _rows_section(r: dict[str, Any]) -> str:
     if reuse:
         rows += [["computed by this run", fmt.num(r.get("rows_computed"))],
                  ["reused from earlier runs (result cache)", fmt.num(r.get("rows_reused"))],
-                 ["cost avoided by reuse", fmt.usd(reuse.get("cost_avoided_usd"))]]
+                 ["cost avoided by reuse", fmt.usd(reuse.get("cost_avoided_usd"))],
+                 ["shards carried over with no worker (unchanged input)", fmt.num(reuse.get("shards_carried", 0))]]
     rows += [[f"dead letter: {k}", fmt.num(v)] for k, v in r["dead_letter_reasons"].items()]
     t = r["tokens"]
     tok_rows = [[k, fmt.num(t[k])] for k in ("input", "real", "padded", "prompt", "cached", "output", "total")]

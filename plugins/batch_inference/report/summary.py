@@ -122,7 +122,9 @@ def text_summary(report: dict[str, Any]) -> str:
     if report.get("rows_reused"):
         figures.append(("rows reused / computed (result cache)",
                         f"{fmt.num(report['rows_reused'])} / {fmt.num(report.get('rows_computed', 0))}, "
-                        f"cost avoided {fmt.usd(reuse.get('cost_avoided_usd'))}"))
+                        f"cost avoided {fmt.usd(reuse.get('cost_avoided_usd'))}"
+                        + (f"; {reuse['shards_carried']} shard(s) carried over, no worker started"
+                           if reuse.get("shards_carried") else "")))
     if att["interrupted_seconds"]:
         figures.append(("time in interrupted/failed attempts",
                         f"{fmt.num(att['interrupted_seconds'])} s ({fmt.usd(att['interrupted_cost_usd'])})"))

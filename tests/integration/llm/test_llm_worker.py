@@ -145,3 +145,23 @@ def test_resume_after_sigkill_redoes_only_uncommitted_rows(tmp_path, tiny_model,
     assert len(attempts) == 2
     assert attempts[-1]["rows_skipped_resume"] >= len(committed)
     assert attempts[0]["status"] == "running"  # killed: its record was never closed
+
+
+def test_a_second_run_reuses_every_keyed_row_from_the_result_cache(completed_run, tiny_model, sample_rows):
+    """Same root, same input, new run: every row with a rendered prompt comes from the cache (keyed by
+    the whole rendered prompt), bit for bit; rows the template rejects have no key and are dead-lettered
+    again by the engine."""
+    root = Path(completed_run).parents[1]
+    engine = llm_engine_dict(tiny_model, user_template=TEMPLATE)
+    run_dir = write_llm_run(root, input_table(sample_rows, 100), engine, worker={"chunk_rows": 32},
+                            run_id="llm_run_again")
+    proc = run_worker(run_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first, again = marker_of(completed_run), marker_of(run_dir)
+    assert again.fingerprint == first.fingerprint
+    assert again.rows_reused == again.rows_ok == 100  # zz-too-long has a key but no cached result
+    assert again.dead_letter_reasons == {"too_long": 1, "empty_prompt": 1}
+    cols = ["id", "output_text", "output_json", "prompt_tokens", "output_tokens", "finish_reason"]
+    before = {r["id"]: r for r in read_parts(completed_run).select(cols).to_pylist()}
+    after = {r["id"]: r for r in read_parts(run_dir).select(cols).to_pylist()}
+    assert after == before

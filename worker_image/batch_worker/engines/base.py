@@ -40,8 +40,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import pyarrow as pa
-from batch_contract.engine_config import WorkerSettings
+from batch_contract.engine_config import ConfigError, WorkerSettings
 from batch_contract.enums import DeadLetterReason, EngineKind
+from batch_contract.resultcache import text_key
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,9 @@ class Engine(ABC):
     """
 
     kind: ClassVar[EngineKind]
+    reuses_results: ClassVar[bool] = False
+    """Whether a row's result depends only on what :meth:`reuse_keys` hashes (plus the fingerprint),
+    so the result cache may serve it."""
 
     def __init__(self, config: Any, settings: WorkerSettings) -> None:
         self.config = config
@@ -179,6 +183,24 @@ class Engine(ABC):
         encoder's dtype), without loading the model; they go into the result fingerprint
         (``batch_contract.manifest.result_fingerprint``). Default: none."""
         return {}
+
+    def reuse_keys(self, rows: ChunkRows) -> list[bytes | None]:
+        """Result-cache key of each row (:mod:`batch_contract.resultcache`): a hash of exactly what the
+        model sees, or ``None`` for a row that cannot be keyed before inference (it is computed).
+        Only called when :attr:`reuses_results` is true. Default: the repaired input text
+        (:func:`~batch_contract.resultcache.text_key`)."""
+        return [text_key(t) for t in rows.texts]
+
+    def pin_resolved(self, resolved: dict[str, Any]) -> None:
+        """Resolve ``auto`` settings to ``resolved`` instead of this host's choice (the run carried
+        shards over that another host computed: :mod:`batch_contract.carryover`). Default: nothing to
+        pin (an engine with no resolved settings has the same fingerprint everywhere).
+
+        Raises:
+            ConfigError: this engine cannot run with ``resolved`` on this host.
+        """
+        if resolved:
+            raise ConfigError(f"engine {self.kind.value} resolves no settings; cannot pin {resolved}")
 
     def extra_columns(self) -> list[str]:
         """Input columns the engine reads besides the id and text columns (in ``ChunkRows.fields``).

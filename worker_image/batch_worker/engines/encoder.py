@@ -213,11 +213,13 @@ class EncoderEngine(Engine):
     """
 
     kind = EngineKind.ENCODER
+    reuses_results = True
 
     def __init__(self, config: EncoderConfig, settings: WorkerSettings) -> None:
         super().__init__(config, settings)
         self.model_dir = resolve_model_dir(config)
         self.loaded: LoadedModel | None = None
+        self.pinned_dtype: str | None = None
 
     def model_digest(self) -> str:
         return model_digest(self.model_dir)
@@ -225,12 +227,30 @@ class EncoderEngine(Engine):
     def resolved_settings(self) -> dict[str, Any]:
         """``{"dtype": ...}`` when the config says ``dtype: auto`` (bf16 on one host, fp32 on another
         give different outputs, so different fingerprints); ``{}`` for an explicit dtype, which the
-        config fingerprint already covers."""
+        config fingerprint already covers. A pinned dtype (:meth:`pin_resolved`) wins over the host's."""
         if self.config.dtype != "auto":
             return {}
+        if self.pinned_dtype:
+            return {"dtype": self.pinned_dtype}
         import torch
 
         return {"dtype": resolve_dtype("auto", "cuda" if torch.cuda.is_available() else "cpu")}
+
+    def pin_resolved(self, resolved: dict[str, Any]) -> None:
+        """Run ``dtype: auto`` as ``resolved["dtype"]`` (the dtype of shards this run carried over).
+
+        Raises:
+            ConfigError: an unknown dtype, a pin without a dtype, or ``bfloat16`` on a GPU without
+                bf16 support. (bf16 runs on every CPU torch supports, natively or emulated.)
+        """
+        dtype = resolved.get("dtype")
+        if self.config.dtype != "auto" or set(resolved) - {"dtype"} or dtype not in ("bfloat16", "float32"):
+            raise ConfigError(f"engine.dtype: cannot pin {resolved} on a {self.config.dtype!r} config")
+        import torch
+
+        if dtype == "bfloat16" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+            raise ConfigError("engine.dtype: this GPU has no bfloat16; the run's carried shards used it")
+        self.pinned_dtype = dtype
 
     def load(self) -> LoadedModel:
         if self.loaded is not None:
@@ -241,7 +261,7 @@ class EncoderEngine(Engine):
 
         cfg = self.config
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.dtype_name = resolve_dtype(cfg.dtype, self.device)
+        self.dtype_name = self.pinned_dtype or resolve_dtype(cfg.dtype, self.device)
         dtype = getattr(torch, self.dtype_name)
         tokenizer = AutoTokenizer.from_pretrained(self.model_dir, local_files_only=True)
         if not getattr(tokenizer, "is_fast", False):

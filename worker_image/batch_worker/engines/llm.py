@@ -49,6 +49,7 @@ import pyarrow as pa
 from batch_contract.engine_config import ConfigError, WorkerSettings
 from batch_contract.enums import DeadLetterReason, EngineKind
 from batch_contract.llm_config import LLMConfig
+from batch_contract.resultcache import text_key
 from batch_contract.schemas import part_schema
 
 from batch_worker.digest import model_digest
@@ -201,6 +202,7 @@ class LLMEngine(Engine):
     """
 
     kind = EngineKind.LLM
+    reuses_results = True
 
     def __init__(self, config: LLMConfig | dict[str, Any], settings: WorkerSettings) -> None:
         if isinstance(config, dict):
@@ -341,6 +343,33 @@ class LLMEngine(Engine):
         self._loaded = None
 
     # -- per chunk -------------------------------------------------------------------------------
+
+    def _prompt_renderer(self) -> PromptRenderer:
+        """The prompt renderer, with the model's tokenizer only (no vLLM start): the reuse pass keys
+        rows before the model loads."""
+        if self.renderer is None:
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(str(self._model_dir()))
+            self.renderer = PromptRenderer(self.config, self.tokenizer)
+        return self.renderer
+
+    def reuse_keys(self, rows: ChunkRows) -> list[bytes | None]:
+        """Key of each row: a hash of its whole rendered prompt (system prompt, few-shot turns, the
+        row's user turn through the chat template), exactly the text vLLM tokenises. Sampling, model
+        and template settings are in the fingerprint (the cache directory). A row whose template fails
+        or renders empty has no key (``None``): it goes to the engine, which dead-letters it."""
+        renderer = self._prompt_renderer()
+        records = rows.fields.to_pylist() if rows.fields.num_rows == len(rows) else [{}] * len(rows)
+        keys: list[bytes | None] = []
+        for rid, text, record in zip(rows.ids, rows.texts, records, strict=True):
+            try:
+                parts = renderer.parts(row_context(record, rid, text))
+            except RowRenderError:
+                keys.append(None)
+                continue
+            keys.append(text_key(renderer.render_text(parts)) if parts.user.strip() else None)
+        return keys
 
     def extra_columns(self) -> list[str]:
         """Input columns the user template reads besides the ``id``/``text`` aliases."""

@@ -1,0 +1,255 @@
+"""Shard carry-over on the Airflow side: the plan task completes unchanged shards without a worker, and
+publish indexes the shards it published (the rule and the records: :mod:`batch_contract.carryover`).
+
+:func:`carry_over` runs in the plan task right after the manifest is written, when ``reuse`` is
+``same_root`` and it is not a dry run. For each shard it computes the input key, reads the index entry
+of that key, checks the source shard (marker present, same fingerprint and row count, every committed
+file present with its recorded size), and then copies the source's committed files into the new shard
+(hard links locally, server-side copies on GCS; result parts renamed ``part-<chunk>-reuse-<id>``) and
+writes its marker. The shard gets no mapped task: no pod, no subprocess, no model load. An unchanged
+input therefore publishes with zero workers.
+
+:func:`index_published` runs in publish after the table swap: one index entry per shard of the run.
+Neither step can fail a run: a problem is logged and the shard is simply computed (or not indexed).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from batch_contract import storage
+from batch_contract.carryover import (
+    CarriedShard,
+    CarryOverPlan,
+    ShardIndexEntry,
+    carryover_uri,
+    index_uri,
+    model_identity,
+    read_plan,
+    shard_input_key,
+)
+from batch_contract.layout import DEAD_LETTER_PREFIX, PART_PREFIX, REUSED_MARK, RunLayout, join_uri
+from batch_contract.manifest import Manifest, ShardSpec
+from batch_contract.marker import AttemptRecord, ShardMarker
+from batch_contract.modeldigest import model_digest
+
+log = logging.getLogger(__name__)
+
+TEMPLATE_GLOB = "*.jinja"
+"""Chat template files: they change an LLM's prompts but are not in :func:`model_digest`."""
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def plan_model_identity(manifest: Manifest, runner: str, image: str | None, default_model: str) -> str | None:
+    """:func:`batch_contract.carryover.model_identity` of the run's model as the plan task can see it:
+    the digest of the model directory (plus its chat templates) when it is readable here, else the
+    kubernetes runner's image digest; ``None`` when neither pins the model's bytes."""
+    path = Path(manifest.engine.get("model_path") or default_model)
+    if (path / "config.json").is_file():
+        templates = "".join(f"{p.name}:{storage.content_tag(str(p))};" for p in sorted(path.glob(TEMPLATE_GLOB)))
+        return model_identity(model_digest=f"{model_digest(path)}:{templates}")
+    if runner == "kubernetes" and image:
+        try:
+            return model_identity(image=image, model_path=str(path))
+        except ValueError:
+            return None
+    return None
+
+
+def _file_tags(manifest: Manifest) -> dict[str, str]:
+    """``content_tag`` of every input file that has one (files without a version tag are left out)."""
+    tags = {}
+    for f in manifest.input.files:
+        tag = storage.content_tag(f.uri)
+        if tag:
+            tags[f.uri] = tag
+    return tags
+
+
+def shard_keys(manifest: Manifest, model: str) -> dict[str, str]:
+    """Input key of every shard whose files all have a version tag."""
+    tags = _file_tags(manifest)
+    keys = {}
+    for shard in manifest.shards:
+        uris = {manifest.input.files[s.file_index].uri for s in shard.segments}
+        if uris <= tags.keys():
+            keys[shard.shard_id] = shard_input_key(manifest.input, shard.segments, tags,
+                                                   manifest.config_fingerprint, model)
+    return keys
+
+
+def _source(entry: ShardIndexEntry, shard: ShardSpec) -> ShardMarker | None:
+    """The source shard's marker when it can be carried over as is, else ``None`` (logged)."""
+    layout = RunLayout.from_run_dir(entry.run_dir)
+    try:
+        marker = ShardMarker.from_json_bytes(storage.read_bytes(layout.marker_uri(entry.shard_id)))
+    except (FileNotFoundError, ValueError, TypeError) as exc:
+        log.info("carry-over: source %s shard %s has no usable marker (%s)", entry.run_dir, entry.shard_id, exc)
+        return None
+    if marker.fingerprint != entry.fingerprint or marker.rows_input != shard.rows or not marker.files:
+        return None
+    sizes = storage.list_sizes(layout.shard_dir(entry.shard_id))
+    if any(sizes.get(name) != rec.get("bytes") for name, rec in marker.files.items()):
+        log.info("carry-over: source %s shard %s lost or changed files", entry.run_dir, entry.shard_id)
+        return None
+    return marker
+
+
+def _candidates(output_root: str, manifest: Manifest, keys: dict[str, str]) -> dict[str, tuple[ShardIndexEntry, ShardMarker]]:
+    shards = {s.shard_id: s for s in manifest.shards}
+    found = {}
+    for shard_id, key in keys.items():
+        try:
+            entry = ShardIndexEntry.from_json_bytes(storage.read_bytes(index_uri(output_root, key)))
+        except FileNotFoundError:
+            continue
+        except (ValueError, TypeError) as exc:
+            log.warning("carry-over: index entry %s unreadable (%s): shard %s is computed", key, exc, shard_id)
+            continue
+        marker = _source(entry, shards[shard_id])
+        if marker is not None:
+            found[shard_id] = (entry, marker)
+    return found
+
+
+def decide(output_root: str, manifest: Manifest, model: str | None) -> CarryOverPlan:
+    """The run's carry-over plan: keys, the shards to carry and the fingerprint they pin.
+
+    When sources disagree on the fingerprint (shards computed on hosts that resolved ``auto``
+    differently), only the fingerprint covering the most rows is carried, so the run stays on one.
+    """
+    if model is None:
+        return CarryOverPlan(disabled="the model's bytes are not pinned here (model directory not readable "
+                                      "by the plan task and no image digest)")
+    keys = shard_keys(manifest, model)
+    found = _candidates(output_root, manifest, keys)
+    if not found:
+        return CarryOverPlan(keys=keys)
+    rows = Counter()
+    for entry, marker in found.values():
+        rows[entry.fingerprint] += marker.rows_input
+    pinned_fp = rows.most_common(1)[0][0]
+    carried, resolved = {}, {}
+    for shard_id, (entry, _) in sorted(found.items()):
+        if entry.fingerprint == pinned_fp:
+            carried[shard_id] = CarriedShard(entry.run_dir, entry.shard_id, entry.fingerprint, entry.seconds).__dict__
+            resolved = entry.resolved
+    return CarryOverPlan(keys=keys, carried=carried, pinned={"fingerprint": pinned_fp, "resolved": resolved})
+
+
+def carried_name(name: str) -> str:
+    """Name of a copied file: a result part becomes ``part-<chunk>-reuse-<rest>`` (its rows were not
+    computed by this run); dead letters and parts already so named keep their names."""
+    if not name.startswith(PART_PREFIX):
+        return name
+    chunk, _, rest = name[len(PART_PREFIX):].partition("-")
+    return name if rest.startswith(REUSED_MARK) else f"{PART_PREFIX}{chunk}-{REUSED_MARK}{rest}"
+
+
+def _copy_shard(run_dir: str, shard_id: str, carried: CarriedShard, run_id: str) -> ShardMarker:
+    """Copy the source shard's committed files and write the new shard's marker (idempotent)."""
+    src = RunLayout.from_run_dir(carried.source_run_dir)
+    dst = RunLayout.from_run_dir(run_dir)
+    source = ShardMarker.from_json_bytes(storage.read_bytes(src.marker_uri(carried.source_shard_id)))
+    t0 = time.perf_counter()
+    started = _now()
+    files = {}
+    for name, record in sorted(source.files.items()):
+        new = carried_name(name)
+        storage.copy(join_uri(src.shard_dir(carried.source_shard_id), name), join_uri(dst.shard_dir(shard_id), new))
+        files[new] = dict(record)
+    seconds = round(time.perf_counter() - t0, 6)
+    avoided = round(sum(source.stage_seconds.values()) + source.reuse_seconds_avoided
+                    - source.stage_seconds.get("reuse", 0.0), 6)
+    attempt = AttemptRecord(
+        attempt_id=f"carryover-{run_id}"[:200], shard_id=shard_id, started_at=started, host="plan task",
+        status="complete", ended_at=_now(), exit_code=0, rows_committed=source.rows_input,
+        stage_seconds={"reuse": seconds}, fingerprint=source.fingerprint, files=files,
+        rows_reused=source.rows_ok, reuse_seconds_avoided=avoided, updated_at=_now(),
+    )
+    marker = ShardMarker(
+        run_id=run_id, shard_id=shard_id, fingerprint=source.fingerprint, rows_input=source.rows_input,
+        rows_ok=source.rows_ok, rows_dead_letter=source.rows_dead_letter, rows_truncated=source.rows_truncated,
+        rows_text_repaired=source.rows_text_repaired, dead_letter_reasons=dict(source.dead_letter_reasons),
+        stage_seconds={"reuse": seconds},
+        engine={**source.engine, "model_loaded": False, "carried_from": f"{carried.source_run_dir}#{carried.source_shard_id}"},
+        attempts=[attempt.__dict__],
+        parts=sorted(n for n in files if n.startswith(PART_PREFIX)),
+        dead_letter_parts=sorted(n for n in files if n.startswith(DEAD_LETTER_PREFIX)),
+        files=files, rows_reused=source.rows_ok, reuse_seconds_avoided=avoided,
+        started_at=started, finished_at=_now(),
+    )
+    storage.write_replace(dst.marker_uri(shard_id), marker.to_json_bytes())
+    return marker
+
+
+def carry_over(manifest: Manifest, run_dir: str, *, runner: str, image: str | None, default_model: str) -> CarryOverPlan:
+    """Decide (once per run: a retried plan task reads the recorded plan back) and carry over.
+
+    Writes ``runs/<run_id>/carryover.json`` before any copy, so workers of the run see the pinned
+    fingerprint; then completes every carried shard that has no marker yet.
+
+    Returns:
+        The plan; ``plan.carried`` names the shards that need no worker.
+
+    Raises:
+        batch_contract.storage.StorageError: storage failed (the plan task is retried).
+    """
+    layout = RunLayout.from_run_dir(run_dir)
+    plan = read_plan(run_dir)
+    if plan is None:
+        model = plan_model_identity(manifest, runner, image, default_model)
+        plan = decide(layout.output_root, manifest, model)
+        storage.write_replace(carryover_uri(run_dir), plan.to_json_bytes())
+    for shard_id, record in plan.carried.items():
+        if not storage.exists(layout.marker_uri(shard_id)):
+            _copy_shard(run_dir, shard_id, CarriedShard(**record), manifest.run_id)
+    return plan
+
+
+def index_published(run_dir: str) -> int:
+    """Write the index entry of every shard of a published run that has a key and a marker; returns
+    how many. Never raises: an indexing failure only means the next run computes those shards."""
+    try:
+        plan = read_plan(run_dir)
+        if plan is None or not plan.keys:
+            return 0
+        layout = RunLayout.from_run_dir(run_dir)
+        written = 0
+        for shard_id, key in sorted(plan.keys.items()):
+            marker = ShardMarker.from_json_bytes(storage.read_bytes(layout.marker_uri(shard_id)))
+            entry = _index_entry(run_dir, shard_id, marker, plan)
+            storage.write_replace(index_uri(layout.output_root, key), entry.to_json_bytes())
+            written += 1
+        return written
+    except Exception:  # noqa: BLE001 - an index is an optimisation; publish already succeeded
+        log.exception("carry-over: could not index the shards of %s (the next run computes them)", run_dir)
+        return 0
+
+
+def _index_entry(run_dir: str, shard_id: str, marker: ShardMarker, plan: CarryOverPlan) -> ShardIndexEntry:
+    """The entry of one published shard; a carried shard points at its own source (the files are the
+    same, and the source's seconds are what computing them cost)."""
+    record = plan.carried.get(shard_id)
+    if record is not None:
+        carried = CarriedShard(**record)
+        resolved = plan.pinned.get("resolved", {})
+        return ShardIndexEntry(run_dir=run_dir, shard_id=shard_id, fingerprint=marker.fingerprint,
+                               resolved=dict(resolved), rows_input=marker.rows_input, seconds=carried.seconds)
+    seconds = sum(marker.stage_seconds.values()) + marker.reuse_seconds_avoided - marker.stage_seconds.get("reuse", 0.0)
+    return ShardIndexEntry(run_dir=run_dir, shard_id=shard_id, fingerprint=marker.fingerprint,
+                           resolved=_resolved_of(marker), rows_input=marker.rows_input, seconds=round(seconds, 6))
+
+
+def _resolved_of(marker: ShardMarker) -> dict[str, Any]:
+    """What the shard's worker resolved from ``auto`` settings, as recorded in ``marker.engine``."""
+    resolved = marker.engine.get("resolved")
+    return dict(resolved) if isinstance(resolved, dict) else {}

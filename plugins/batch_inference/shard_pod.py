@@ -1,0 +1,166 @@
+"""The shard pod task: a deferrable ``KubernetesPodOperator`` that knows the worker's exit codes.
+
+:class:`ShardPodOperator` keeps the provider's whole lifecycle (create, defer to
+``KubernetesPodTrigger``, stream logs, ``durable`` reattach, ``on_kill``) and changes only what a
+finished pod means (:func:`batch_inference.pod_outcome.classify`):
+
+* **preempted** (exit 75, pod vanished, node reclaimed): the old pod's log is copied into the task log,
+  the pod is deleted, and a fresh pod for the same shard is created and deferred on, inside the same
+  try: Airflow's ``retries`` are not consumed and ``try_number`` does not change. The worker in the new
+  pod resumes from the committed part files. The count rides on the pod
+  (annotation :data:`~batch_inference.pod_outcome.PREEMPTIONS_ANNOTATION`) and in the trigger's
+  kwargs, so it survives a triggerer restart and a reattach; past ``max_preemptions`` in one try the
+  try fails like a crash (and the normal retries apply).
+* **bad input** (exit 2): ``AirflowFailException``: the task fails now, no retries, one pod.
+* **unschedulable** (still unbound when ``startup_timeout_seconds`` ran out): the pod is deleted and
+  the try fails with the ``PodScheduled`` condition's reason and message.
+* anything else failing (exit 1, OOM kill, a start timeout after scheduling): the provider's
+  ``AirflowException``, so the normal ``retries`` with exponential backoff apply.
+
+Pods are never left behind by this task: succeeded and preempted pods are deleted, stuck ones are
+deleted at the timeout, and killing or clearing the task deletes the running pod (the provider's
+``on_kill``; while deferred, ``KubernetesPodTrigger.on_kill``, which the Airflow 3.3 triggerer calls
+when a user clears the task or marks it failed or succeeded, and not when the triggerer restarts). Failed pods (exit 1 and 2) are kept, marked
+``already_checked``, for ``kubectl logs`` (``on_finish_action="delete_succeeded_pod"``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from kubernetes.client.exceptions import ApiException
+
+from batch_inference.pod_outcome import (
+    PREEMPTIONS_ANNOTATION,
+    PREEMPTIONS_EVENT_KEY,
+    PodOutcome,
+    classify,
+    exit_code,
+    preemption_cause,
+    preemptions_of,
+    scheduling_failure,
+    start_failure,
+)
+
+DEFAULT_MAX_PREEMPTIONS = 20
+"""Preempted pods one try may replace before it fails (issue 14: spot deaths are expected)."""
+
+
+class ShardPodOperator(KubernetesPodOperator):
+    """``KubernetesPodOperator`` for one shard's worker pod (semantics in the module docstring).
+
+    Args:
+        max_preemptions: preempted pods one try replaces without consuming a retry (>= 0).
+        **kwargs: ``KubernetesPodOperator`` arguments (``pod_spec.kpo_partial_kwargs`` /
+            ``kpo_expand_kwargs``); must be ``deferrable=True`` for the relaunch path.
+
+    Raises:
+        ValueError: ``max_preemptions`` is negative.
+    """
+
+    def __init__(self, *, max_preemptions: int = DEFAULT_MAX_PREEMPTIONS, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if max_preemptions < 0:
+            raise ValueError(f"max_preemptions: {max_preemptions} must be >= 0")
+        self.max_preemptions = max_preemptions
+        self.preemptions = 0
+
+    # -- the pod carries the preemption count ------------------------------------------------------
+    def build_pod_request_obj(self, context: Any = None, *, dry_run: bool = False):
+        """The provider's pod plus the :data:`PREEMPTIONS_ANNOTATION` of this try so far."""
+        pod = super().build_pod_request_obj(context, dry_run=dry_run)
+        pod.metadata.annotations = {**(pod.metadata.annotations or {}),
+                                    PREEMPTIONS_ANNOTATION: str(self.preemptions)}
+        return pod
+
+    def get_or_create_pod(self, pod_request_obj, context):
+        """The provider's create-or-reattach; a reattached pod brings back its preemption count."""
+        pod = super().get_or_create_pod(pod_request_obj, context)
+        self.preemptions = preemptions_of(pod)
+        return pod
+
+    def invoke_defer_method(self, last_log_time=None, context=None) -> None:
+        """Defer as the provider does, with the preemption count in the trigger's kwargs."""
+        self.trigger_kwargs = {**(self.trigger_kwargs or {}), PREEMPTIONS_EVENT_KEY: self.preemptions}
+        super().invoke_defer_method(last_log_time=last_log_time, context=context)
+
+    # -- what a finished pod means -----------------------------------------------------------------
+    def trigger_reentry(self, context: Any, event: dict[str, Any]) -> Any:
+        """Act on the trigger's event (module docstring); raises ``TaskDeferred`` when it relaunches."""
+        self.preemptions = preemptions_of(None, event)
+        pod = self._read_pod(event)
+        outcome = classify(event["status"], pod, self.base_container_name)
+        self.log.info("shard pod %s: trigger status %s, exit code %s -> %s", event.get("name"),
+                      event["status"], exit_code(pod, self.base_container_name) if pod else None,
+                      outcome.value)
+        if outcome is PodOutcome.PREEMPTED:
+            return self._relaunch(context, pod)
+        if event["status"] == "timeout":
+            self._fail_timeout(pod, outcome, event)
+        if outcome is PodOutcome.SUCCEEDED and pod is None:
+            return None  # the pod was garbage-collected after the trigger saw it succeed
+        try:
+            return super().trigger_reentry(context, event)
+        except AirflowException as exc:
+            if outcome is PodOutcome.BAD_INPUT and not isinstance(exc, AirflowFailException):
+                raise AirflowFailException(
+                    f"shard pod {event.get('name')} exited 2 (bad config or input; the worker's log above "
+                    f"names the field): failing without retries. {exc}") from exc
+            raise
+
+    def _read_pod(self, event: dict[str, Any]):
+        try:
+            return self.hook.get_pod(event["name"], event["namespace"])
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def _relaunch(self, context: Any, old_pod: Any) -> None:
+        """Replace a preempted pod within this try, or fail the try past ``max_preemptions``."""
+        cause = preemption_cause(old_pod, self.base_container_name)
+        count = self.preemptions + 1
+        ti = context["ti"]
+        if old_pod is not None:
+            self._copy_logs(old_pod)
+            self.pod_manager.delete_pod(old_pod)
+        if count > self.max_preemptions:
+            raise AirflowException(
+                f"shard pod preempted {count} times in try {ti.try_number} (max_preemptions="
+                f"{self.max_preemptions}); last: {cause}. Failing this try; Airflow retries apply.")
+        self.preemptions = count
+        self.log.warning("shard pod %s preempted: %s. Relaunching preemption %d/%d in the same try "
+                         "(try_number %s, no retry consumed)", old_pod.metadata.name if old_pod else "?",
+                         cause, count, self.max_preemptions, ti.try_number)
+        self.pod_request_obj = self.build_pod_request_obj(context)
+        self.pod_manager.create_pod(pod=self.pod_request_obj)
+        self.pod = self.pod_request_obj
+        self._persist_pod_identity_to_task_state_store(context, self.pod)
+        self.invoke_defer_method(context=context)
+
+    def _copy_logs(self, pod: Any) -> None:
+        if not self.get_logs:
+            return
+        try:
+            self._write_logs(pod)
+        except Exception as exc:  # logs are a courtesy here; the relaunch must go on
+            self.log.warning("could not read the log of preempted pod %s: %r", pod.metadata.name, exc)
+
+    def _fail_timeout(self, pod: Any, outcome: PodOutcome, event: dict[str, Any]) -> None:
+        """Delete the pod of a timed-out try and fail the try naming why (``AirflowException``: the
+        retries apply): the ``PodScheduled`` reason when it was never scheduled, the container's waiting
+        reason when it was scheduled but did not start, else the trigger's message (execution timeout)."""
+        timeout = float(self.startup_timeout_seconds)
+        if pod is None:
+            raise AirflowException(f"shard pod {event.get('name')} timed out and is gone: {event.get('message')}")
+        if outcome is PodOutcome.UNSCHEDULABLE:
+            message = scheduling_failure(pod, timeout)
+        elif pod.status is not None and pod.status.phase == "Pending":
+            message = start_failure(pod, self.base_container_name, timeout)
+        else:
+            message = f"shard pod {pod.metadata.name}: {event.get('message')}"
+        self.log.error("%s; deleting the pod", message)
+        self.pod_manager.delete_pod(pod)
+        raise AirflowException(message)

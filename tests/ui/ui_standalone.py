@@ -1,0 +1,187 @@
+"""``airflow standalone`` for the browser tests: its own home under a temp dir, free loopback ports,
+this repository's DAGs and plugins folder (so the Batch inference plugin loads), SimpleAuthManager with
+a known admin password, and a small REST client.
+
+The password is written to ``simple_auth_manager_passwords.json.generated`` in the home before the start:
+SimpleAuthManager reads that file and generates only passwords it lacks (Airflow 3.3).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 300.0
+BATCH_DAGS = ("batch_inference_backfill", "batch_inference_nightly", "batch_inference_on_model_upgrade")
+
+
+def free_port() -> int:
+    """A TCP port that was free on 127.0.0.1 a moment ago."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Response:
+    """An HTTP answer: status, headers (lower-case names), body bytes."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def http(method: str, url: str, *, token: str | None = None, body: Any = None,
+         cookies: dict[str, str] | None = None, timeout: float = 60.0) -> Response:
+    """One request with ``urllib`` (no redirects followed for 3xx is not needed here: none are hit)."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    if cookies:
+        req.add_header("Cookie", "; ".join(f"{k}={v}" for k, v in cookies.items()))
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return Response(resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read())
+    except urllib.error.HTTPError as exc:
+        return Response(exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read())
+
+
+@dataclass
+class Standalone:
+    """One ``airflow standalone`` process group.
+
+    Args:
+        home: the Airflow home (created).
+        extra_env: variables on top of this process's environment.
+    """
+
+    home: Path
+    extra_env: dict[str, str] = field(default_factory=dict)
+    password: str = "ui-test-admin-pw"
+    port: int = 0
+    proc: subprocess.Popen | None = None
+    start_seconds: float = 0.0
+    _token: str = ""
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        """The environment of the standalone and its components."""
+        bin_dir = str(Path(sys.executable).parent)
+        env = dict(os.environ)
+        env.update({
+            "AIRFLOW_HOME": str(self.home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
+            "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__PORT": str(self.port),
+            "AIRFLOW__API__WORKERS": "1",
+            "AIRFLOW__API__BASE_URL": self.url,
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
+            "PYTHONPATH": os.pathsep.join([str(REPO / "plugins"), str(REPO / "worker_image")]),
+            "PATH": bin_dir + os.pathsep + env.get("PATH", ""),
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+        })
+        env.update(self.extra_env)
+        return env
+
+    def start(self) -> Standalone:
+        """Start and wait until the API answers with a token and the DAG processor has listed the batch
+        DAGs; ``start_seconds`` is that wait. Raises ``RuntimeError`` with the log's tail if it does not."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        (self.home / "simple_auth_manager_passwords.json.generated").write_text(json.dumps({"admin": self.password}))
+        self.port = self.port or free_port()
+        log = open(self.home / "standalone.log", "wb")  # noqa: SIM115 - closed with the process
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen([sys.executable, "-m", "airflow", "standalone"], env=self.env(), cwd=self.home,
+                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = t0 + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"airflow standalone exited {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if set(BATCH_DAGS) <= set(self.dag_ids()):
+                    self.start_seconds = time.monotonic() - t0
+                    return self
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(1.0)
+        self.stop()
+        raise RuntimeError(f"airflow standalone not ready after {START_TIMEOUT_S:.0f} s:\n{self.log_tail()}")
+
+    def log_tail(self, chars: int = 6000) -> str:
+        path = self.home / "standalone.log"
+        return path.read_text(errors="replace")[-chars:] if path.exists() else ""
+
+    def stop(self) -> None:
+        """SIGTERM the process group, SIGKILL what is left after 30 s."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        pgid = os.getpgid(self.proc.pid)
+        os.killpg(pgid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=30)
+
+    # -- REST API -----------------------------------------------------------------------------------
+    def token(self) -> str:
+        """A JWT for the admin user (``POST /auth/token``), cached."""
+        if not self._token:
+            resp = http("POST", f"{self.url}/auth/token", body={"username": "admin", "password": self.password})
+            if resp.status != 201:
+                raise ValueError(f"login failed: {resp.status} {resp.body[:200]!r}")
+            self._token = resp.json()["access_token"]
+        return self._token
+
+    def api(self, method: str, path: str, body: Any = None) -> Any:
+        """A call of Airflow's REST API as admin; raises ``ValueError`` on a non-2xx answer."""
+        resp = http(method, f"{self.url}{path}", token=self.token(), body=body)
+        if not 200 <= resp.status < 300:
+            raise ValueError(f"{method} {path}: {resp.status} {resp.body[:500]!r}")
+        return resp.json()
+
+    def dag_ids(self) -> list[str]:
+        return [d["dag_id"] for d in self.api("GET", "/api/v2/dags?limit=100")["dags"]]
+
+    def trigger(self, dag_id: str, conf: dict[str, Any]) -> str:
+        """Unpause ``dag_id`` and trigger a run with ``conf``; returns its run id."""
+        self.api("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+        return self.api("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf})["dag_run_id"]
+
+    def task_links(self, dag_id: str, run_id: str, task_id: str) -> dict[str, str | None]:
+        rid = urllib.parse.quote(run_id, safe="")
+        return self.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{rid}/taskInstances/{task_id}/links")["extra_links"]
