@@ -51,6 +51,7 @@ from batch_worker.ledger import build_ledger
 from batch_worker.progress import utc_now
 from batch_worker.reader import iter_shard_blocks
 from batch_worker.reuse import cache_rows, reuse_enabled
+from batch_worker.runtime import adopt_pin
 from batch_worker.stats import StageClock, apply_thread_cap
 from batch_worker.validate import DeadLetter, Validator, concat_rows
 from batch_worker.writer import assemble_part, commit_table, dead_letter_table
@@ -148,8 +149,10 @@ class Canary:
         config = self.manifest.engine_config
         self.settings = self.manifest.worker
         self.engine: Engine = engine_class(config.kind)(config, self.settings)
-        self.fingerprint = result_fingerprint(self.manifest.config_fingerprint, self.engine.model_digest(),
-                                              self.engine.resolved_settings())
+        fingerprint = result_fingerprint(self.manifest.config_fingerprint, self.engine.model_digest(),
+                                         self.engine.resolved_settings())
+        # the shards' own fingerprint: a run that carried shards over pins their resolved settings
+        self.fingerprint = adopt_pin(store.run_dir, self.manifest, self.engine, fingerprint)
         self.clock = StageClock()
         self.t0 = time.perf_counter()
         self.reuse_on = reuse_enabled(self.engine, self.settings)
@@ -189,8 +192,9 @@ class Canary:
         return Sample(rows=rows, owners=owners, next_chunk=next_chunk)
 
     def _without_cached(self, rows: ChunkRows, owners: list[str]) -> tuple[ChunkRows, list[str]]:
-        """Leave out rows the result cache already holds (their shard's reuse pass copies them)."""
-        keys = pa.array([resultcache.text_key(t) for t in rows.texts], resultcache.KEY_TYPE)
+        """Leave out rows the result cache already holds (their shard's reuse pass copies them); keys are
+        the engine's (``Engine.reuse_keys``), as the reuse pass computes them."""
+        keys = pa.array(self.engine.reuse_keys(rows), resultcache.KEY_TYPE)
         found = resultcache.lookup(self.store.layout.output_root, self.fingerprint, keys)
         keep = pc.indices_nonzero(pc.invert(pc.is_valid(found.row_hit))).to_pylist()
         if len(keep) < len(rows):
@@ -245,7 +249,7 @@ class Canary:
                 name, _ = commit_table(shard_dir, PART_PREFIX, self._chunk(sample, shard_id), sub)
                 if self.reuse_on:
                     mine = [i for i, o in enumerate(owners) if o == shard_id]
-                    cache_rows(self.store.layout.output_root, self.manifest.run_id, shard_id, name, sub,
+                    cache_rows(self.engine, self.store.layout.output_root, self.manifest.run_id, shard_id, name, sub,
                                rows.take(mine), seconds * sub.num_rows / max(part.num_rows, 1))
             n = sub.num_rows + len(dead)
             self.shard_rows[shard_id] = self.shard_rows.get(shard_id, 0) + n

@@ -102,11 +102,11 @@ def load_context(run_dir: str, shard_id: str) -> ShardContext:
     config = manifest.engine_config  # parsed and validated once, when the manifest was read
     engine = engine_class(config.kind)(config, manifest.worker)
     fingerprint = result_fingerprint(manifest.config_fingerprint, engine.model_digest(), engine.resolved_settings())
-    fingerprint = _adopt_pin(run_dir, manifest, engine, fingerprint)
+    fingerprint = adopt_pin(run_dir, manifest, engine, fingerprint)
     return ShardContext(store=store, shard_id=shard_id, engine=engine, fingerprint=fingerprint)
 
 
-def _adopt_pin(run_dir: str, manifest: Manifest, engine: Engine, fingerprint: str) -> str:
+def adopt_pin(run_dir: str, manifest: Manifest, engine: Engine, fingerprint: str) -> str:
     """The fingerprint this shard runs under when the plan task carried shards over
     (:mod:`batch_contract.carryover`): their fingerprint, by adopting the settings their host resolved
     (``Engine.pin_resolved``), so one run never mixes fingerprints.
