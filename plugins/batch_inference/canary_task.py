@@ -110,6 +110,13 @@ def _skip_reason(cfg: RunConfig, shards: int) -> str | None:
     return None
 
 
+def _all_complete(run_dir: str, shards: int) -> str | None:
+    """``"every shard is already complete"`` when nothing is left to run (a rerun, or every shard carried
+    over from an earlier run): the canary would only load the model."""
+    done = len(RunStore.open(run_dir).poll())
+    return "every shard is already complete (carried over or run before)" if done >= shards else None
+
+
 def canary_and_project(cfg: RunConfig, manifest: Any, run_dir: str, elapsed_seconds: float = 0.0) -> dict[str, Any]:
     """Run the canary (once per run: a retry reuses ``projection.json``) and project the run.
 
@@ -157,7 +164,7 @@ def canary_task(context: Mapping[str, Any]) -> dict[str, Any]:
     from batch_inference.tasks import planned_run
 
     cfg, manifest, run_dir = planned_run(context)
-    why = _skip_reason(cfg, len(manifest.shards))
+    why = _skip_reason(cfg, len(manifest.shards)) or _all_complete(run_dir, len(manifest.shards))
     if why:
         log.info("canary skipped: %s", why)
         return {"decision": "skipped", "message": why}
