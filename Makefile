@@ -77,6 +77,12 @@ bench-publish: venv
 bench-incremental: venv
 	$(PY) bench/incremental.py
 
+# Pre-flight canary: projection error on two inputs (bundled sample, its one-line synopses), canary share
+# of the wall time, and runs with a budget / deadline just below the projection refused (docs/canary.md).
+.PHONY: bench-canary
+bench-canary: venv
+	$(PY) bench/canary.py
+
 # Cost report: random-order padding estimate vs a simulated random-order run (real tokenizer, sample data).
 .PHONY: bench-report
 bench-report: venv

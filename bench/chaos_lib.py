@@ -522,7 +522,7 @@ def kill_once_main(argv: list[str]) -> int:
     ``python -m batch_worker ARGS`` (``ARGS`` = ``run --run-dir R --shard S``, appended by the runner) and,
     the first time it sees this run + shard (no flag file in ``D``), kills the worker with the signal
     once N new part/dead-letter files are committed, exiting ``128 + signal`` like a killed container.
-    Later calls run the worker untouched.
+    Later calls, and commands without ``--shard`` (the pre-flight canary), run the worker untouched.
 
     Returns:
         The worker's exit code (``128 + n`` when it died of signal ``n``).
@@ -538,6 +538,8 @@ def kill_once_main(argv: list[str]) -> int:
     parser.add_argument("--signal", choices=["KILL", "TERM"], default="KILL")
     opts = parser.parse_args(argv[:split])
     rest = argv[split + 1:]
+    if "--shard" not in rest:  # not a shard run (``batch-worker canary``): run it untouched
+        return subprocess.call([sys.executable, "-m", "batch_worker", *rest], env=worker_env())
     run_dir, shard_id = rest[rest.index("--run-dir") + 1], rest[rest.index("--shard") + 1]
     layout = RunLayout.from_run_dir(run_dir)
     flag = opts.flag_dir / f"{layout.run_id}-{shard_id}.killed"

@@ -8,6 +8,8 @@
 <output_root>/runs/<run_id>/shards/<shard_id>/_PROGRESS.json                   live progress
 <output_root>/runs/<run_id>/shards/<shard_id>/_SUCCESS.json                    completion marker
 <output_root>/runs/<run_id>/report.json, report.html
+<output_root>/runs/<run_id>/canary.json, projection.json                         pre-flight canary
+<output_root>/profiles/<kind>-<model digest>-<device>.json                       autotune profiles
 ```
 
 A part file name carries its chunk number (``part-00003-<uuid>``) so files sort by commit order, and a
@@ -131,6 +133,16 @@ class RunLayout:
     @property
     def quality_report_uri(self) -> str:
         return join_uri(self.run_dir, "quality_gate.json")
+
+    @property
+    def canary_uri(self) -> str:
+        """The pre-flight canary's measurements (:class:`batch_contract.canary.CanaryResult`)."""
+        return join_uri(self.run_dir, "canary.json")
+
+    @property
+    def projection_uri(self) -> str:
+        """The plan's projection and decision (``batch_inference.projection``)."""
+        return join_uri(self.run_dir, "projection.json")
 
     def shards_dir(self) -> str:
         return join_uri(self.run_dir, "shards")

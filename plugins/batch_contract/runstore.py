@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 
 from batch_contract import storage
+from batch_contract.canary import CanaryResult
 from batch_contract.enums import ShardStatus
 from batch_contract.layout import (
     DEAD_LETTER_PREFIX,
@@ -98,6 +99,16 @@ class RunStore:
         if raw is None:
             raise FileNotFoundError(f"{self.layout.manifest_uri}: no manifest; was the run planned?")
         return Manifest.from_json_bytes(raw)
+
+    def canary(self) -> CanaryResult | None:
+        """The run's ``canary.json`` (:class:`~batch_contract.canary.CanaryResult`), ``None`` when the run
+        had no canary (or it has not finished).
+
+        Raises:
+            ValueError: the record is unreadable (schema version, strategy).
+        """
+        raw = _read(self.layout.canary_uri)
+        return None if raw is None else CanaryResult.from_json_bytes(raw)
 
     # -- markers ------------------------------------------------------------------------------------
     def marker(self, shard_id: str) -> ShardMarker | None:

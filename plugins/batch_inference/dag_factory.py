@@ -177,6 +177,9 @@ def dag_doc(spec: DagSpec, runners: tuple[str, ...], alias: AssetAlias, deadline
         "",
         "1. `plan`: reads input metadata only, writes `runs/<run_id>/manifest.json`, returns one ref per "
         "shard (empty input: zero shards, a green no-op).",
+        "1b. `canary`: runs a sample of the rows with the real engine (batch-size search, throughput), "
+        "writes `canary.json` and `projection.json` (worker-seconds, cost, finish time per parallelism) and "
+        "refuses the run (`REFUSED ...`, no shard starts) over `budget_usd` or past `deadline_hours`.",
         f"2. `choose_runner`: branches to {fanout}; a dry run goes to `render_k8s` instead.",
         "3. `infer_local[shard]`" + (" / `infer_k8s[shard]`" if k8s else "")
         + ": one mapped task per shard, named `shard 00001 · 15,828 rows`; runs "
@@ -258,6 +261,12 @@ def _wire(spec: DagSpec, k8s: K8sSettings | None, alias: AssetAlias, runners: tu
 
         return tasks.plan_task(context, model_from_asset=spec.model_from_asset)
 
+    @task
+    def canary(**context: Any) -> dict[str, Any]:
+        from batch_inference import canary_task
+
+        return canary_task.canary_task(context)
+
     @task.branch
     def choose_runner(**context: Any) -> str:
         from batch_inference import tasks
@@ -290,7 +299,7 @@ def _wire(spec: DagSpec, k8s: K8sSettings | None, alias: AssetAlias, runners: tu
 
     planned = plan()
     branch = choose_runner()
-    planned >> branch
+    planned >> canary() >> branch
     local = infer_local.expand(ref=planned)
     rendered = render_k8s(planned)
     branch >> [local, rendered]

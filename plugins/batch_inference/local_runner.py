@@ -269,3 +269,32 @@ def _result(store: RunStore, shard_id: str, code: int, seconds: float, cause: st
     log.info("shard %s done in %.1f s: %d rows ok, %d dead letters", shard_id, seconds, marker.rows_ok,
              marker.rows_dead_letter)
     return ShardResult(shard_id, code, seconds, False, marker.rows_ok, marker.rows_dead_letter)
+
+
+def run_canary(run_dir: str, *, parallelism: int, options: list[str] | None = None) -> float:
+    """Run ``batch-worker canary`` for ``run_dir`` with the thread cap a fan-out worker gets at
+    ``parallelism`` (so its throughput is a worker's), streaming its log; returns its wall time in seconds.
+
+    Args:
+        run_dir: ``<output_root>/runs/<run_id>``.
+        parallelism: the fan-out's workers at once (0: :func:`auto_parallelism`).
+        options: extra ``batch-worker canary`` arguments (``--fraction``, ``--min-rows``, ...).
+
+    Raises:
+        ShardBadInputError: exit code 2 (bad config or input; no retry).
+        ShardRetryableError: any other non-zero exit code.
+    """
+    parallelism = parallelism if parallelism > 0 else auto_parallelism()
+    threads = worker_threads(parallelism)
+    cmd = worker_command() + ["canary", "--run-dir", run_dir, *(options or [])]
+    env = {**os.environ, **worker_thread_env(threads)}
+    log.info("canary: %d thread(s) (a worker's share at parallelism %d): %s", threads, parallelism, shlex.join(cmd))
+    start = time.monotonic()
+    errors: list[str] = []
+    code = _run_subprocess(cmd, "[canary]", env, errors)
+    seconds = time.monotonic() - start
+    if code == ExitCode.BAD_INPUT:
+        raise ShardBadInputError(f"canary: {errors[-1] if errors else 'bad input or config'} (worker exit {code})")
+    if code != ExitCode.OK:
+        raise ShardRetryableError(f"canary: worker failed with exit code {code}; retrying")
+    return seconds

@@ -312,6 +312,18 @@ PARAM_FIELDS: Mapping[str, ParamField] = _fields(
                maximum=256, expected="0 (auto: fit the machine) or an integer in 1..256"),
     ParamField("dry_run", False, "boolean", "Dry run", "Plan and write pod manifests to build/k8s/*.yaml; "
                "run nothing.", "Execution"),
+    ParamField("canary", True, "boolean", "Pre-flight canary", "Before the fan-out, run a sample of the rows "
+               "(the first rows of every shard) with the real engine: search the batch size, measure, "
+               "project cost and finish time, refuse over budget_usd or past deadline_hours. Its rows count "
+               "towards the run (committed into their shards). Local runner only.", "Execution"),
+    ParamField("canary_fraction", 0.005, "number", "Canary sample share", "Share of the rows the canary "
+               "runs (0.005 = 0.5%), within canary_min_rows..20,000 rows.", "Execution", minimum=0.0001,
+               maximum=1.0),
+    ParamField("canary_min_rows", 200, "integer", "Canary min rows", "The canary runs at least this many "
+               "rows (or all of them, if fewer).", "Execution", minimum=1, maximum=20_000),
+    ParamField("canary_max_seconds", 120.0, "number", "Canary max seconds", "The canary starts no new "
+               "slice of its sample after this many seconds of work (model load excluded).", "Execution",
+               minimum=1.0, maximum=3600.0),
     ParamField("output_root", DEFAULT_OUTPUT_ROOT, "string", "Output root",
                "Where runs/<run_id>/ (manifest, part files, markers, report) is written; local path or "
                "gs://bucket/prefix. Must be reachable by every worker.", "Output", min_length=1,
@@ -350,6 +362,12 @@ PARAM_FIELDS: Mapping[str, ParamField] = _fields(
     ParamField("deadline_hours", 24.0, "number", "Deadline (hours)", "The completion gate fails, naming "
                "missing shards, this long after the run started.", "Cost and limits", minimum=0.01,
                maximum=720.0),
+    ParamField("budget_usd", None, "number", "Budget (USD)", "With the canary on: refuse the run before the "
+               "fan-out when its projected cost (at the pricing above) exceeds this. Empty: no budget.",
+               "Cost and limits", nullable=True, minimum=0.0, maximum=10_000_000.0),
+    ParamField("max_gpus", 8, "integer", "Max GPUs", "Most GPUs (pods at once) the projection considers for "
+               "the kubernetes runner; it picks the cheapest count that meets deadline_hours.",
+               "Cost and limits", minimum=1, maximum=1024),
 )
 """Every DAG Param, in trigger-form order, keyed by name (read-only)."""
 
@@ -430,6 +448,10 @@ class RunConfig:
     max_shards: int = _default("max_shards")
     parallelism: int = _default("parallelism")
     dry_run: bool = _default("dry_run")
+    canary: bool = _default("canary")
+    canary_fraction: float = _default("canary_fraction")
+    canary_min_rows: int = _default("canary_min_rows")
+    canary_max_seconds: float = _default("canary_max_seconds")
     output_root: str = _default("output_root")
     output_table: str = _default("output_table")
     publish_backend: str = _default("publish_backend")
@@ -442,6 +464,8 @@ class RunConfig:
     gpu_hour_usd_spot: float | None = _default("gpu_hour_usd_spot")
     gpu_hour_usd_on_demand: float | None = _default("gpu_hour_usd_on_demand")
     deadline_hours: float = _default("deadline_hours")
+    budget_usd: float | None = _default("budget_usd")
+    max_gpus: int = _default("max_gpus")
 
     def engine_dict(self) -> dict[str, Any]:
         """Engine config dict for the manifest: kind + model_path + the extra options."""

@@ -147,6 +147,12 @@ class ShardMarkerSensor(BaseSensorOperator):
                 "(its error, e.g. a missing column or a bad Param, is in the plan task's log); fix it and "
                 "trigger a new run"
             )
+        from batch_inference.canary_task import refusal_message
+
+        refused = refusal_message(str(self.run_dir))
+        if refused:
+            raise AirflowFailException(f"completion gate: nothing to wait for: the canary refused the run "
+                                       f"before the fan-out: {refused}")
         status = check_completion(self._store(), float(self.min_success_ratio))
         self.log.info("%s", progress_line(self._store(), status))
         if status.satisfied:

@@ -205,7 +205,8 @@ def infer_local_task(ref: dict[str, Any], context: Mapping[str, Any]) -> dict[st
     """Run one shard with the local runner; map its exit code to Airflow's retry semantics.
 
     Raises:
-        AirflowFailException: worker exit 2 (bad input): no retry.
+        AirflowFailException: worker exit 2 (bad input), or the run's actual spend has passed ``budget_usd``
+            (``canary_task.over_budget_message``; the shard is not started): no retry.
         AirflowException: worker exit 75 / 1 / other: retried with backoff.
     """
     from airflow.sdk.exceptions import AirflowException, AirflowFailException
@@ -213,6 +214,11 @@ def infer_local_task(ref: dict[str, Any], context: Mapping[str, Any]) -> dict[st
     from batch_inference.local_runner import ShardBadInputError, ShardRetryableError, run_shard
 
     parallelism = int(context["params"].get("parallelism", 0))  # 0: fit the machine
+    from batch_inference.canary_task import over_budget_message
+
+    over = over_budget_message(ref["run_dir"], run_config_of(manifest_for(ref["run_dir"])), ref["shard_id"])
+    if over:
+        raise AirflowFailException(over)
     try:
         return run_shard(ref["run_dir"], ref["shard_id"], parallelism=parallelism).to_dict()
     except ShardBadInputError as exc:

@@ -88,8 +88,10 @@ def _conf(ctx: dict, input_name: str) -> dict:
             "duckdb_path": str(out / "warehouse.duckdb"), "runner": "local", "rows_per_shard": 1000,
             "shard_by": "rows", "output_table": TABLE,
             # these tests count what resume skips and re-does; the sample repeats some texts, so the result
-            # cache would also carry rows over (reuse is tested in test_incremental.py)
-            "reuse": "off"}
+            # cache would also carry rows over (reuse is tested in test_incremental.py); the canary would
+            # commit part of the 300-row shard before it starts and leave it one chunk to kill in
+            # (the canary's commits are tested in test_canary_worker.py)
+            "reuse": "off", "canary": False}
 
 
 def _dag_test(ctx: dict, conf: dict, crash: bool = False,

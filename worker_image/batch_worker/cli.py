@@ -37,6 +37,22 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--run-dir", required=True, help="<output_root>/runs/<run_id> (local path, file:// or gs://)")
     run.add_argument("--shard", required=True, help="five-digit shard id, e.g. 00007")
     run.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    canary = sub.add_parser(
+        "canary", help="run the pre-flight canary of a planned run",
+        description="Run a sample of the run (the first rows of every shard) before the fan-out: search the "
+                    "batch size, measure throughput, commit the rows into their shards, write canary.json.",
+    )
+    canary.add_argument("--run-dir", required=True, help="<output_root>/runs/<run_id>")
+    canary.add_argument("--fraction", type=float, default=0.005, help="share of the rows to sample (default 0.005)")
+    canary.add_argument("--min-rows", type=int, default=200, help="at least this many rows (default 200)")
+    canary.add_argument("--max-rows", type=int, default=20_000, help="at most this many rows (default 20000)")
+    canary.add_argument("--max-seconds", type=float, default=120.0,
+                        help="start no new slice after this many seconds of work (default 120)")
+    canary.add_argument("--search", default="auto", choices=("auto", "grow", "candidates"),
+                        help="batch-size search: auto (grow on a GPU, candidates on CPU)")
+    canary.add_argument("--grow-start", type=int, default=16384, help="first token budget of the grow search")
+    canary.add_argument("--no-profile", action="store_true", help="ignore a saved tuning profile: search again")
+    canary.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     quality_gate.add_parser(sub)  # ``quality-gate``: compare two LLM configs on a sample (quality_gate.py)
     return parser
 
@@ -56,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     from batch_worker.runtime import run_shard  # after logging is set up
 
     try:
+        if args.command == "canary":
+            return _canary(args)
         return run_shard(args.run_dir, args.shard)
     except (ConfigError, BadInputError) as exc:
         log.error("bad config or input (exit %d): %s", int(ExitCode.BAD_INPUT), exc)
@@ -63,8 +81,23 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return int(ExitCode.INTERRUPTED)
     except Exception:
-        log.exception("shard %s failed (exit %d)", args.shard, int(ExitCode.FAILURE))
+        log.exception("%s failed (exit %d)", f"shard {getattr(args, 'shard', '')}".strip()
+                      if args.command == "run" else "canary", int(ExitCode.FAILURE))
         return int(ExitCode.FAILURE)
+
+
+def _canary(args: argparse.Namespace) -> int:
+    """``batch-worker canary``: run :func:`batch_worker.canary.run_canary`; exit 0 when it wrote canary.json."""
+    from batch_worker.canary import CanaryOptions, run_canary
+
+    try:
+        options = CanaryOptions(fraction=args.fraction, min_rows=args.min_rows, max_rows=args.max_rows,
+                                max_seconds=args.max_seconds, strategy=args.search, use_profile=not args.no_profile,
+                                grow_start=args.grow_start)
+    except ValueError as exc:
+        raise ConfigError(f"canary: {exc}") from None
+    run_canary(args.run_dir, options)
+    return int(ExitCode.OK)
 
 
 if __name__ == "__main__":  # pragma: no cover

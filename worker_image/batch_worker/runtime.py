@@ -102,11 +102,11 @@ def load_context(run_dir: str, shard_id: str) -> ShardContext:
     config = manifest.engine_config  # parsed and validated once, when the manifest was read
     engine = engine_class(config.kind)(config, manifest.worker)
     fingerprint = result_fingerprint(manifest.config_fingerprint, engine.model_digest(), engine.resolved_settings())
-    fingerprint = _adopt_pin(run_dir, manifest, engine, fingerprint)
+    fingerprint = adopt_pin(run_dir, manifest, engine, fingerprint)
     return ShardContext(store=store, shard_id=shard_id, engine=engine, fingerprint=fingerprint)
 
 
-def _adopt_pin(run_dir: str, manifest: Manifest, engine: Engine, fingerprint: str) -> str:
+def adopt_pin(run_dir: str, manifest: Manifest, engine: Engine, fingerprint: str) -> str:
     """The fingerprint this shard runs under when the plan task carried shards over
     (:mod:`batch_contract.carryover`): their fingerprint, by adopting the settings their host resolved
     (``Engine.pin_resolved``), so one run never mixes fingerprints.
@@ -232,6 +232,7 @@ class ShardRun:
             self.gpu.start(loaded.info.get("device_uuid"))  # after the load: the device this process uses
             if loaded.model_digest != self.ctx.engine.model_digest():
                 raise RuntimeError("model files changed while loading; retry")
+            self._apply_canary_tuning(loaded)
             self.attempt.threads = apply_thread_cap()
             self.counters.rows_before = ledger.rows_done - self.counters.rows_committed  # reuse pass counted
             self.ctx.engine.on_rows_done = self.counters.add_processed
@@ -263,6 +264,22 @@ class ShardRun:
         finally:
             if install_signals:
                 self.stop.uninstall()
+
+    def _apply_canary_tuning(self, loaded: LoadedModel) -> None:
+        """Batch with the settings the run's canary chose (``canary.json``) when the run left
+        ``token_budget`` on auto (0) and the canary ran on the same kind of device; recorded in the
+        marker's engine info as ``tuned_by: canary``."""
+        if self.settings.token_budget:
+            return
+        try:
+            canary = self.ctx.store.canary()
+        except ValueError as exc:
+            log.warning("shard %s: ignoring unreadable canary.json: %s", self.ctx.shard_id, exc)
+            return
+        if canary is None or canary.device != loaded.info.get("device"):
+            return
+        if self.ctx.engine.apply_tuning(canary.chosen["token_budget"], canary.chosen["max_batch_rows"]):
+            loaded.info["tuned_by"] = "canary"
 
     def _interrupted(self, progress: ProgressReporter | None) -> int:
         """Record the interruption (signal) and return exit code 75."""

@@ -20,6 +20,7 @@ from batch_inference.report.attempts import OUTCOMES, summarize_attempts
 from batch_inference.report.collect import IO_THREADS, RunData, load_run
 from batch_inference.report.cost import cost_by_stage, per_million, pricing_counterfactuals, worker_cost
 from batch_inference.report.history import recent_runs
+from batch_inference.report.plan_vs_actual import projection_section
 from batch_inference.report.prices import CostParams, cost_params_from_dict
 
 REPORT_SCHEMA_VERSION = 1
@@ -135,7 +136,8 @@ def _status(data: RunData, shard_id: str) -> str:
 
 def compute_report(data: RunData, *, dag_id: str, publish_summary: dict[str, Any] | None,
                    params: CostParams, counts: dict[str, np.ndarray],
-                   history: list[dict[str, Any]], generated_at: str) -> dict[str, Any]:
+                   history: list[dict[str, Any]], generated_at: str,
+                   projection: dict[str, Any] | None = None, canary_worker_seconds: float = 0.0) -> dict[str, Any]:
     """The report dict from already-read inputs (pure; :func:`build_report` does the I/O).
 
     Args:
@@ -146,6 +148,8 @@ def compute_report(data: RunData, *, dag_id: str, publish_summary: dict[str, Any
         counts: shard id -> rows per token length (``tokens.shard_length_counts``).
         history: other runs' key figures (``history.recent_runs``), oldest first.
         generated_at: ISO-8601 UTC timestamp of this report.
+        projection: the canary's ``projection.json`` (``None``: the run had no canary).
+        canary_worker_seconds: the canary's own stage seconds (model load included).
     """
     layout, manifest = data.layout, data.manifest
     markers = [data.markers[s.shard_id] for s in manifest.shards if s.shard_id in data.markers]
@@ -174,6 +178,7 @@ def compute_report(data: RunData, *, dag_id: str, publish_summary: dict[str, Any
         all_counts = tok.add_counts(all_counts, c)
     engine = dict(markers[0].engine) if markers else {}
     padding = _padding_section(data, counts, params)
+    timeline_of = agg.timeline(markers, manifest.created_at, publish_seconds)
     rows_reused = sum(m.rows_reused for m in markers)
     reuse_seconds = float(sum(m.reuse_seconds_avoided for m in markers))
 
@@ -218,7 +223,7 @@ def compute_report(data: RunData, *, dag_id: str, publish_summary: dict[str, Any
         "stage_fractions": agg.fractions(stage_seconds),
         "worker_seconds": worker_seconds,
         "gpu_seconds": worker_seconds * params.gpu_count,
-        "timeline": agg.timeline(markers, manifest.created_at, publish_seconds),
+        "timeline": timeline_of,
         "throughput": agg.throughput(markers, params.gpu_count),
         "utilisation": agg.utilisation(markers),
         "attempts": {
@@ -253,7 +258,23 @@ def compute_report(data: RunData, *, dag_id: str, publish_summary: dict[str, Any
                               shard_att[s.shard_id], params) for s in manifest.shards],
         "publish": publish,
         "history": history,
+        "projection": projection_section(
+            projection, worker_seconds=worker_seconds, canary_worker_seconds=canary_worker_seconds,
+            plan_created_at=manifest.created_at, last_shard_finished_at=timeline_of["last_shard_finished_at"],
+            params=params),
     }
+
+
+def _projection_inputs(run_dir: str) -> tuple[dict[str, Any] | None, float]:
+    """The run's ``projection.json`` and the canary's stage seconds (``(None, 0.0)`` without a canary)."""
+    from batch_contract.runstore import RunStore
+
+    from batch_inference.canary_task import read_projection
+
+    projection = read_projection(run_dir)
+    canary = RunStore.open(run_dir).canary() if projection else None
+    seconds = sum(v for k, v in canary.stage_seconds.items() if k != "idle") if canary else 0.0
+    return projection, float(seconds)
 
 
 def build_report(run_dir: str, *, dag_id: str, publish_summary: dict[str, Any] | None,
@@ -283,8 +304,10 @@ def build_report(run_dir: str, *, dag_id: str, publish_summary: dict[str, Any] |
                                                  data.markers.items()), strict=True))
     history = recent_runs(data.layout.output_root, dag_id, data.layout.run_id)
     generated_at = datetime.now(UTC).isoformat(timespec="seconds")
+    projection, canary_ws = _projection_inputs(run_dir)
     report = compute_report(data, dag_id=dag_id, publish_summary=publish_summary, params=params,
-                            counts=counts, history=history, generated_at=generated_at)
+                            counts=counts, history=history, generated_at=generated_at,
+                            projection=projection, canary_worker_seconds=canary_ws)
     report = json.loads(json.dumps(report, default=str))  # plain JSON types only (what readers will see)
     storage.write_replace(data.layout.report_json_uri, pretty_json(report))
     if write_html:

@@ -78,6 +78,27 @@ def _stage_section(r: dict[str, Any]) -> str:
     return _table(["stage", "seconds", "share", "cost"], rows, "stages")
 
 
+def _projection_section(r: dict[str, Any]) -> str:
+    """The canary's projection beside the actuals (``report["projection"]``)."""
+    p = r.get("projection")
+    if not p:
+        return '<p class="note">No pre-flight canary ran for this run (Param canary off, dry run or kubernetes runner).</p>'
+
+    def seconds(v: Any) -> str:
+        return "-" if v is None else f"{v:,.1f} s"
+
+    def err(v: Any) -> str:
+        return "-" if v is None else f"{v:+.1%}"
+
+    pr, ac, er = p["projected"], p["actual"], p["error"]
+    rows = [["fan-out worker-seconds", seconds(pr["worker_seconds"]), seconds(ac["worker_seconds"]), err(er["worker_seconds"])],
+            ["cost", fmt.usd(pr["cost_usd"]), fmt.usd(ac["cost_usd"]), err(er["cost_usd"])],
+            ["finish (from run start)", seconds(pr["finish_seconds"]), seconds(ac["finish_seconds"]), err(er["finish_seconds"])]]
+    note = (f'<p class="note">{escape(str(p.get("message") or ""))}; token budget {p.get("token_budget")} '
+            "chosen by the canary.</p>")
+    return _table(["figure", "projected", "actual", "error"], rows, "projection") + note
+
+
 def _cost_section(r: dict[str, Any]) -> str:
     c, cf, p = r["cost"], r["counterfactuals"], r["cost"]["params"]
     rows = [
@@ -161,6 +182,7 @@ def render_html(report: dict[str, Any]) -> str:
         _chart("token_histogram", charts["token_histogram"], "Token-length histogram and padding"),
         "<h2>Throughput and utilisation</h2>", _util_section(r),
         _chart("shard_throughput", charts["shard_throughput"], "Per-shard throughput"),
+        "<h2>Plan versus actual</h2>", _projection_section(r),
         "<h2>Attempts</h2>", _attempts_section(r),
         "<h2>Shards</h2>", _shards_section(r),
         "</body></html>",

@@ -224,6 +224,17 @@ class Engine(ABC):
             The chunk's outputs joined by id (see :class:`ChunkOutput`).
         """
 
+    def apply_tuning(self, token_budget: int, max_batch_rows: int) -> dict[str, Any]:
+        """Batch with these settings from now on (the canary's trials and its chosen settings, see
+        ``batch_worker.canary``); call after :meth:`load`. Returns the engine-info fields changed;
+        ``{}`` (the default) for an engine without token-budget batching, which ignores them.
+
+        Args:
+            token_budget: padded tokens per batch (tokens).
+            max_batch_rows: rows per batch cap.
+        """
+        return {}
+
     def close(self) -> None:  # noqa: B027 - optional hook, default no-op
         """Release the model (optional)."""
 

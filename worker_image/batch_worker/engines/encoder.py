@@ -61,6 +61,19 @@ cost no measurable rows/s (each batch is about a second of compute); a fixed mma
 too but halved rows/s (page faults on every activation)."""
 
 
+SIMULATE_OOM_ENV = "BATCH_WORKER_SIMULATE_OOM_TOKENS"
+"""Test hook: when set to N > 0, a batch of more than N padded tokens raises ``torch.OutOfMemoryError``
+before it runs, as CUDA's caching allocator does when a batch does not fit. It lets the out-of-memory
+handling (:meth:`EncoderEngine._split_after_oom`) and the canary's search (``batch_worker.autotune``)
+run on a CPU. Never set it in production."""
+
+
+def simulated_oom_tokens(environ: dict[str, str] | None = None) -> int:
+    """The :data:`SIMULATE_OOM_ENV` cap in padded tokens per batch, 0 when unset or not a positive integer."""
+    raw = (os.environ if environ is None else environ).get(SIMULATE_OOM_ENV, "").strip()
+    return int(raw) if raw.isdigit() else 0
+
+
 COMPILE_PAD_MULTIPLE = 64
 """Padding multiple when ``engine.compile`` is on: batch lengths fall into 64-token buckets, so
 inductor compiles a handful of sequence lengths instead of one per length (the field guide's bucketing
@@ -310,10 +323,21 @@ class EncoderEngine(Engine):
         self.max_batch_rows = info["max_batch_rows"]
         self.staging = Staging(torch, self.device)
         self.oom_splits = 0
+        self.oom_cap = simulated_oom_tokens()
         digest = self.model_digest()
         info["model_digest"] = digest
         self.loaded = LoadedModel(model_digest=digest, info=info, part_schema=schema, max_length=self.max_length)
         return self.loaded
+
+    def apply_tuning(self, token_budget: int, max_batch_rows: int) -> dict[str, Any]:
+        """Use ``token_budget`` padded tokens and at most ``max_batch_rows`` rows per batch from now on
+        (also after an out-of-memory split lowered the budget); updates the loaded model's info."""
+        self.token_budget = int(token_budget)
+        self.max_batch_rows = int(max_batch_rows)
+        changes = {"token_budget": self.token_budget, "max_batch_rows": self.max_batch_rows}
+        if self.loaded is not None:
+            self.loaded.info.update(changes)
+        return changes
 
     def prepare(self, rows: ChunkRows) -> Prepared:
         """Tokenize the chunk once (no padding; truncation at ``max_length``).
@@ -387,6 +411,9 @@ class EncoderEngine(Engine):
             indices, width = queue.popleft()
             staged = self._stage(prepared, indices, width)
             try:
+                if self.oom_cap and len(indices) * width > self.oom_cap:
+                    raise torch.OutOfMemoryError(f"simulated: {len(indices) * width} padded tokens > "
+                                                 f"{SIMULATE_OOM_ENV}={self.oom_cap}")
                 ids_t, mask_t, idx_t = self.staging.to_device(staged)
                 values.index_copy_(0, idx_t, self._forward(ids_t, mask_t))
             except Exception as exc:

@@ -1,0 +1,209 @@
+"""The pre-flight canary's records: ``runs/<run_id>/canary.json`` and the tuning profiles.
+
+The canary (``batch-worker canary``) runs a sample of a planned run with the real engine and settings
+before the fan-out, commits its rows into the shards that own them (so no row is computed twice),
+searches the batch size (autotune) and writes one :class:`CanaryResult`. The Airflow side reads it to
+project the run's worker-seconds, cost and finish time (``batch_inference.projection``); every shard's
+worker reads its chosen batch settings.
+
+A :class:`TuningProfile` is saved per (model digest, device name) under
+``<output_root>/profiles/`` (:func:`profile_uri`); a later canary for the same model on the same
+device reads it and skips the search.
+
+Stdlib + the contract only (both sides import this module).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from batch_contract.jsonutil import pretty_json
+from batch_contract.layout import join_uri
+from batch_contract.version import SCHEMA_VERSION, check_schema_version
+
+CANARY_NAME = "canary.json"
+PROJECTION_NAME = "projection.json"
+PROFILES_DIR = "profiles"
+
+STRATEGIES = ("candidates", "grow", "profile", "fixed")
+"""How the canary chose its batch settings: ``candidates`` (CPU: the fastest of a few token budgets),
+``grow`` (GPU: double the budget until out of memory or no gain, then back off one step), ``profile``
+(read from a saved :class:`TuningProfile`, no search), ``fixed`` (the run set ``token_budget``, no
+search)."""
+
+
+@dataclass
+class AutotuneTrial:
+    """One batch setting tried on one length-stratified slice of the sample.
+
+    Attributes:
+        token_budget: padded tokens per batch tried (tokens).
+        max_batch_rows: rows per batch cap tried.
+        rows: rows processed in the trial.
+        tokens_real / tokens_padded: input tokens without / with padding.
+        seconds: engine seconds of the trial (``process`` wall time, no model load).
+        batches: engine batches run.
+        oom: the device ran out of memory during the trial (the engine split the batch and went on;
+            the trial is a data point, not a failure).
+        warmup: the first slice, run to warm kernels and caches; never chosen and not in the throughput.
+    """
+
+    token_budget: int
+    max_batch_rows: int
+    rows: int = 0
+    tokens_real: int = 0
+    tokens_padded: int = 0
+    seconds: float = 0.0
+    batches: int = 0
+    oom: bool = False
+    warmup: bool = False
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Real input tokens per engine second (0.0 for an empty trial)."""
+        return self.tokens_real / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class CanaryResult:
+    """What the canary measured (``runs/<run_id>/canary.json``). Units: seconds, bytes, tokens, rows.
+
+    Attributes:
+        run_id / fingerprint: the run and the result fingerprint its rows were committed under.
+        engine_kind / model_digest / device / device_name / threads: what ran it (``device`` is
+            ``cpu`` or ``cuda``; ``threads`` the intra-op threads, the fan-out workers' cap).
+        sample_rows: rows the canary computed and committed (results + engine dead letters).
+        sample_text_bytes: UTF-8 bytes of those rows' texts.
+        sample_tokens_real / sample_tokens_padded: their real and padded input tokens.
+        shard_rows / shard_tokens: rows and real tokens committed per shard id (the projection compares
+            them with the planner's ``est_tokens`` of the same shards to calibrate its estimate).
+        model_load_seconds: engine load (weights, tokenizer, device copy).
+        stage_seconds: the canary's own stage clock (``model_load``, ``input_read``, ``tokenize``,
+            ``inference``, ``write``), the same stages a shard's marker sums.
+        steady_rows_per_s / steady_tokens_per_s: rows and real tokens per engine second over the
+            non-warm-up trials (model load excluded).
+        worker_seconds_per_token: (input_read + tokenize + inference + write) seconds per real token at
+            the chosen settings in a full-size chunk: what a shard's marker will add up per token. The
+            engine seconds come from a fit of the trials, ``seconds = a x padded tokens + b x batches``,
+            applied to the batches a shard's chunk of this length distribution makes (the canary's small
+            slices make smaller batches than a shard's chunks, so their raw tokens/s is pessimistic).
+        engine_fit: ``{"seconds_per_padded_token": a, "seconds_per_batch": b, "chunk_rows": rows,
+            "padded_per_token": ..., "batches_per_token": ...}`` of that fit.
+        peak_rss_bytes: the process's peak resident memory; peak_device_bytes: CUDA peak (None on CPU).
+        padding_efficiency: real / padded tokens over the sample.
+        strategy / trials / autotune_seconds: the search (see :data:`STRATEGIES`).
+        chosen: the batch settings the shards use: ``{"token_budget": int, "max_batch_rows": int}``.
+        profile_uri / profile_reused: the profile read or written.
+        llm: LLM engine figures (``output_tokens`` quantiles, ``json_valid_rate``) or ``None``.
+        elapsed_seconds: the canary's wall time in the worker (process start-up excluded).
+        created_at: ISO-8601 UTC.
+    """
+
+    run_id: str
+    fingerprint: str
+    engine_kind: str
+    model_digest: str
+    device: str
+    device_name: str
+    threads: int
+    sample_rows: int
+    sample_text_bytes: int
+    sample_tokens_real: int
+    sample_tokens_padded: int
+    model_load_seconds: float
+    steady_rows_per_s: float
+    steady_tokens_per_s: float
+    worker_seconds_per_token: float
+    padding_efficiency: float | None
+    strategy: str
+    chosen: dict[str, int]
+    shard_rows: dict[str, int] = field(default_factory=dict)
+    shard_tokens: dict[str, int] = field(default_factory=dict)
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    trials: list[AutotuneTrial] = field(default_factory=list)
+    engine_fit: dict[str, float] = field(default_factory=dict)
+    autotune_seconds: float = 0.0
+    profile_uri: str = ""
+    profile_reused: bool = False
+    peak_rss_bytes: int = 0
+    peak_device_bytes: int | None = None
+    llm: dict[str, Any] | None = None
+    elapsed_seconds: float = 0.0
+    created_at: str = ""
+    schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"canary strategy {self.strategy!r} is not one of {STRATEGIES}")
+        self.trials = [t if isinstance(t, AutotuneTrial) else AutotuneTrial(**t) for t in self.trials]
+
+    def to_json_bytes(self) -> bytes:
+        return pretty_json(asdict(self))
+
+    @classmethod
+    def from_json_bytes(cls, raw: bytes) -> CanaryResult:
+        """Parse ``canary.json`` (unknown keys from a newer writer are ignored).
+
+        Raises:
+            ValueError: unreadable schema version or invalid strategy.
+        """
+        data = json.loads(raw)
+        check_schema_version(int(data.get("schema_version", SCHEMA_VERSION)), CANARY_NAME)
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass
+class TuningProfile:
+    """Batch settings found by a search, saved for reuse by later runs of the same model on the same device.
+
+    Attributes:
+        engine_kind / model_digest / device_name: the key (see :func:`profile_uri`).
+        chosen: ``{"token_budget": int, "max_batch_rows": int}``.
+        strategy: the search that found it (``candidates`` or ``grow``).
+        trials: the search's trials.
+        threads: intra-op threads the search ran with.
+        run_id / created_at: where and when it was found.
+    """
+
+    engine_kind: str
+    model_digest: str
+    device_name: str
+    chosen: dict[str, int]
+    strategy: str
+    trials: list[AutotuneTrial] = field(default_factory=list)
+    threads: int = 0
+    run_id: str = ""
+    created_at: str = ""
+    schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        self.trials = [t if isinstance(t, AutotuneTrial) else AutotuneTrial(**t) for t in self.trials]
+
+    def to_json_bytes(self) -> bytes:
+        return pretty_json(asdict(self))
+
+    @classmethod
+    def from_json_bytes(cls, raw: bytes) -> TuningProfile:
+        data = json.loads(raw)
+        check_schema_version(int(data.get("schema_version", SCHEMA_VERSION)), "tuning profile")
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"
+
+
+def profile_uri(output_root: str, engine_kind: str, model_digest: str, device_name: str) -> str:
+    """``<output_root>/profiles/<kind>-<digest[:16]>-<device slug>.json``, e.g.
+    ``.../profiles/encoder-1a2b3c4d5e6f7a8b-nvidia-h100-80gb-hbm3.json``."""
+    name = f"{_slug(engine_kind)}-{model_digest[:16]}-{_slug(device_name)}.json"
+    return join_uri(output_root, PROFILES_DIR, name)
+
+
+__all__ = ["CANARY_NAME", "PROJECTION_NAME", "STRATEGIES", "AutotuneTrial", "CanaryResult", "TuningProfile",
+           "profile_uri"]

@@ -1,0 +1,188 @@
+"""The ``canary`` task: run the pre-flight canary, project the run, decide go or refuse.
+
+Between ``plan`` and the fan-out. With the ``canary`` Param on and the local runner, it runs
+``batch-worker canary`` (``local_runner.run_canary``) at a fan-out worker's thread cap, reads
+``canary.json``, projects the run (:func:`batch_inference.projection.project`), writes
+``runs/<run_id>/projection.json``, logs the projection table and returns a short summary (XCom). A
+refused run (over ``budget_usd``, past ``deadline_hours``) fails this task with an
+``AirflowFailException`` whose message starts with ``REFUSED``: the fan-out tasks are then
+``upstream_failed`` (no shard starts) and the completion gate fails with the same message.
+
+Airflow side: no torch import (the canary runs in a worker subprocess).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from batch_contract import storage
+from batch_contract.jsonutil import pretty_json
+from batch_contract.layout import RunLayout
+from batch_contract.runstore import RunStore
+
+from batch_inference.params import RunConfig
+from batch_inference.projection import Limits, format_table, project
+
+log = logging.getLogger(__name__)
+
+
+def canary_options(cfg: RunConfig) -> list[str]:
+    """``batch-worker canary`` arguments from the run's Params."""
+    return ["--fraction", str(cfg.canary_fraction), "--min-rows", str(cfg.canary_min_rows),
+            "--max-seconds", str(cfg.canary_max_seconds)]
+
+
+def read_projection(run_dir: str) -> dict[str, Any] | None:
+    """The run's ``projection.json``, or ``None`` when the run had no canary (or it has not run)."""
+    try:
+        return json.loads(storage.read_bytes(RunLayout.from_run_dir(run_dir).projection_uri))
+    except FileNotFoundError:
+        return None
+
+
+def refusal_message(run_dir: str) -> str | None:
+    """The refusal message when the canary refused the run, else ``None``."""
+    try:
+        projection = read_projection(run_dir)
+    except (OSError, ValueError):
+        return None
+    if projection and projection.get("decision", "go") != "go":
+        return str(projection.get("message"))
+    return None
+
+
+BUDGET_TOLERANCE = 0.10
+"""A run stops launching shards once its actual spend passes ``budget_usd`` by this share (10%): the
+projection's error on the development machine stayed within about 25%, so a tighter line would stop
+runs the canary rightly let through, a looser one would let a mis-projected run overspend further."""
+
+
+def spent_usd(markers: list[Any], canary: Any, params: Any) -> float:
+    """USD spent so far: the complete shards' stage seconds (the report's worker-seconds) plus the
+    canary's own (idle excluded), priced as the report prices them."""
+    from batch_inference.report.cost import worker_cost
+
+    seconds = sum(float(v) for m in markers for v in m.stage_seconds.values())
+    if canary is not None:
+        seconds += sum(v for k, v in canary.stage_seconds.items() if k != "idle")
+    return worker_cost(seconds, params)
+
+
+def over_budget_message(run_dir: str, cfg: RunConfig, shard_id: str) -> str | None:
+    """Why shard ``shard_id`` must not start: the run's actual spend (:func:`spent_usd`) has passed
+    ``budget_usd`` by more than :data:`BUDGET_TOLERANCE`; ``None`` when there is no budget or it holds."""
+    from batch_inference.report.prices import cost_params_from_dict
+
+    if cfg.budget_usd is None:
+        return None
+    store = RunStore.open(run_dir)
+    markers = list(store.poll().values())
+    spent = spent_usd(markers, store.canary(), cost_params_from_dict(cfg.cost_params()))
+    limit = cfg.budget_usd * (1 + BUDGET_TOLERANCE)
+    if spent <= limit:
+        return None
+    return (f"BUDGET EXCEEDED: the run has spent ${spent:.6g} ({len(markers)} complete shard(s) and the canary) "
+            f"> budget_usd={cfg.budget_usd:g} + {BUDGET_TOLERANCE:.0%}; shard {shard_id} is not started. Every "
+            "committed row is kept: raise budget_usd and clear the failed shard tasks to finish the run.")
+
+
+def _elapsed_seconds(context: Mapping[str, Any]) -> float:
+    """Seconds since the DAG run started (0.0 when unknown)."""
+    start = getattr(context.get("dag_run"), "start_date", None)
+    if start is None:
+        return 0.0
+    return max(0.0, (datetime.now(UTC) - start).total_seconds())
+
+
+def _skip_reason(cfg: RunConfig, shards: int) -> str | None:
+    if not cfg.canary:
+        return "the canary Param is off"
+    if cfg.dry_run:
+        return "dry run"
+    if not shards:
+        return "no rows"
+    if cfg.runner != "local":
+        return f"the canary runs with the local runner only (runner {cfg.runner!r})"
+    return None
+
+
+def _all_complete(run_dir: str, shards: int) -> str | None:
+    """``"every shard is already complete"`` when nothing is left to run (a rerun, or every shard carried
+    over from an earlier run): the canary would only load the model."""
+    done = len(RunStore.open(run_dir).poll())
+    return "every shard is already complete (carried over or run before)" if done >= shards else None
+
+
+def canary_and_project(cfg: RunConfig, manifest: Any, run_dir: str, elapsed_seconds: float = 0.0) -> dict[str, Any]:
+    """Run the canary (once per run: a retry reuses ``projection.json``) and project the run.
+
+    Returns:
+        The projection dict (``decision`` ``go`` / ``refused_budget`` / ``refused_deadline``).
+
+    Raises:
+        ShardBadInputError / ShardRetryableError: the canary worker failed (see ``local_runner.run_canary``).
+    """
+    from batch_inference.local_runner import auto_parallelism, machine_cores, run_canary
+    from batch_inference.report.prices import cost_params_from_dict
+
+    existing = read_projection(run_dir)
+    if existing is not None:
+        log.info("canary: %s exists: reusing its projection", RunLayout.from_run_dir(run_dir).projection_uri)
+        return existing
+    parallelism = cfg.parallelism or auto_parallelism()
+    wall = run_canary(run_dir, parallelism=parallelism, options=canary_options(cfg))
+    canary = RunStore.open(run_dir).canary()
+    if canary is None:
+        raise RuntimeError(f"canary: the worker exited 0 but wrote no {RunLayout.from_run_dir(run_dir).canary_uri}")
+    limits = Limits(runner=cfg.runner, cores=machine_cores(), parallelism=parallelism, max_gpus=cfg.max_gpus,
+                    deadline_hours=cfg.deadline_hours, budget_usd=cfg.budget_usd, elapsed_seconds=elapsed_seconds)
+    projection = project(canary, manifest, limits, cost_params_from_dict(cfg.cost_params()), canary_wall_seconds=wall)
+    projection["created_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+    storage.write_replace(RunLayout.from_run_dir(run_dir).projection_uri, pretty_json(projection))
+    return projection
+
+
+def canary_task(context: Mapping[str, Any]) -> dict[str, Any]:
+    """Task body (see the module docstring).
+
+    Returns:
+        ``{"decision": ..., "message": ..., "parallelism": ..., "cost_usd": ..., "finish_seconds": ...,
+        "token_budget": ...}``, or ``{"decision": "skipped", "message": why}``.
+
+    Raises:
+        AirflowFailException: the run was refused (message ``REFUSED (budget|deadline): ...``), or the
+            canary hit bad input or config.
+        AirflowException: the canary worker failed otherwise (retried).
+    """
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+    from batch_inference.local_runner import ShardBadInputError, ShardRetryableError
+    from batch_inference.tasks import planned_run
+
+    cfg, manifest, run_dir = planned_run(context)
+    why = _skip_reason(cfg, len(manifest.shards)) or _all_complete(run_dir, len(manifest.shards))
+    if why:
+        log.info("canary skipped: %s", why)
+        return {"decision": "skipped", "message": why}
+    try:
+        projection = canary_and_project(cfg, manifest, run_dir, _elapsed_seconds(context))
+    except ShardBadInputError as exc:
+        raise AirflowFailException(str(exc)) from None
+    except ShardRetryableError as exc:
+        raise AirflowException(str(exc)) from None
+    for line in format_table(projection).splitlines():
+        log.info("%s", line)
+    if projection["decision"] != "go":
+        raise AirflowFailException(projection["message"])
+    chosen = projection["chosen"]
+    return {"decision": "go", "message": projection["message"], "parallelism": chosen["parallelism"],
+            "cost_usd": chosen["cost_usd"], "finish_seconds": chosen["finish_seconds"],
+            "token_budget": projection["canary"]["token_budget"]}
+
+
+__all__ = ["BUDGET_TOLERANCE", "canary_and_project", "canary_options", "canary_task", "over_budget_message",
+           "read_projection", "refusal_message", "spent_usd"]

@@ -1,0 +1,279 @@
+"""From the canary's measurements to a plan a person reads at a glance: worker-seconds, GPU-hours, cost
+and finish time per parallelism; the cheapest parallelism that meets the deadline; go or refuse.
+
+Pure functions (no Airflow, no torch); ``batch_inference.canary_task`` does the I/O.
+
+The model (every figure in seconds, tokens or USD):
+
+* **tokens per shard**: the planner's ``est_tokens`` (text bytes / 4) times a calibration factor, the
+  canary's real tokens over the planner's estimate for the same rows (``est_tokens x canary rows /
+  shard rows`` of the sampled shards), minus the tokens the canary already committed in that shard;
+* **worker-seconds per shard**: the canary's ``model_load_seconds`` plus the remaining tokens times its
+  ``worker_seconds_per_token`` (input read + tokenize + inference + write per real token at the chosen
+  batch settings): the same stages a shard's marker adds up, which is what the report calls
+  worker-seconds. The local runner gives each of ``p`` workers ``cores // p`` threads on ``cores``
+  cores, so a token costs ``canary threads / min(cores // p, cores / p)`` times the canary's time
+  (throughput taken as linear in threads); a pod of the kubernetes runner has its own device, so its
+  speed does not depend on ``p``;
+* **finish time** at parallelism ``p``: the canary's wall time plus the makespan of the shards
+  (worker-seconds + process start-up, measured as the canary's wall minus its own elapsed time)
+  scheduled longest first on ``p`` workers (the order the fan-out roughly follows);
+* **cost**: worker-seconds priced as the report prices them (``report.cost.worker_cost``, spot and
+  on-demand), plus the canary's own worker-seconds; **GPU-hours**: worker-seconds x GPUs per worker.
+
+Decision: the parallelisms considered are ``1..max_gpus`` for the kubernetes runner and the local
+runner's own parallelism (it is fixed by the machine). The chosen one is the cheapest that finishes
+within ``deadline_hours`` (ties: fewer workers); none: refused for the deadline. With ``budget_usd``
+set, a chosen cost above it is refused for the budget. A refusal message gives the projection, the
+limit and what would fit (a row limit, spot pricing, more GPUs).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from batch_contract.canary import CanaryResult
+from batch_contract.manifest import Manifest
+
+from batch_inference.report.cost import worker_cost
+from batch_inference.report.prices import CostParams
+
+PROJECTION_SCHEMA_VERSION = 1
+DECISIONS = ("go", "refused_budget", "refused_deadline")
+
+
+class RunRefused(RuntimeError):
+    """The projection is over the budget or past the deadline: the run stops before the fan-out.
+
+    Attributes:
+        projection: the projection dict (:func:`project`), with ``decision`` and ``message``.
+    """
+
+    def __init__(self, projection: dict[str, Any]) -> None:
+        super().__init__(projection["message"])
+        self.projection = projection
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the run must fit in.
+
+    Attributes:
+        runner: ``local`` or ``kubernetes``.
+        cores: CPU cores of the machine (local runner).
+        parallelism: the local runner's workers at once (resolved, >= 1).
+        max_gpus: most GPUs (pods at once) the kubernetes runner may use.
+        deadline_hours: the run must finish the fan-out within this many hours of its start.
+        budget_usd: most USD the run may cost (``None``: no budget).
+        elapsed_seconds: seconds of the run already spent before the canary (plan).
+    """
+
+    runner: str
+    cores: int
+    parallelism: int
+    max_gpus: int
+    deadline_hours: float
+    budget_usd: float | None = None
+    elapsed_seconds: float = 0.0
+
+
+@dataclass
+class ShardLoad:
+    """One shard's projected work: real tokens still to run and worker-seconds at speed factor 1."""
+
+    shard_id: str
+    rows: int
+    tokens: float
+    seconds: float = 0.0
+
+
+@dataclass
+class Inputs:
+    """Projection inputs derived from the canary and the manifest."""
+
+    calibration: float
+    loads: list[ShardLoad] = field(default_factory=list)
+
+
+def calibration(canary: CanaryResult, manifest: Manifest) -> float:
+    """Real tokens per planner-estimated token on the sampled rows (1.0 when nothing was sampled)."""
+    est = real = 0.0
+    for shard in manifest.shards:
+        rows = canary.shard_rows.get(shard.shard_id, 0)
+        if rows and shard.rows:
+            est += shard.est_tokens * rows / shard.rows
+            real += canary.shard_tokens.get(shard.shard_id, 0)
+    return real / est if est > 0 and real > 0 else 1.0
+
+
+def shard_loads(canary: CanaryResult, manifest: Manifest) -> Inputs:
+    """Per shard: rows and real tokens left after the canary, and worker-seconds at the canary's speed."""
+    cal = calibration(canary, manifest)
+    loads = []
+    for shard in manifest.shards:
+        done_tokens = canary.shard_tokens.get(shard.shard_id, 0)
+        tokens = max(0.0, shard.est_tokens * cal - done_tokens)
+        rows = max(0, shard.rows - canary.shard_rows.get(shard.shard_id, 0))
+        seconds = canary.model_load_seconds + tokens * canary.worker_seconds_per_token
+        loads.append(ShardLoad(shard.shard_id, rows, tokens, seconds))
+    return Inputs(calibration=cal, loads=loads)
+
+
+def speed_factor(limits: Limits, p: int, canary_threads: int) -> float:
+    """How much longer a token takes at parallelism ``p`` than in the canary (see module docstring)."""
+    if limits.runner != "local":
+        return 1.0
+    share = min(max(1, limits.cores // p), limits.cores / p)
+    return max(canary_threads, 1) / share
+
+
+def makespan(durations: list[float], workers: int) -> float:
+    """Seconds until the last of ``durations`` ends on ``workers`` workers, longest first (LPT)."""
+    if not durations:
+        return 0.0
+    heap = [0.0] * max(1, workers)
+    for d in sorted(durations, reverse=True):
+        heapq.heappush(heap, heapq.heappop(heap) + d)
+    return max(heap)
+
+
+def _option(p: int, inputs: Inputs, canary: CanaryResult, limits: Limits, params: CostParams,
+            canary_wall: float, startup: float) -> dict[str, Any]:
+    factor = speed_factor(limits, p, canary.threads)
+    per_shard = [canary.model_load_seconds + (s.seconds - canary.model_load_seconds) * factor for s in inputs.loads]
+    ws = sum(per_shard)
+    canary_ws = sum(v for k, v in canary.stage_seconds.items() if k != "idle")
+    finish = limits.elapsed_seconds + canary_wall + makespan([d + startup for d in per_shard], p)
+    spot = worker_cost(ws + canary_ws, params, params.spot_usd_per_gpu_hour)
+    on_demand = worker_cost(ws + canary_ws, params, params.on_demand_usd_per_gpu_hour)
+    return {
+        "parallelism": p,
+        "worker_seconds": round(ws, 3),
+        "gpu_hours": round((ws + canary_ws) * params.gpu_count / 3600.0, 6),
+        "cost_spot_usd": round(spot, 6),
+        "cost_on_demand_usd": round(on_demand, 6),
+        "cost_usd": round(spot if params.pricing == "spot" else on_demand, 6),
+        "finish_seconds": round(finish, 1),
+        "meets_deadline": finish <= limits.deadline_hours * 3600.0,
+    }
+
+
+def project(canary: CanaryResult, manifest: Manifest, limits: Limits, params: CostParams, *,
+            canary_wall_seconds: float) -> dict[str, Any]:
+    """The projection and decision (see the module docstring).
+
+    Args:
+        canary: the run's canary record.
+        manifest: the run's manifest (shards with ``rows`` and ``est_tokens``).
+        limits: runner, parallelism, deadline and budget.
+        params: cost parameters (prices).
+        canary_wall_seconds: the canary task's wall time (its process start-up included).
+
+    Returns:
+        A JSON-able dict: ``decision`` (one of :data:`DECISIONS`), ``message``, ``chosen`` (the option
+        dict of the chosen parallelism), ``options`` (one per parallelism considered),
+        ``fanout_worker_seconds`` / ``cost_usd`` / ``finish_seconds`` of the chosen option, the
+        calibration, per-shard seconds and the canary's key figures.
+    """
+    inputs = shard_loads(canary, manifest)
+    startup = max(0.0, canary_wall_seconds - canary.elapsed_seconds)
+    considered = range(1, limits.max_gpus + 1) if limits.runner == "kubernetes" else [limits.parallelism]
+    options = [_option(p, inputs, canary, limits, params, canary_wall_seconds, startup) for p in considered]
+    feasible = [o for o in options if o["meets_deadline"]]
+    chosen = (min(feasible, key=lambda o: (o["cost_usd"], o["parallelism"])) if feasible
+              else min(options, key=lambda o: (o["finish_seconds"], o["parallelism"])))
+    out = {
+        "schema_version": PROJECTION_SCHEMA_VERSION,
+        "run_id": manifest.run_id,
+        "runner": limits.runner,
+        "pricing": params.pricing,
+        "accelerator": params.accelerator,
+        "deadline_hours": limits.deadline_hours,
+        "budget_usd": limits.budget_usd,
+        "rows": manifest.rows,
+        "token_calibration": round(inputs.calibration, 4),
+        "projected_tokens": int(sum(s.tokens for s in inputs.loads) + canary.sample_tokens_real),
+        "startup_seconds": round(startup, 3),
+        "elapsed_seconds": round(limits.elapsed_seconds, 3),
+        "canary": {"wall_seconds": round(canary_wall_seconds, 3), "rows": canary.sample_rows,
+                   "tokens_per_s": canary.steady_tokens_per_s, "token_budget": canary.chosen["token_budget"],
+                   "strategy": canary.strategy, "autotune_seconds": canary.autotune_seconds,
+                   "model_load_seconds": canary.model_load_seconds, "threads": canary.threads},
+        "options": options,
+        "chosen": chosen,
+        "fanout_worker_seconds": chosen["worker_seconds"],
+        "cost_usd": chosen["cost_usd"],
+        "finish_seconds": chosen["finish_seconds"],
+        "per_shard_seconds": {s.shard_id: round(s.seconds * speed_factor(limits, chosen["parallelism"], canary.threads), 3)
+                              for s in inputs.loads},
+    }
+    out["decision"], out["message"] = _decide(out, inputs, canary, limits, params, feasible)
+    return out
+
+
+def _decide(out: dict[str, Any], inputs: Inputs, canary: CanaryResult, limits: Limits, params: CostParams,
+            feasible: list[dict[str, Any]]) -> tuple[str, str]:
+    chosen = out["chosen"]
+    rows = out["rows"]
+    if not feasible:
+        hours = chosen["finish_seconds"] / 3600.0
+        fixed = limits.elapsed_seconds + out["canary"]["wall_seconds"]
+        share = max(0.0, (limits.deadline_hours * 3600.0 - fixed) / max(chosen["finish_seconds"] - fixed, 1e-9))
+        fits = [f"row_limit <= {max(0, math.floor(rows * share * 0.9)):,}"]
+        if limits.runner == "kubernetes":
+            more = _gpus_needed(inputs, canary, limits, params, out)
+            if more:
+                fits.append(f"max_gpus >= {more}")
+        return "refused_deadline", (
+            f"REFUSED (deadline): projected to finish in {hours:.3f} h at parallelism {chosen['parallelism']} "
+            f"(fastest considered), past deadline_hours={limits.deadline_hours:g}. What would fit: "
+            f"{' or '.join(fits)}; or a later deadline.")
+    if limits.budget_usd is not None and chosen["cost_usd"] > limits.budget_usd:
+        share = limits.budget_usd / chosen["cost_usd"] if chosen["cost_usd"] else 0.0
+        fits = [f"row_limit <= {max(0, math.floor(rows * share * 0.9)):,}"]
+        if params.pricing == "on_demand" and chosen["cost_spot_usd"] <= limits.budget_usd:
+            fits.append(f"pricing=spot (${chosen['cost_spot_usd']:.6g})")
+        return "refused_budget", (
+            f"REFUSED (budget): projected cost ${chosen['cost_usd']:.6g} ({params.pricing}, "
+            f"{chosen['gpu_hours']:.4g} GPU-hours at parallelism {chosen['parallelism']}) exceeds "
+            f"budget_usd={limits.budget_usd:g}. What would fit: {' or '.join(fits)}; or a larger budget.")
+    return "go", (f"GO: projected ${chosen['cost_usd']:.6g} ({params.pricing}), "
+                  f"{chosen['worker_seconds']:.1f} worker-s, finish in {chosen['finish_seconds'] / 3600.0:.3f} h "
+                  f"at parallelism {chosen['parallelism']}")
+
+
+def _gpus_needed(inputs: Inputs, canary: CanaryResult, limits: Limits, params: CostParams,
+                 out: dict[str, Any]) -> int | None:
+    """Fewest workers (up to one per shard) that would meet the deadline, or ``None``."""
+    for p in range(limits.max_gpus + 1, len(inputs.loads) + 1):
+        option = _option(p, inputs, canary, limits, params, out["canary"]["wall_seconds"], out["startup_seconds"])
+        if option["meets_deadline"]:
+            return p
+    return None
+
+
+def format_table(projection: dict[str, Any]) -> str:
+    """The projection as a few lines of text (the canary task logs it): one row per parallelism, the
+    chosen one marked ``*``, then the decision."""
+    c = projection["canary"]
+    lines = [
+        f"canary: {c['rows']} rows, {c['tokens_per_s']:.0f} tokens/s, token budget {c['token_budget']} "
+        f"({c['strategy']}, autotune {c['autotune_seconds']:.1f} s), load {c['model_load_seconds']:.1f} s, "
+        f"wall {c['wall_seconds']:.1f} s; {projection['projected_tokens']:,} tokens projected "
+        f"(calibration x{projection['token_calibration']:.3f})",
+        f"{'':1} {'workers':>7} {'worker-s':>10} {'GPU-h':>9} {'spot $':>10} {'on-demand $':>12} {'finish h':>9} deadline",
+    ]
+    for o in projection["options"]:
+        mark = "*" if o["parallelism"] == projection["chosen"]["parallelism"] else " "
+        lines.append(f"{mark} {o['parallelism']:>7} {o['worker_seconds']:>10.1f} {o['gpu_hours']:>9.4f} "
+                     f"{o['cost_spot_usd']:>10.4g} {o['cost_on_demand_usd']:>12.4g} "
+                     f"{o['finish_seconds'] / 3600.0:>9.3f} {'ok' if o['meets_deadline'] else 'MISSED'}")
+    lines.append(projection["message"])
+    return "\n".join(lines)
+
+
+__all__ = ["DECISIONS", "Limits", "RunRefused", "calibration", "format_table", "makespan", "project",
+           "shard_loads", "speed_factor"]

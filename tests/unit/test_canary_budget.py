@@ -1,0 +1,43 @@
+"""The in-run budget stop: once the run's actual spend passes ``budget_usd`` by the tolerance, no new
+shard starts (``canary_task.over_budget_message``, checked by ``infer_local`` before each shard)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from batch_inference.canary_task import BUDGET_TOLERANCE, over_budget_message, spent_usd
+from batch_inference.params import RunConfig
+from batch_inference.report.prices import cost_params_from_dict
+from synthetic_runs import RunSpec, build_run, write_input
+
+PARAMS = {"accelerator": "nvidia-l4", "gpu_hour_usd_spot": 3.6}  # $0.001 per worker-second
+
+
+def _run(tmp_path: Path, seconds_per_shard: float) -> str:
+    src = write_input(tmp_path / "in.parquet", [f"r{i}" for i in range(200)])
+    layout = build_run(tmp_path / "out", "r1", src, RunSpec(shards=2))
+    for shard in ("00000", "00001"):
+        path = Path(layout.marker_uri(shard))
+        marker = json.loads(path.read_text())
+        marker["stage_seconds"] = {"model_load": 1.0, "inference": seconds_per_shard - 1.0}
+        path.write_text(json.dumps(marker))
+    return layout.run_dir
+
+
+def test_spent_usd_prices_the_markers_stage_seconds_like_the_report() -> None:
+    class M:
+        stage_seconds = {"inference": 100.0, "model_load": 20.0}
+
+    assert spent_usd([M(), M()], None, cost_params_from_dict(PARAMS)) == pytest.approx(0.24)
+
+
+def test_no_shard_starts_once_spend_passes_the_budget_by_the_tolerance(tmp_path: Path) -> None:
+    run_dir = _run(tmp_path, seconds_per_shard=50.0)  # 100 worker-seconds: $0.10 spent
+    cfg = RunConfig(**PARAMS, budget_usd=0.10 / (1 + BUDGET_TOLERANCE) * 0.99)
+    message = over_budget_message(run_dir, cfg, "00002")
+    assert message and message.startswith("BUDGET EXCEEDED") and "shard 00002 is not started" in message
+    assert "2 complete shard(s)" in message and "committed row is kept" in message
+    assert over_budget_message(run_dir, RunConfig(**PARAMS, budget_usd=0.10), "00002") is None, "within tolerance"
+    assert over_budget_message(run_dir, RunConfig(**PARAMS), "00002") is None, "no budget: never stops"

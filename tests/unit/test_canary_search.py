@@ -1,0 +1,164 @@
+"""The canary's batch-size search, its records and the projection (pure: no model, no Airflow)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from batch_contract.canary import AutotuneTrial, CanaryResult, TuningProfile, profile_uri
+from batch_contract.manifest import InputFile, InputSpec, Manifest, Segment, ShardSpec
+from batch_inference.projection import Limits, RunRefused, calibration, format_table, makespan, project
+from batch_inference.report.prices import cost_params_from_dict
+from batch_worker.autotune import BudgetSearch, stratified_order
+from batch_worker.canary import CanaryOptions, chunk_shape, fit_engine_time, prefix_segments, sample_quotas
+
+
+def _trial(budget: int, tps: float, oom: bool = False, warmup: bool = False) -> AutotuneTrial:
+    return AutotuneTrial(token_budget=budget, max_batch_rows=256, rows=10, tokens_real=int(tps), tokens_padded=int(tps),
+                         seconds=1.0, batches=1, oom=oom, warmup=warmup)
+
+
+def _drive(search: BudgetSearch, speed: dict[int, float], oom_above: int | None = None) -> list[int]:
+    tried = []
+    while (b := search.next_budget()) is not None:
+        tried.append(b)
+        search.record(_trial(b, speed.get(b, 0.0), oom=oom_above is not None and b > oom_above))
+    return tried
+
+
+def test_grow_search_stops_at_out_of_memory_and_backs_off_one_step() -> None:
+    search = BudgetSearch("grow", start=1024)
+    speed = {1024: 100, 2048: 150, 4096: 200, 8192: 260, 16384: 300}
+    assert _drive(search, speed, oom_above=8192) == [1024, 2048, 4096, 8192, 16384]
+    assert search.trials[-1].oom and search.chosen(default=1) == 8192
+
+
+def test_grow_search_stops_without_gain_and_keeps_the_previous_budget() -> None:
+    search = BudgetSearch("grow", start=1024)
+    assert _drive(search, {1024: 100, 2048: 150, 4096: 152}) == [1024, 2048, 4096]
+    assert search.chosen(default=1) == 2048
+
+
+def test_grow_search_halves_when_the_first_budget_does_not_fit() -> None:
+    search = BudgetSearch("grow", start=4096)
+    assert _drive(search, {4096: 1, 2048: 1, 1024: 90, 512: 50}, oom_above=1024)[:3] == [4096, 2048, 1024]
+    assert search.chosen(default=1) <= 1024
+    assert all(t.token_budget <= 1024 for t in search.trials if not t.oom)
+
+
+def test_candidates_search_keeps_the_fastest_that_fits_and_ignores_warmup() -> None:
+    search = BudgetSearch("candidates", candidates=(2048, 4096, 8192))
+    search.record(_trial(2048, 10_000, warmup=True))
+    assert _drive(search, {2048: 100, 4096: 180, 8192: 500}, oom_above=4096) == [2048, 4096, 8192]
+    assert search.chosen(default=1) == 4096
+    all_oom = BudgetSearch("candidates", candidates=(2048,))
+    _drive(all_oom, {2048: 5}, oom_above=1)
+    assert all_oom.chosen(default=99) == 1024
+
+
+def test_stratified_order_is_a_permutation_whose_prefixes_span_the_lengths() -> None:
+    lengths = np.arange(100)[::-1]
+    order = stratified_order(lengths)
+    assert sorted(order.tolist()) == list(range(100))
+    first = lengths[order[:8]]
+    assert first.min() < 20 and first.max() > 80
+    assert stratified_order([]).size == 0
+
+
+def _manifest(rows: list[int], est_per_row: float = 100.0) -> Manifest:
+    total = sum(rows)
+    shards, start = [], 0
+    for k, n in enumerate(rows):
+        shards.append(ShardSpec(shard_id=f"{k:05d}", segments=[Segment(0, start, start + n)], est_tokens=int(n * est_per_row)))
+        start += n
+    return Manifest(run_id="r", input=InputSpec(uri="x.parquet", format="parquet", id_column="id", text_column="text",
+                                                files=[InputFile(uri="x.parquet", rows=total, row_group_rows=[total])]),
+                    shards=shards, engine={"kind": "encoder"})
+
+
+def test_sample_quotas_share_the_sample_by_shard_rows() -> None:
+    m = _manifest([1000, 3000])
+    q = sample_quotas(m, CanaryOptions(fraction=0.1, min_rows=10, max_rows=10_000))
+    assert q == {"00000": 100, "00001": 300}
+    assert sum(sample_quotas(m, CanaryOptions(fraction=0.0001, min_rows=50)).values()) == 50
+    assert sample_quotas(_manifest([3]), CanaryOptions(min_rows=200)) == {"00000": 3}
+    segs = prefix_segments([Segment(0, 10, 15), Segment(1, 0, 50)], 8)
+    assert [(s.file_index, s.row_start, s.row_stop) for s in segs] == [(0, 10, 15), (1, 0, 3)]
+
+
+def test_engine_fit_and_chunk_shape() -> None:
+    trials = [AutotuneTrial(1, 1, tokens_padded=p, batches=n, seconds=0.001 * p + 0.5 * n) for p, n in
+              ((1000, 2), (2000, 10), (4000, 3))]
+    a, b = fit_engine_time(trials)
+    assert a == pytest.approx(0.001) and b == pytest.approx(0.5)
+    padded, batches = chunk_shape(np.array([10, 20, 30]), 300, 1000, 256, 8)
+    assert padded >= 1.0 and 0 < batches < 0.01
+
+
+def _canary(**kw) -> CanaryResult:
+    base = dict(run_id="r", fingerprint="f", engine_kind="encoder", model_digest="d" * 64, device="cpu",
+                device_name="cpu", threads=1, sample_rows=200, sample_text_bytes=80_000, sample_tokens_real=20_000,
+                sample_tokens_padded=21_000, model_load_seconds=2.0, steady_rows_per_s=100.0,
+                steady_tokens_per_s=10_000.0, worker_seconds_per_token=1e-4, padding_efficiency=0.95,
+                strategy="candidates", chosen={"token_budget": 4096, "max_batch_rows": 256},
+                shard_rows={"00000": 100, "00001": 100}, shard_tokens={"00000": 10_000, "00001": 10_000},
+                stage_seconds={"model_load": 2.0, "inference": 2.0}, trials=[_trial(4096, 100)], elapsed_seconds=5.0)
+    base.update(kw)
+    return CanaryResult(**base)
+
+
+def test_canary_records_round_trip() -> None:
+    c = _canary()
+    back = CanaryResult.from_json_bytes(c.to_json_bytes())
+    assert back == c and isinstance(back.trials[0], AutotuneTrial)
+    p = TuningProfile("encoder", "d" * 64, "NVIDIA H100 80GB HBM3", {"token_budget": 1, "max_batch_rows": 2}, "grow",
+                      trials=[_trial(1, 1)])
+    assert TuningProfile.from_json_bytes(p.to_json_bytes()) == p
+    assert profile_uri("/o", "encoder", "ab" * 32, "NVIDIA H100 80GB HBM3").endswith(
+        "/o/profiles/encoder-abababababababab-nvidia-h100-80gb-hbm3.json")
+    with pytest.raises(ValueError, match="strategy"):
+        _canary(strategy="guess")
+
+
+def _limits(**kw) -> Limits:
+    base = dict(runner="local", cores=2, parallelism=2, max_gpus=4, deadline_hours=24.0)
+    base.update(kw)
+    return Limits(**base)
+
+
+def test_projection_calibrates_tokens_and_sums_worker_seconds() -> None:
+    m = _manifest([1000, 1000], est_per_row=200.0)  # the canary measured 100 real tokens per row
+    c = _canary()
+    assert calibration(c, m) == pytest.approx(0.5)
+    p = project(c, m, _limits(), cost_params_from_dict({"accelerator": "cpu"}), canary_wall_seconds=10.0)
+    # per shard: 2 s load + (1000 x 200 x 0.5 - 10,000) tokens x 1e-4 s at 1 thread (parallelism 2 of 2 cores)
+    assert p["fanout_worker_seconds"] == pytest.approx(2 * (2.0 + 90_000 * 1e-4))
+    assert p["decision"] == "go" and p["chosen"]["parallelism"] == 2
+    assert p["finish_seconds"] == pytest.approx(10.0 + 5.0 + 11.0)  # canary wall + start-up + one shard
+    assert "workers" in format_table(p) and "GO" in p["message"]
+
+
+def test_projection_refuses_over_budget_and_says_what_would_fit() -> None:
+    m = _manifest([1000, 1000], est_per_row=200.0)
+    params = cost_params_from_dict({"accelerator": "nvidia-l4", "pricing": "on_demand"})
+    p = project(_canary(), m, _limits(budget_usd=1e-6), params, canary_wall_seconds=10.0)
+    assert p["decision"] == "refused_budget"
+    assert "REFUSED (budget)" in p["message"] and "row_limit <=" in p["message"] and "budget_usd=1e-06" in p["message"]
+    assert str(RunRefused(p)) == p["message"]
+
+
+def test_projection_refuses_a_deadline_no_parallelism_meets_and_picks_the_cheapest_that_does() -> None:
+    m = _manifest([1000] * 8, est_per_row=100.0)
+    c = _canary(worker_seconds_per_token=0.01, shard_rows={}, shard_tokens={})  # 1,000 s per shard
+    params = cost_params_from_dict({"accelerator": "nvidia-l4"})
+    k8s = project(c, m, _limits(runner="kubernetes", max_gpus=8, deadline_hours=2400 / 3600), params,
+                  canary_wall_seconds=10.0)
+    assert k8s["decision"] == "go" and k8s["chosen"]["parallelism"] == 4  # 2 x 1,002 s rounds: the fewest GPUs
+    assert [o["parallelism"] for o in k8s["options"]] == list(range(1, 9))
+    late = project(c, m, _limits(runner="kubernetes", max_gpus=2, deadline_hours=0.3), params, canary_wall_seconds=10.0)
+    assert late["decision"] == "refused_deadline" and "max_gpus >= " in late["message"]
+    assert "REFUSED (deadline)" in late["message"]
+
+
+def test_makespan_schedules_longest_first() -> None:
+    assert makespan([5, 4, 3, 3, 3], 2) == 10  # longest first onto the least loaded: 5+3, 4+3+3 (the optimum is 9)
+    assert makespan([], 3) == 0.0 and makespan([2.0], 4) == 2.0

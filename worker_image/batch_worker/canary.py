@@ -1,0 +1,509 @@
+"""The pre-flight canary: run a sample of a planned run, search the batch size, measure, commit.
+
+``batch-worker canary --run-dir <run_dir>`` (:func:`run_canary`) runs between plan and fan-out:
+
+1. the sample is the first rows of every shard, each shard's share proportional to its rows
+   (``fraction`` of the run, at least ``min_rows``, at most ``max_rows``). Shards cover the input in
+   order, so the sample touches every part of it; a shard *prefix* keeps duplicate ids exact (the
+   canary's validator has seen every earlier row of the shard, so it commits only the row the shard's
+   own validator would keep, and the shard later dead-letters the duplicates as usual);
+2. the engine loads with the run's real config and settings (the fan-out's thread cap);
+3. the rows are visited in a length-stratified order (:func:`batch_worker.autotune.stratified_order`):
+   a warm-up slice, then one slice per token budget the search tries
+   (:class:`batch_worker.autotune.BudgetSearch`), then the rest at the chosen budget, until the
+   sample or ``max_seconds`` runs out;
+4. every slice's results (and engine dead letters) are committed as ordinary part files into the
+   shard that owns each row, under the run's result fingerprint: the shard's resume ledger then skips
+   them, so no row is computed twice and publish's coverage sees each id once (with ``reuse=same_root``
+   they also go into the result cache);
+5. ``canary.json`` (:class:`batch_contract.canary.CanaryResult`) is written, and a tuning profile per
+   (model digest, device name) under ``<output_root>/profiles/``; a later canary with a profile skips
+   the search.
+
+Rerunning the canary of a run that already has ``canary.json`` returns that record and computes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import resource
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from batch_contract import resultcache, storage
+from batch_contract.canary import AutotuneTrial, CanaryResult, TuningProfile, profile_uri
+from batch_contract.engine_config import CUDA_MIN_ROW_TOKENS
+from batch_contract.enums import EngineKind
+from batch_contract.layout import DEAD_LETTER_PREFIX, PART_PREFIX
+from batch_contract.manifest import Manifest, Segment, result_fingerprint
+from batch_contract.runstore import RunStore
+
+from batch_worker.autotune import GROW_START, MIN_GAIN, BudgetSearch, stratified_order
+from batch_worker.engines.base import ChunkRows, Engine, LoadedModel, check_chunk_output, engine_class
+from batch_worker.errors import BadInputError
+from batch_worker.ledger import build_ledger
+from batch_worker.progress import utc_now
+from batch_worker.reader import iter_shard_blocks
+from batch_worker.reuse import cache_rows, reuse_enabled
+from batch_worker.runtime import adopt_pin
+from batch_worker.stats import StageClock, apply_thread_cap
+from batch_worker.validate import DeadLetter, Validator, concat_rows
+from batch_worker.writer import assemble_part, commit_table, dead_letter_table
+
+log = logging.getLogger("batch_worker.canary")
+
+BYTES_PER_TOKEN = 4.0
+"""Rough UTF-8 bytes per token, used only to size trial slices before tokenizing (the planner's
+``BYTES_PER_TOKEN``)."""
+
+
+@dataclass(frozen=True)
+class CanaryOptions:
+    """How much to sample and how to search.
+
+    Attributes:
+        fraction: share of the run's rows to sample (0.005 = 0.5%).
+        min_rows / max_rows: bounds on the sample (rows).
+        max_seconds: stop starting new slices after this many seconds of canary work (model load
+            excluded); rows not run are left to their shards.
+        strategy: ``auto`` (``grow`` on CUDA, ``candidates`` on CPU), ``grow`` or ``candidates``
+            (a run with an explicit ``token_budget`` never searches).
+        use_profile: read a saved profile for this model and device and skip the search.
+        warmup_rows: rows of the first (warm-up) slice.
+        grow_start / min_gain: the ``grow`` search's first budget (tokens) and the gain a doubling
+            must bring (:class:`batch_worker.autotune.BudgetSearch`).
+    """
+
+    fraction: float = 0.005
+    min_rows: int = 200
+    max_rows: int = 20_000
+    max_seconds: float = 120.0
+    strategy: str = "auto"
+    use_profile: bool = True
+    warmup_rows: int = 32
+    grow_start: int = GROW_START
+    min_gain: float = MIN_GAIN
+
+    def __post_init__(self) -> None:
+        if not 0 < self.fraction <= 1:
+            raise ValueError(f"canary fraction {self.fraction} is outside (0, 1]")
+        if not 1 <= self.min_rows <= self.max_rows:
+            raise ValueError(f"canary rows: need 1 <= min_rows ({self.min_rows}) <= max_rows ({self.max_rows})")
+        if self.strategy not in ("auto", "grow", "candidates"):
+            raise ValueError(f"canary strategy {self.strategy!r} is not auto, grow or candidates")
+
+
+def sample_quotas(manifest: Manifest, options: CanaryOptions) -> dict[str, int]:
+    """Rows to sample from the start of each shard: ``clamp(fraction x rows, min_rows, max_rows)`` (at
+    most the run's rows) shared out in proportion to the shards' rows, at least one row per shard while
+    rows remain. Returns shard id -> rows (shards with none left out)."""
+    total = manifest.rows
+    want = min(total, max(options.min_rows, min(options.max_rows, math.ceil(options.fraction * total))))
+    quotas: dict[str, int] = {}
+    left = want
+    for shard in manifest.shards:
+        if left <= 0:
+            break
+        q = min(shard.rows, left, max(1, math.ceil(want * shard.rows / max(total, 1))))
+        if q > 0:
+            quotas[shard.shard_id] = q
+            left -= q
+    return quotas
+
+
+def prefix_segments(segments: list[Segment], rows: int) -> list[Segment]:
+    """The segments covering the first ``rows`` rows of a shard whose rows are ``segments`` in order."""
+    out = []
+    for seg in segments:
+        if rows <= 0:
+            break
+        take = min(rows, seg.row_stop - seg.row_start)
+        out.append(Segment(file_index=seg.file_index, row_start=seg.row_start, row_stop=seg.row_start + take))
+        rows -= take
+    return out
+
+
+@dataclass
+class Sample:
+    """The canary's rows: one :class:`ChunkRows` over all sampled shards, the owning shard of each row,
+    and per shard the committed files' next chunk number."""
+
+    rows: ChunkRows
+    owners: list[str]
+    next_chunk: dict[str, int] = field(default_factory=dict)
+
+
+class Canary:
+    """One canary run (see the module docstring); use :func:`run_canary`."""
+
+    def __init__(self, store: RunStore, options: CanaryOptions) -> None:
+        self.store = store
+        self.options = options
+        self.manifest = store.manifest
+        config = self.manifest.engine_config
+        self.settings = self.manifest.worker
+        self.engine: Engine = engine_class(config.kind)(config, self.settings)
+        fingerprint = result_fingerprint(self.manifest.config_fingerprint, self.engine.model_digest(),
+                                         self.engine.resolved_settings())
+        # the shards' own fingerprint: a run that carried shards over pins their resolved settings
+        self.fingerprint = adopt_pin(store.run_dir, self.manifest, self.engine, fingerprint)
+        self.clock = StageClock()
+        self.t0 = time.perf_counter()
+        self.reuse_on = reuse_enabled(self.engine, self.settings)
+        self.shard_rows: dict[str, int] = {}
+        self.shard_tokens: dict[str, int] = {}
+        self.outputs: list[pa.Table] = []
+
+    # -- sample ---------------------------------------------------------------------------------------
+    def read_sample(self) -> Sample:
+        """Read and validate each shard's prefix; rows already committed (a rerun) and rows whose id
+        another shard's prefix already holds are left out (their shards handle them)."""
+        spec = self.manifest.input
+        parts: list[ChunkRows] = []
+        owners: list[str] = []
+        seen: set[str] = set()
+        next_chunk: dict[str, int] = {}
+        for shard_id, quota in sample_quotas(self.manifest, self.options).items():
+            shard_dir = self.store.layout.shard_dir(shard_id)
+            storage.makedirs(shard_dir)
+            ledger = build_ledger(shard_dir, self.fingerprint)
+            next_chunk[shard_id] = ledger.next_chunk
+            validator = Validator(spec.id_column, ledger.done_ids, ledger.done_dead, text_column=spec.text_column)
+            segments = prefix_segments(self.manifest.shard(shard_id).segments, quota)
+            with self.clock.stage("input_read"):
+                blocks = list(iter_shard_blocks(spec, segments, self.settings.read_batch_rows,
+                                                self.engine.extra_columns()))
+            for block in blocks:
+                rows = validator.validate(block).rows
+                keep = [i for i, rid in enumerate(rows.ids) if rid not in seen]
+                seen.update(rows.ids[i] for i in keep)
+                if keep:
+                    parts.append(rows.take(keep))
+                    owners.extend([shard_id] * len(keep))
+        rows = concat_rows(parts) if parts else ChunkRows([], [], [], [], [], pa.table({}))
+        if self.reuse_on and len(rows):
+            rows, owners = self._without_cached(rows, owners)
+        return Sample(rows=rows, owners=owners, next_chunk=next_chunk)
+
+    def _without_cached(self, rows: ChunkRows, owners: list[str]) -> tuple[ChunkRows, list[str]]:
+        """Leave out rows the result cache already holds (their shard's reuse pass copies them); keys are
+        the engine's (``Engine.reuse_keys``), as the reuse pass computes them."""
+        keys = pa.array(self.engine.reuse_keys(rows), resultcache.KEY_TYPE)
+        found = resultcache.lookup(self.store.layout.output_root, self.fingerprint, keys)
+        keep = pc.indices_nonzero(pc.invert(pc.is_valid(found.row_hit))).to_pylist()
+        if len(keep) < len(rows):
+            log.info("canary: %d sampled rows are in the result cache: left to their shards", len(rows) - len(keep))
+        return rows.take(keep), [owners[i] for i in keep]
+
+    # -- trials ---------------------------------------------------------------------------------------
+    def _max_rows_for(self, budget: int) -> int:
+        if self.settings.max_batch_rows:
+            return self.settings.max_batch_rows
+        if self.device == "cuda":
+            return max(1, budget // CUDA_MIN_ROW_TOKENS)
+        return self.settings.max_batch_rows_for(self.device)
+
+    def run_slice(self, sample: Sample, indices: np.ndarray, budget: int, warmup: bool = False) -> AutotuneTrial:
+        """Run rows ``indices`` of the sample at ``budget``, commit them into their shards, return the trial."""
+        rows = sample.rows.take([int(i) for i in indices])
+        owners = [sample.owners[int(i)] for i in indices]
+        max_rows = self._max_rows_for(budget)
+        self.engine.apply_tuning(budget, max_rows)
+        with self.clock.stage("tokenize"):
+            prepared = self.engine.prepare(rows)
+        splits = int(getattr(self.engine, "oom_splits", 0))
+        start = time.perf_counter()
+        out = self.engine.process(prepared, lambda: False)
+        seconds = time.perf_counter() - start
+        self.clock.add("inference", seconds)
+        check_chunk_output(rows, out)
+        with self.clock.stage("write"):
+            self._commit(sample, rows, owners, out, seconds)
+        oom = int(getattr(self.engine, "oom_splits", 0)) > splits
+        return AutotuneTrial(token_budget=budget, max_batch_rows=max_rows, rows=len(rows),
+                             tokens_real=int(out.tokens_real), tokens_padded=int(out.tokens_padded),
+                             seconds=round(seconds, 6), batches=int(out.batches), oom=oom, warmup=warmup)
+
+    def _commit(self, sample: Sample, rows: ChunkRows, owners: list[str], out: Any, seconds: float) -> None:
+        """Commit the slice's results and engine dead letters into each owning shard's directory."""
+        part = assemble_part(rows, out, self.fingerprint, self.loaded.part_schema)
+        self.outputs.append(part)
+        owner_of = dict(zip(rows.ids, owners, strict=True))
+        where = {rid: i for i, rid in enumerate(rows.ids)}
+        part_owner = pa.array([owner_of[i] for i in part.column("id").to_pylist()], pa.string())
+        for shard_id in sorted(set(owners)):
+            shard_dir = self.store.layout.shard_dir(shard_id)
+            sub = part.filter(pc.equal(part_owner, shard_id))
+            dead = [DeadLetter(r.id, r.reason, r.detail, rows.source_uri[where[r.id]], rows.source_row[where[r.id]])
+                    for r in out.rejects if owner_of[r.id] == shard_id]
+            if dead:
+                commit_table(shard_dir, DEAD_LETTER_PREFIX, self._chunk(sample, shard_id),
+                             dead_letter_table(dead, self.fingerprint))
+            if sub.num_rows:
+                name, _ = commit_table(shard_dir, PART_PREFIX, self._chunk(sample, shard_id), sub)
+                if self.reuse_on:
+                    mine = [i for i, o in enumerate(owners) if o == shard_id]
+                    cache_rows(self.engine, self.store.layout.output_root, self.manifest.run_id, shard_id, name, sub,
+                               rows.take(mine), seconds * sub.num_rows / max(part.num_rows, 1))
+            n = sub.num_rows + len(dead)
+            self.shard_rows[shard_id] = self.shard_rows.get(shard_id, 0) + n
+            tokens = int(pc.sum(sub.column("n_tokens")).as_py() or 0) if sub.num_rows else 0
+            self.shard_tokens[shard_id] = self.shard_tokens.get(shard_id, 0) + tokens
+
+    @staticmethod
+    def _chunk(sample: Sample, shard_id: str) -> int:
+        chunk = sample.next_chunk[shard_id]
+        sample.next_chunk[shard_id] = chunk + 1
+        return chunk
+
+    def _elapsed(self) -> float:
+        return time.perf_counter() - self.t0 - self.clock.seconds.get("model_load", 0.0)
+
+    # -- main -----------------------------------------------------------------------------------------
+    def run(self) -> CanaryResult:
+        """Read the sample, load the engine, run the warm-up, the search's slices and the rest at the chosen
+        budget (each committed into its shards), save the profile when a search ran; returns the record
+        (not yet written: :func:`run_canary` writes it)."""
+        sample = self.read_sample()
+        with self.clock.stage("model_load"):
+            self.loaded: LoadedModel = self.engine.load()
+        threads = apply_thread_cap()
+        info = self.loaded.info
+        self.device = str(info.get("device", "cpu"))
+        device_name = str(info.get("device_name", self.device))
+        default_budget = self.settings.token_budget_for(self.device)
+        strategy, search, profile = self._strategy(device_name)
+        est = np.asarray([max(1.0, len(t.encode("utf-8")) / BYTES_PER_TOKEN) for t in sample.rows.texts])
+        if self.loaded.max_length:
+            est = np.minimum(est, float(self.loaded.max_length))
+        order = list(stratified_order(est))
+        trials: list[AutotuneTrial] = []
+        autotune_s = 0.0
+        if order:
+            first = profile.chosen["token_budget"] if profile else default_budget
+            take, order = order[: self.options.warmup_rows], order[self.options.warmup_rows:]
+            trials.append(self.run_slice(sample, np.asarray(take), first, warmup=True))
+        chosen = profile.chosen["token_budget"] if profile else default_budget
+        if search is not None:
+            t_search = time.perf_counter()
+            order = self._search(sample, search, order, est)
+            trials.extend(search.trials)
+            chosen = search.chosen(default_budget)
+            autotune_s = time.perf_counter() - t_search
+        if order and self._elapsed() < self.options.max_seconds:
+            trials.append(self.run_slice(sample, np.asarray(order), chosen))
+        result = self._result(sample, trials, strategy, chosen, device_name, threads, autotune_s, profile)
+        if search is not None and any(not t.warmup for t in search.trials):
+            self._save_profile(result, device_name, threads)
+        return result
+
+    def _strategy(self, device_name: str) -> tuple[str, BudgetSearch | None, TuningProfile | None]:
+        """``(strategy, search or None, profile or None)`` for this run (see :data:`STRATEGIES`)."""
+        if self.settings.token_budget or self.engine.kind is not EngineKind.ENCODER:
+            return "fixed", None, None  # an explicit budget; or an engine without token-budget batching
+        if self.options.use_profile:
+            profile = self._read_profile(device_name)
+            if profile is not None:
+                log.info("canary: using tuning profile %s (token budget %d): no search",
+                         self._profile_uri(device_name), profile.chosen["token_budget"])
+                return "profile", None, profile
+        strategy = self.options.strategy
+        if strategy == "auto":
+            strategy = "grow" if self.device == "cuda" else "candidates"
+        return strategy, BudgetSearch(strategy, start=self.options.grow_start, min_gain=self.options.min_gain), None
+
+    def _search(self, sample: Sample, search: BudgetSearch, order: list[int], est: np.ndarray) -> list[int]:
+        """Run the search's trials on consecutive slices of ``order`` (each at least one full batch of
+        estimated tokens); returns the rows left."""
+        while (budget := search.next_budget()) is not None:
+            left = float(est[order].sum()) if order else 0.0
+            if left < budget or self._elapsed() >= self.options.max_seconds:
+                log.info("canary: search stops before budget %d (%.0f estimated tokens left, %.1f s used)",
+                         budget, left, self._elapsed())
+                search.stop()
+                break
+            cum = np.cumsum(est[order])
+            n = int(np.searchsorted(cum, budget)) + 1
+            take, order = order[:n], order[n:]
+            trial = self.run_slice(sample, np.asarray(take), budget)
+            search.record(trial)
+            log.info("canary trial: budget %d -> %d rows, %.0f tokens/s%s", budget, trial.rows,
+                     trial.tokens_per_s, " (out of memory: split)" if trial.oom else "")
+        return order
+
+    def _result(self, sample: Sample, trials: list[AutotuneTrial], strategy: str, chosen: int, device_name: str,
+                threads: int, autotune_s: float, profile: TuningProfile | None) -> CanaryResult:
+        measured = [t for t in trials if not t.warmup and t.rows]
+        real = sum(t.tokens_real for t in trials)
+        padded = sum(t.tokens_padded for t in trials)
+        engine_s = sum(t.seconds for t in measured)
+        rows_m = sum(t.rows for t in measured)
+        tokens_m = sum(t.tokens_real for t in measured)
+        stages = self.clock.rounded()
+        per_token_other = sum(stages.get(s, 0.0) for s in ("input_read", "tokenize", "write")) / max(real, 1)
+        fit = self._engine_fit(measured, chosen, rows_m / engine_s if engine_s else 0.0)
+        infer_per_token = (fit["seconds_per_padded_token"] * fit["padded_per_token"]
+                           + fit["seconds_per_batch"] * fit["batches_per_token"])
+        return CanaryResult(
+            run_id=self.manifest.run_id, fingerprint=self.fingerprint, engine_kind=self.engine.kind.value,
+            model_digest=self.loaded.model_digest, device=self.device, device_name=device_name, threads=threads,
+            sample_rows=sum(self.shard_rows.values()),
+            sample_text_bytes=self._committed_text_bytes(sample),
+            sample_tokens_real=real, sample_tokens_padded=padded,
+            model_load_seconds=round(stages.get("model_load", 0.0), 3),
+            steady_rows_per_s=round(rows_m / engine_s, 3) if engine_s else 0.0,
+            steady_tokens_per_s=round(tokens_m / engine_s, 3) if engine_s else 0.0,
+            worker_seconds_per_token=infer_per_token + per_token_other,
+            padding_efficiency=round(real / padded, 4) if padded else None,
+            strategy=strategy, chosen={"token_budget": int(chosen), "max_batch_rows": self._max_rows_for(chosen)},
+            shard_rows=dict(sorted(self.shard_rows.items())), shard_tokens=dict(sorted(self.shard_tokens.items())),
+            stage_seconds=stages, trials=trials, engine_fit=fit, autotune_seconds=round(autotune_s, 3),
+            profile_uri=self._profile_uri(device_name), profile_reused=profile is not None,
+            peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            peak_device_bytes=_peak_device_bytes(self.device), llm=self._llm_figures(),
+            elapsed_seconds=round(time.perf_counter() - self.t0, 3), created_at=utc_now(),
+        )
+
+    def _engine_fit(self, measured: list[AutotuneTrial], chosen: int, rows_per_s: float) -> dict[str, float]:
+        """Engine seconds per real token in a shard's full chunk (see ``CanaryResult.worker_seconds_per_token``)."""
+        a, b = fit_engine_time(measured)
+        lengths = np.concatenate([p.column("n_tokens").to_numpy(zero_copy_only=False) for p in self.outputs]) \
+            if self.outputs else np.zeros(0, dtype=np.int64)
+        s = self.settings
+        shard_rows = max((sh.rows for sh in self.manifest.shards), default=0)
+        chunk = int(min(max(rows_per_s * s.chunk_target_seconds, s.min_chunk_rows), s.max_chunk_rows, shard_rows))
+        padded, batches = chunk_shape(lengths, chunk, chosen, self._max_rows_for(chosen), self._pad_multiple())
+        return {"seconds_per_padded_token": a, "seconds_per_batch": b, "chunk_rows": chunk,
+                "padded_per_token": padded, "batches_per_token": batches}
+
+    def _pad_multiple(self) -> int:
+        multiple = getattr(self.engine, "_pad_multiple", None)
+        return int(multiple()) if callable(multiple) else 1
+
+    def _committed_text_bytes(self, sample: Sample) -> int:
+        ids = {i for p in self.outputs for i in p.column("id").to_pylist()}
+        return sum(len(t.encode("utf-8")) for rid, t in zip(sample.rows.ids, sample.rows.texts, strict=True)
+                   if rid in ids)
+
+    def _llm_figures(self) -> dict[str, Any] | None:
+        """Output-token quantiles of an LLM sample (``None`` for engines without ``output_tokens``)."""
+        if not self.outputs or "output_tokens" not in self.outputs[0].column_names:
+            return None
+        values = np.concatenate([p.column("output_tokens").to_numpy(zero_copy_only=False) for p in self.outputs])
+        if not values.size:
+            return None
+        q = np.quantile(values, [0.5, 0.9, 0.99])
+        return {"output_tokens_p50": float(q[0]), "output_tokens_p90": float(q[1]),
+                "output_tokens_p99": float(q[2]), "output_tokens_max": int(values.max())}
+
+    # -- profiles ---------------------------------------------------------------------------------------
+    def _profile_uri(self, device_name: str) -> str:
+        return profile_uri(self.store.layout.output_root, self.engine.kind.value, self.engine.model_digest(),
+                           device_name)
+
+    def _read_profile(self, device_name: str) -> TuningProfile | None:
+        try:
+            raw = storage.read_bytes(self._profile_uri(device_name))
+        except FileNotFoundError:
+            return None
+        try:
+            return TuningProfile.from_json_bytes(raw)
+        except (ValueError, TypeError, KeyError) as exc:
+            log.warning("canary: ignoring unreadable tuning profile %s: %s", self._profile_uri(device_name), exc)
+            return None
+
+    def _save_profile(self, result: CanaryResult, device_name: str, threads: int) -> None:
+        profile = TuningProfile(engine_kind=result.engine_kind, model_digest=result.model_digest,
+                                device_name=device_name, chosen=dict(result.chosen), strategy=result.strategy,
+                                trials=[t for t in result.trials if not t.warmup], threads=threads,
+                                run_id=result.run_id, created_at=result.created_at)
+        uri = self._profile_uri(device_name)
+        storage.makedirs(uri.rsplit("/", 1)[0])
+        storage.write_replace(uri, profile.to_json_bytes())
+        log.info("canary: saved tuning profile %s (token budget %d)", uri, result.chosen["token_budget"])
+
+
+def fit_engine_time(trials: list[AutotuneTrial]) -> tuple[float, float]:
+    """Least-squares ``seconds = a x tokens_padded + b x batches`` over ``trials`` with ``a, b >= 0``
+    (one of them 0 when the unconstrained fit makes it negative; ``(0.0, 0.0)`` without data).
+
+    Returns:
+        ``(a, b)``: seconds per padded token, seconds per batch.
+    """
+    pts = [(float(t.tokens_padded), float(t.batches), float(t.seconds)) for t in trials if t.seconds > 0 and t.batches]
+    if not pts:
+        return 0.0, 0.0
+    x = np.asarray([[p, n] for p, n, _ in pts])
+    y = np.asarray([s for _, _, s in pts])
+    if len(pts) >= 2 and np.linalg.matrix_rank(x) == 2:
+        (a, b), *_ = np.linalg.lstsq(x, y, rcond=None)
+        if a > 0 and b >= 0:
+            return float(a), float(b)
+    tokens_only = float(y.sum() / max(x[:, 0].sum(), 1.0))
+    return tokens_only, 0.0
+
+
+def chunk_shape(lengths: np.ndarray, chunk_rows: int, token_budget: int, max_batch_rows: int,
+                pad_multiple: int) -> tuple[float, float]:
+    """Padded tokens and batches per real token of a ``chunk_rows``-row chunk whose row lengths follow
+    ``lengths`` (the sample's, repeated to the chunk's size), batched as the engine batches
+    (:func:`batch_worker.batching.plan_batches`). ``(1.0, 0.0)`` without lengths."""
+    from batch_worker.batching import plan_batches
+
+    if lengths.size == 0 or chunk_rows <= 0:
+        return 1.0, 0.0
+    reps = int(math.ceil(chunk_rows / lengths.size))
+    rows = np.tile(np.maximum(lengths.astype(np.int64), 1), reps)[:chunk_rows]
+    batches = plan_batches(rows, token_budget, max_batch_rows, pad_multiple)
+    real = float(rows.sum())
+    return sum(b.padded_tokens for b in batches) / real, len(batches) / real
+
+
+def _peak_device_bytes(device: str) -> int | None:
+    torch = sys.modules.get("torch")
+    if device != "cuda" or torch is None:
+        return None
+    return int(torch.cuda.max_memory_allocated())
+
+
+def run_canary(run_dir: str, options: CanaryOptions | None = None) -> CanaryResult:
+    """Run the canary of the planned run at ``run_dir`` once and write ``canary.json``.
+
+    Args:
+        run_dir: ``<output_root>/runs/<run_id>`` (local path, ``file://`` or ``gs://``).
+        options: sample size and search (default :class:`CanaryOptions`).
+
+    Returns:
+        The run's :class:`CanaryResult` (the existing one when ``canary.json`` is already there).
+
+    Raises:
+        BadInputError: the run has no manifest.
+        ConfigError: invalid engine config or model path.
+    """
+    store = RunStore.open(run_dir)
+    existing = store.canary()
+    if existing is not None:
+        log.info("canary: %s already exists: nothing to do", store.layout.canary_uri)
+        return existing
+    try:
+        store.manifest  # noqa: B018 - read (and validate) it before anything is loaded
+    except FileNotFoundError:
+        raise BadInputError(f"run_dir: no manifest at {store.layout.manifest_uri}") from None
+    result = Canary(store, options or CanaryOptions()).run()
+    try:
+        storage.write_create_only(store.layout.canary_uri, result.to_json_bytes())
+    except storage.AlreadyExistsError:
+        return store.canary() or result
+    log.info("canary: %d rows in %.1f s (model load %.1f s): %.1f rows/s, %.0f tokens/s; token budget %d (%s)",
+             result.sample_rows, result.elapsed_seconds, result.model_load_seconds, result.steady_rows_per_s,
+             result.steady_tokens_per_s, result.chosen["token_budget"], result.strategy)
+    return result
+
+
+__all__ = ["CanaryOptions", "prefix_segments", "run_canary", "sample_quotas"]
