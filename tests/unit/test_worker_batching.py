@@ -53,3 +53,40 @@ def test_bad_arguments_raise() -> None:
         plan_batches([0, 3], 64, 4)
     with pytest.raises(ValueError):
         plan_batches([3], 0, 4)
+
+
+def _efficiency(lengths, batches) -> float:
+    return float(np.asarray(lengths).sum() / sum(b.padded_tokens for b in batches))
+
+
+def test_short_rows_pad_to_their_own_length_when_the_bucket_is_wasteful() -> None:
+    # short texts (package summaries of <= 160 characters): 4-40 tokens, most 10-20
+    rng = np.random.default_rng(2)
+    lengths = np.clip(rng.lognormal(2.7, 0.35, size=10_000).astype(int), 3, 60)
+    bucketed = plan_batches(lengths, token_budget=8192, max_batch_rows=256, pad_to_multiple_of=8)
+    exact = plan_batches(lengths, token_budget=8192, max_batch_rows=256, pad_to_multiple_of=8,
+                         exact_when_cheaper=True)
+    _check_cover(exact, len(lengths))
+    assert _efficiency(lengths, bucketed) < 0.9 <= 0.95 <= _efficiency(lengths, exact)
+    for b in exact:
+        longest = int(lengths[b.indices].max())
+        assert b.padded_tokens <= 8192 and len(b.indices) <= 256
+        assert int(lengths[b.indices].min()) >= 0.95 * b.padded_length  # every batch at least 95% real
+        if b.padded_length % 8:  # exact: the batch's own longest row
+            assert b.padded_length == longest
+        else:
+            assert longest <= b.padded_length < longest + 8
+
+
+def test_long_rows_keep_their_bucket_when_rounding_is_cheap() -> None:
+    lengths = [200, 199, 197, 12, 11, 11]
+    batches = plan_batches(lengths, token_budget=4096, max_batch_rows=8, pad_to_multiple_of=8,
+                           exact_when_cheaper=True)
+    assert [(b.indices.tolist(), b.padded_length) for b in batches] == [([0, 1, 2], 200), ([3], 12), ([4, 5], 11)]
+    # 200 is a multiple of 8 already; 197 alone would round to 200 (98.5% full): bucket kept; the bucket
+    # (8, 16] holds only rows >= 95% of 16 when 16 is a row's own length
+    assert [b.indices.tolist() for b in plan_batches([16, 15, 9], 4096, 8, 8, exact_when_cheaper=True)] == [[0], [1], [2]]
+    assert [b.indices.tolist() for b in plan_batches([16, 15, 9], 4096, 8, 8)] == [[0, 1, 2]]
+    assert plan_batches([197], 4096, 8, 8, exact_when_cheaper=True)[0].padded_length == 200
+    assert plan_batches([11], 4096, 8, 8, exact_when_cheaper=True)[0].padded_length == 11
+    assert plan_batches([11], 4096, 8, 8)[0].padded_length == 16

@@ -4,6 +4,12 @@ Rows are sorted by token length (longest first, so an out-of-memory error shows 
 then packed greedily: a batch takes rows while ``rows x padded_length <= token_budget``,
 ``rows <= max_batch_rows`` and the row pads to the same length (one padding bucket), where
 ``padded_length`` is the batch's longest row rounded up to a multiple of ``pad_to_multiple_of``. Results are restored by row id, never by position.
+
+Short rows: rounding 11 tokens up to 16 leaves 31% of the batch as padding, and on a corpus of short
+texts (package summaries of <= 160 characters, 10-20 tokens) padding to multiples of 8 gave a padding
+efficiency of 0.816 (issue #22). With ``exact_when_cheaper`` (the eager CPU engine, which has no
+compiled shapes to keep few), a batch whose bucket would waste more than ``1 - min_fill`` pads to its
+own longest row instead and takes rows down to ``min_fill`` x that length.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ def plan_batches(
     max_batch_rows: int,
     pad_to_multiple_of: int = 8,
     min_fill: float = MIN_FILL,
+    exact_when_cheaper: bool = False,
 ) -> list[Batch]:
     """Sort rows by length (descending, stable) and pack them into token-budget batches.
 
@@ -59,6 +66,10 @@ def plan_batches(
         pad_to_multiple_of: padded length is a multiple of this (1 = pad to the longest row).
         min_fill: with multiple 1, rows shorter than ``min_fill x`` the batch's longest row start a new
             batch (0 disables). With a multiple > 1 a batch never mixes padding buckets.
+        exact_when_cheaper: with a multiple > 1, a batch whose longest row is below ``min_fill x`` its
+            rounded-up length pads to that row's own length (the multiple-1 rule) instead, and no batch
+            takes rows shorter than ``min_fill x`` its padded length (so padding stays under
+            ``1 - min_fill`` of every batch, short rows included).
 
     Returns:
         Batches covering every index exactly once, longest batch first.
@@ -76,11 +87,17 @@ def plan_batches(
     start = 0
     n = int(arr.size)
     while start < n:
-        padded = round_up(int(arr[order[start]]), pad_to_multiple_of)
+        longest = int(arr[order[start]])
+        padded = round_up(longest, pad_to_multiple_of)
+        bucketed = pad_to_multiple_of > 1 and not (exact_when_cheaper and longest < min_fill * padded)
+        padded = padded if bucketed else longest
         rows = max(1, min(max_batch_rows, token_budget // padded, n - start))
-        # pad multiple > 1: a batch holds one padding bucket ((padded - multiple, padded]), which costs no
-        # padding beyond the rounding itself; multiple 1: rows down to min_fill x the longest row
-        floor = padded - pad_to_multiple_of + 1 if pad_to_multiple_of > 1 else min_fill * int(arr[order[start]])
+        # bucketed: a batch holds one padding bucket ((padded - multiple, padded]), which costs no padding
+        # beyond the rounding itself; else rows down to min_fill x the longest row. exact_when_cheaper
+        # also holds a bucket to min_fill x its padded length: the bucket (8, 16] would pad 9 to 16
+        floor = padded - pad_to_multiple_of + 1 if bucketed else min_fill * longest
+        if exact_when_cheaper:
+            floor = max(floor, min_fill * padded)
         if floor > 0:
             window = arr[order[start : start + rows]]
             rows = max(1, int(np.count_nonzero(window >= floor)))  # window is sorted descending
