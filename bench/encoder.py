@@ -310,6 +310,8 @@ def main() -> None:
     parser.add_argument("--rss-rows", type=int, default=64000, help="rows of the RSS shard (0 skips it)")
     parser.add_argument("--rss-seconds", type=float, default=900.0, help="stop the RSS run after this long")
     parser.add_argument("--skip-baselines", action="store_true", help="worker only (no ratios)")
+    parser.add_argument("--skip-naive", action="store_true",
+                        help="leave out the naive loop (8x slower than the worker; only vs_naive needs it)")
     parser.add_argument("--short-rows", type=int, default=10000, help="rows of the short-text corpus (0 skips it)")
     parser.add_argument("--repeats", type=int, default=3,
                         help="timed runs of the worker and of sentence-transformers; the best counts (the bf16 "
@@ -336,8 +338,9 @@ def main() -> None:
         if not args.skip_baselines:
             st_rps = st_encode(model_dir, texts, args.repeats)
             log(f"(b) sentence-transformers bf16 batch 64: {st_rps:.1f} rows/s")
-            naive_rps = naive_loop(model_dir, texts)
-            log(f"(a) naive fp32 random order batch 64: {naive_rps:.1f} rows/s")
+            if not args.skip_naive:
+                naive_rps = naive_loop(model_dir, texts)
+                log(f"(a) naive fp32 random order batch 64: {naive_rps:.1f} rows/s")
         fpt = flops_per_token(marker.engine, w["lengths"])
         tokens_per_s = marker.tokens_real / (w["wall"] - w["load"])
         short = short_bench(args.short_rows, model_dir, work, args.repeats, args.skip_baselines) \
@@ -347,11 +350,11 @@ def main() -> None:
         "rows": rows.num_rows,
         "repeats": args.repeats,
         "worker_rows_per_s_each": [round(rows.num_rows / (r["wall"] - r["load"]), 1) for r in runs],
-        "naive_rows_per_s": round(naive_rps, 2) if not args.skip_baselines else None,
+        "naive_rows_per_s": round(naive_rps, 2) if not (args.skip_baselines or args.skip_naive) else None,
         "st_rows_per_s": round(st_rps, 2) if not args.skip_baselines else None,
         "worker_rows_per_s": round(worker_rps, 2),
         "worker_rows_per_s_with_load": round(rows.num_rows / w["wall"], 2),
-        "vs_naive": round(worker_rps / naive_rps, 3) if not args.skip_baselines else None,
+        "vs_naive": round(worker_rps / naive_rps, 3) if not (args.skip_baselines or args.skip_naive) else None,
         "vs_sentence_transformers": round(worker_rps / st_rps, 3) if not args.skip_baselines else None,
         "padding_efficiency": round(marker.padding_efficiency or 0.0, 4),
         "load_share": round(w["load"] / w["wall"], 3),
