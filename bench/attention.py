@@ -28,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "plugins"), str(ROOT / "worker_image")]
 
+import hostbench  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from batch_contract.engine_config import AUTO_TOKEN_BUDGET  # noqa: E402
@@ -88,6 +89,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=10)
     args = parser.parse_args()
+    hostbench.start()
     dtype = torch.bfloat16 if cpu_supports_bf16() else torch.float32
     if not cpu_linear.fast_linear_supported(dtype):
         raise SystemExit(f"packed oneDNN linear is not supported here in {dtype}")
@@ -104,6 +106,7 @@ def main() -> None:
         "linear_speedup": linear,
         "linear_speedup_min": min(linear.values()),
         "cpu_cores": os.cpu_count(),
+        "host": hostbench.finish(),
     }))
 
 

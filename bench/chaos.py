@@ -27,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import chaos_lib  # noqa: E402
+import hostbench  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -49,6 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    hostbench.start()
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="chaos-"))
     work.mkdir(parents=True, exist_ok=True)
     input_path = work / "input.parquet"
@@ -84,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.details:
         args.details.write_text(json.dumps([asdict(v) for v in verdicts], indent=1))
     extra = {"trials_requested": args.trials, "dtype": args.dtype, "rows": args.rows + len(chaos_lib.BAD_ROWS), "chunk_rows": args.chunk_rows,
-             "reference_seconds": round(ref_seconds, 2), "chaos_seconds": round(time.monotonic() - t0, 1)}
+             "reference_seconds": round(ref_seconds, 2), "chaos_seconds": round(time.monotonic() - t0, 1), "host": hostbench.finish()}
     print(chaos_lib.summary_json(verdicts, ref_seconds, extra))
     if args.work_dir is None:
         shutil.rmtree(work, ignore_errors=True)

@@ -12,6 +12,15 @@ Each contender first encodes ``WARMUP_ROWS`` rows untimed (see there). The worke
 sentence-transformers are then timed ``--repeats`` times (default 3) and the best run counts, as the
 bf16 matmul peak is the best of 5: on a shared 2-core machine single runs of either moved by 15%.
 
+Short texts (issue #22): ``--short-rows`` (default 10,000) rows cut from the same data set's texts
+(:func:`short_corpus`: first sentence, at most 160 characters, 5% empty), through the worker in this
+process and, for the fixed per-shard cost a real run pays, once through the worker CLI in a fresh
+process, and through sentence-transformers. Reported under ``short``: rows/s and the ratio to
+sentence-transformers, ``padding_efficiency``, ``load_share`` (the marker's ``model_load`` over the
+worker's wall time, in this process: imports already warm) and ``fresh_process`` (the CLI run: its
+``load_share`` of the process's wall, and ``load_seconds`` step by step: imports, tokenizer, model
+code, weights, fast path). The main corpus reports the same ``padding_efficiency`` and ``load_share``.
+
 Then, in a subprocess, the worker on a 64,000-row shard to measure its peak RSS (``VmHWM`` of the
 worker process, polled every 0.5 s; ``--rss-rows``; the run is stopped with SIGTERM after
 ``--rss-seconds`` if it has not finished, which also exercises the preemption path). The last line printed is one JSON object:
@@ -19,7 +28,10 @@ worker process, polled every 0.5 s; ``--rss-rows``; the run is stopped with SIGT
 ``rows``, ``naive_rows_per_s``, ``st_rows_per_s``, ``worker_rows_per_s`` (excluding model load; the
 figure including it is ``worker_rows_per_s_with_load``), ``vs_naive``, ``vs_sentence_transformers``,
 ``padding_efficiency`` (real / processed tokens, from the marker), ``mfu`` (real tokens/s x FLOPs per
-token (:func:`flops_per_token`) / bf16 matmul FLOP/s measured in this run), ``peak_rss_mb`` and ``rss_rows_done``.
+token (:func:`flops_per_token`) / bf16 matmul FLOP/s measured in this run), ``peak_rss_mb`` and ``rss_rows_done``,
+``load_share`` (the marker's ``model_load`` over the worker's wall time), ``fast_path`` (what the worker
+picked on this host: attention per length class, linears per shape, load steps), ``short`` (above) and
+``host`` (:mod:`hostbench`: CPU, caches, bf16/AMX, memory bandwidth, load before and after).
 """
 
 from __future__ import annotations
@@ -39,6 +51,7 @@ sys.path[:0] = [str(ROOT / "plugins"), str(ROOT / "worker_image"), str(ROOT / "t
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+import hostbench  # noqa: E402
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
@@ -66,6 +79,59 @@ def load_rows(n: int, seed: int = 0) -> pa.Table:
     idx = np.sort(rng.choice(table.num_rows, size=min(n, table.num_rows), replace=False))
     log(f"data: {path} ({table.num_rows} rows), using {len(idx)}")
     return table.take(pa.array(idx))
+
+
+SHORT_MAX_CHARS = 160
+SHORT_EMPTY_SHARE = 0.05
+SHORT_REPEATS = 2
+"""Timed runs of the worker and sentence-transformers on the short corpus (best counts)."""
+
+
+def short_text(text: str) -> str:
+    """The first sentence (or line) of ``text``, cut at a word boundary to at most
+    :data:`SHORT_MAX_CHARS` characters: the length of a package summary or a search query."""
+    first = text.strip().split("\n", 1)[0]
+    end = first.find(". ")
+    first = first[: end + 1] if end >= 0 else first
+    if len(first) > SHORT_MAX_CHARS:
+        first = first[:SHORT_MAX_CHARS].rsplit(" ", 1)[0]
+    return first
+
+
+def short_corpus(n: int, seed: int = 2) -> pa.Table:
+    """``n`` short texts (:func:`short_text` of the data set's texts, drawn with replacement, fresh
+    ids), :data:`SHORT_EMPTY_SHARE` of them empty (dead letters, as in real short-text data)."""
+    base = load_rows(10**9).column("text").to_pylist()
+    rng = np.random.default_rng(seed)
+    texts = [short_text(base[i]) for i in rng.integers(0, len(base), size=n)]
+    for i in rng.choice(n, size=int(n * SHORT_EMPTY_SHARE), replace=False):
+        texts[i] = ""
+    return pa.table({"id": [f"s{i}" for i in range(n)], "text": texts})
+
+
+def fresh_process_run(rows: pa.Table, workdir: Path) -> dict:
+    """The worker CLI on one shard of ``rows`` in a fresh Python process (what a pod or the local runner
+    starts): process wall seconds, the marker's stage seconds and engine ``load_seconds``, and
+    ``load_share`` = ``model_load`` / process wall (the process's start, imports included, counts)."""
+    from batch_contract.marker import ShardMarker
+    from run_helpers import write_run
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / "fresh_input.parquet"
+    pq.write_table(rows, path)
+    run_dir = write_run(workdir, path, run_id="bench_fresh")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "plugins"), str(ROOT / "worker_image")]))
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "batch_worker", "run", "--run-dir", run_dir, "--shard", "00000"],
+                   env=env, check=True, stderr=subprocess.DEVNULL)
+    wall = time.perf_counter() - t0
+    marker = ShardMarker.from_json_bytes((Path(run_dir) / "shards/00000/_SUCCESS.json").read_bytes())
+    stages = marker.stage_seconds
+    return {"wall_s": round(wall, 2), "model_load_s": stages.get("model_load", 0.0),
+            "load_share": round(stages.get("model_load", 0.0) / wall, 3),
+            "before_stages_s": round(wall - sum(stages.values()), 2),
+            "stage_seconds": stages, "load_seconds": marker.engine.get("load_seconds"),
+            "rows_per_s_with_load": round(rows.num_rows / wall, 1)}
 
 
 def bf16_matmul_flops(size: int = 2048, reps: int = 5) -> float:
@@ -141,6 +207,41 @@ def worker_run(rows: pa.Table, workdir: Path) -> dict:
     return {"wall": wall, "load": load, "marker": marker, "lengths": lengths}
 
 
+def fast_path_summary(engine: dict) -> dict:
+    """What the worker's fast path picked on this host (marker engine info)."""
+    keys = ("attention", "attention_steps", "attention_choice", "packed_linears", "linear_choice",
+            "pad_exact_when_cheaper", "load_seconds")
+    return {k: engine.get(k) for k in keys}
+
+
+def short_bench(n: int, model_dir: str, work: Path, repeats: int, skip_baselines: bool) -> dict:
+    """The short-text figures of the module docstring (``short`` in the JSON)."""
+    rows = short_corpus(n)
+    worker_run(rows.slice(0, WARMUP_ROWS), work / "short_warmup")
+    runs = [worker_run(rows, work / f"short{i}") for i in range(min(repeats, SHORT_REPEATS))]
+    w = min(runs, key=lambda r: r["wall"] - r["load"])
+    marker = w["marker"]
+    rps = marker.rows_ok / (w["wall"] - w["load"])  # rows embedded: the empty ones are dead letters
+    texts = [t for t in rows.column("text").to_pylist() if t]  # the worker dead-letters the empty ones
+    st = st_encode(model_dir, texts, min(repeats, SHORT_REPEATS)) if not skip_baselines else float("nan")
+    fresh = fresh_process_run(rows, work / "short_fresh")
+    log(f"short: worker {rps:.1f} rows/s, st {st:.1f}, padding {marker.padding_efficiency:.3f}, "
+        f"load {w['load']:.2f} of {w['wall']:.2f} s; fresh process {fresh}")
+    return {
+        "rows": rows.num_rows,
+        "mean_tokens": round(marker.tokens_real / max(marker.rows_ok, 1), 1),
+        "worker_rows_per_s": round(rps, 1),
+        "worker_rows_per_s_each": [round(r["marker"].rows_ok / (r["wall"] - r["load"]), 1) for r in runs],
+        "st_rows_per_s": round(st, 1) if not skip_baselines else None,
+        "vs_sentence_transformers": round(rps / st, 3) if not skip_baselines else None,
+        "padding_efficiency": round(marker.padding_efficiency or 0.0, 4),
+        "load_share": round(w["load"] / w["wall"], 3),
+        "model_load_s": round(w["load"], 3),
+        "fresh_process": fresh,
+        "fast_path": fast_path_summary(marker.engine),
+    }
+
+
 def flops_per_token(info: dict, lengths: np.ndarray) -> float:
     """Model FLOPs per real token: 2 x per-token parameters (``params_non_embedding``: the encoder
     layers, without embeddings, pooler or head) + attention, 4 x layers x hidden x the length the token
@@ -209,10 +310,14 @@ def main() -> None:
     parser.add_argument("--rss-rows", type=int, default=64000, help="rows of the RSS shard (0 skips it)")
     parser.add_argument("--rss-seconds", type=float, default=900.0, help="stop the RSS run after this long")
     parser.add_argument("--skip-baselines", action="store_true", help="worker only (no ratios)")
+    parser.add_argument("--skip-naive", action="store_true",
+                        help="leave out the naive loop (8x slower than the worker; only vs_naive needs it)")
+    parser.add_argument("--short-rows", type=int, default=10000, help="rows of the short-text corpus (0 skips it)")
     parser.add_argument("--repeats", type=int, default=3,
                         help="timed runs of the worker and of sentence-transformers; the best counts (the bf16 "
                         "peak is a best of 5 too). The naive loop, 8x slower, runs once")
     args = parser.parse_args()
+    hostbench.start()
     from batch_worker.engines.encoder import default_model_path
 
     model_dir = default_model_path()
@@ -233,22 +338,26 @@ def main() -> None:
         if not args.skip_baselines:
             st_rps = st_encode(model_dir, texts, args.repeats)
             log(f"(b) sentence-transformers bf16 batch 64: {st_rps:.1f} rows/s")
-            naive_rps = naive_loop(model_dir, texts)
-            log(f"(a) naive fp32 random order batch 64: {naive_rps:.1f} rows/s")
+            if not args.skip_naive:
+                naive_rps = naive_loop(model_dir, texts)
+                log(f"(a) naive fp32 random order batch 64: {naive_rps:.1f} rows/s")
         fpt = flops_per_token(marker.engine, w["lengths"])
         tokens_per_s = marker.tokens_real / (w["wall"] - w["load"])
+        short = short_bench(args.short_rows, model_dir, work, args.repeats, args.skip_baselines) \
+            if args.short_rows else None
         peak_rss, rss_done = rss_run(args.rss_rows, args.rss_seconds, work) if args.rss_rows else (float("nan"), 0)
     result = {
         "rows": rows.num_rows,
         "repeats": args.repeats,
         "worker_rows_per_s_each": [round(rows.num_rows / (r["wall"] - r["load"]), 1) for r in runs],
-        "naive_rows_per_s": round(naive_rps, 2) if not args.skip_baselines else None,
+        "naive_rows_per_s": round(naive_rps, 2) if not (args.skip_baselines or args.skip_naive) else None,
         "st_rows_per_s": round(st_rps, 2) if not args.skip_baselines else None,
         "worker_rows_per_s": round(worker_rps, 2),
         "worker_rows_per_s_with_load": round(rows.num_rows / w["wall"], 2),
-        "vs_naive": round(worker_rps / naive_rps, 3) if not args.skip_baselines else None,
+        "vs_naive": round(worker_rps / naive_rps, 3) if not (args.skip_baselines or args.skip_naive) else None,
         "vs_sentence_transformers": round(worker_rps / st_rps, 3) if not args.skip_baselines else None,
         "padding_efficiency": round(marker.padding_efficiency or 0.0, 4),
+        "load_share": round(w["load"] / w["wall"], 3),
         "mfu": round(tokens_per_s * fpt / peak, 3),
         "real_tokens_per_s": round(tokens_per_s, 1),
         "flops_per_token": round(fpt),
@@ -259,6 +368,9 @@ def main() -> None:
         "peak_rss_mb": round(peak_rss, 1) if args.rss_rows else None,
         "rss_rows": args.rss_rows,
         "rss_rows_done": rss_done,
+        "fast_path": fast_path_summary(marker.engine),
+        "short": short,
+        "host": hostbench.finish(),
     }
     print(json.dumps(result))
 

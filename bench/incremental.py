@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "plugins"), str(REPO / "worker_image")]
 
 import duckdb  # noqa: E402
+import hostbench  # noqa: E402
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
@@ -122,6 +123,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=6000, help="rows of the sample to use (default: all 6,000)")
     args = parser.parse_args()
+    hostbench.start()
     t = pq.read_table(SAMPLE, columns=["id", "text"]).slice(0, args.rows)
     ids = [str(i) for i in t.column("id").to_pylist()]
     texts = t.column("text").to_pylist()
@@ -174,6 +176,7 @@ def main() -> None:
             "wall_ratio_second_over_first": round(second["wall"] / first["wall"], 4),
             "worker_seconds_ratio": round(second["worker_seconds"] / first["worker_seconds"], 4),
             "equal_to_scratch": equal,
+            "host": hostbench.finish(),
             "max_abs_diff_reused": max_diff_reused,
             "max_abs_diff_vs_scratch": diff_scratch,
             "unchanged_rows_computed": unchanged["rows_ok"] - unchanged["rows_reused"],

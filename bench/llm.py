@@ -45,6 +45,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 
+import hostbench  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 from batch_contract import storage  # noqa: E402
@@ -168,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hidden", type=int, default=128, help="tiny model hidden size (GPU smoke: larger)")
     parser.add_argument("--layers", type=int, default=2, help="tiny model layers (GPU smoke: more)")
     args = parser.parse_args(argv)
+    hostbench.start()
 
     import build_tiny_llm
     from batch_worker.engines.llm import LLMEngine, _configure_cpu_env, _on_cpu
@@ -232,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         "worker_output_tokens": best_w["output_tokens"],
         "worker_rows_ok": best_w["rows_ok"],
     }
+    result["host"] = hostbench.finish()
     print(json.dumps(result))
     return 0
 

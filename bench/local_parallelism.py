@@ -24,6 +24,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO / "plugins"), str(REPO / "w
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+import hostbench  # noqa: E402
 from batch_contract.runstore import RunStore  # noqa: E402
 from batch_inference.local_runner import auto_parallelism, run_shard  # noqa: E402
 from batch_inference.planner import PlanRequest, plan  # noqa: E402
@@ -55,9 +56,13 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=3)
     parser.add_argument("--parallelism", type=int, nargs="+", default=[1, 2, 0], help="0: auto")
     args = parser.parse_args()
+    hostbench.start()
     with tempfile.TemporaryDirectory() as out:
         for p in args.parallelism:
-            print(json.dumps(measure(p, args.rows, args.shards, out)), flush=True)
+            result = measure(p, args.rows, args.shards, out)
+            if p == args.parallelism[-1]:  # the last line carries the host, its load before and after
+                result["host"] = hostbench.finish()
+            print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

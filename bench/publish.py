@@ -14,6 +14,17 @@ publish runs in a child process: ``iceberg_peak_rss_mb`` is that process's peak 
 and the load average are printed too: on a shared machine the wall-clock rates fall with the load.
 Last line: one JSON object.
 
+What bounds the DuckDB load (issue #22: 221k rows/s on one host, 106k on another of the same kind) is
+timed step by step in the same process, on the same part files, in a DuckDB file configured like
+publish's (:func:`duckdb_profile`): a plain ``read_parquet`` scan that decodes every column, the same
+scan with the cast to ``FLOAT[384]``, the table write (uncompressed, committed: the WAL/checkpoint and
+its fsync), the primary-key build, and a plain sequential write + fsync of as many bytes as the table
+(:func:`disk_write`), each with its CPU seconds (CPU seconds / wall near the core count means
+CPU-bound, well below it means waiting on the disk). ``duckdb_vs_raw_parquet_scan``,
+``duckdb_vs_plain_table_write`` and ``duckdb_vs_disk_write`` are the publish's rows/s over each
+baseline's: figures that mean the same on a faster or slower host. ``host``
+holds the host facts and memory bandwidth (:mod:`hostbench`).
+
 Usage: ``make bench-publish`` (env ``BENCH_PUBLISH_ROWS`` overrides the row count).
 """
 
@@ -35,6 +46,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "plugins"))
 sys.path.insert(0, str(REPO / "tests"))  # synthetic_runs: test-data generation, not shipped in plugins/
 
+import hostbench  # noqa: E402
 from batch_contract.layout import RunLayout  # noqa: E402
 from batch_inference.publish import PublishTarget, publish_run  # noqa: E402
 from synthetic_runs import RunSpec, build_run, write_input  # noqa: E402
@@ -103,6 +115,67 @@ def naive_duckdb(path: str, n: int) -> float:
     return n / seconds
 
 
+def _timed(con, sql: str, params: dict | None = None) -> dict[str, float]:
+    """Run ``sql`` to completion; wall and CPU seconds of this process (DuckDB's threads included)."""
+    cpu0, t0 = cpu_seconds(), time.perf_counter()
+    con.execute(sql, params or {}).fetchall()
+    wall = time.perf_counter() - t0
+    return {"wall_s": round(wall, 3), "cpu_s": round(cpu_seconds() - cpu0, 3)}
+
+
+def duckdb_profile(run_dir: str, work: Path) -> dict:
+    """Steps of a DuckDB load of the run's part files, timed alone (see the module docstring).
+
+    Returns ``{step: {"wall_s", "cpu_s", "rows_per_s"}}`` for ``scan`` (every column decoded: ``id``,
+    ``fingerprint`` and the first float of each embedding), ``scan_cast`` (plus the cast to
+    ``FLOAT[dim]``), ``write`` (``CREATE TABLE AS`` with the cast, uncompressed, committed) and
+    ``primary_key`` (``ALTER TABLE ... ADD PRIMARY KEY``), plus ``table_bytes`` (the database file after
+    the write). Rows are the part files' rows.
+    """
+    from batch_inference.publish.duckdb_backend import connect
+    from batch_inference.publish.target import PublishTarget
+
+    parts = sorted(str(p) for p in Path(run_dir).glob("shards/*/part-*.parquet"))
+    path = work / "profile.duckdb"
+    con = connect(PublishTarget(backend="duckdb", table="profile", duckdb_path=str(path)))
+    params = {"parts": parts}
+    rows = con.execute("SELECT count(*) FROM read_parquet($parts)", params).fetchall()[0][0]
+    scan = "FROM read_parquet($parts)"
+    cast = f"CAST(embedding AS FLOAT[{DIM}])"
+    steps = {
+        "scan": _timed(con, f"SELECT max(id), max(fingerprint), sum(n_tokens), sum(embedding[1]) {scan}", params),
+        "scan_cast": _timed(con, f"SELECT max(id), max(fingerprint), sum(n_tokens), sum({cast}[1]) {scan}", params),
+    }
+    con.execute("SET force_compression = 'uncompressed'")
+    steps["write"] = _timed(con, f"CREATE TABLE t AS SELECT id, fingerprint, n_tokens, truncated, text_repaired, "
+                                 f"{cast} AS embedding {scan}", params)
+    steps["primary_key"] = _timed(con, 'ALTER TABLE t ADD PRIMARY KEY ("id")')
+    con.close()
+    steps["disk_write"] = disk_write(work / "disk_write.bin", path.stat().st_size)
+    for step in steps.values():
+        step["rows_per_s"] = round(rows / max(step["wall_s"], 1e-9))
+    steps["table_bytes"] = path.stat().st_size
+    return steps
+
+
+def disk_write(path: Path, nbytes: int, block: int = 8 << 20) -> dict[str, float]:
+    """Sequential write of ``nbytes`` (the table's size) to ``path`` in ``block``-byte writes, then
+    ``fsync``: the disk's bound on a load that must write that many bytes (wall and CPU seconds)."""
+    buf = os.urandom(block)
+    cpu0, t0 = cpu_seconds(), time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for _ in range(max(1, nbytes // block)):
+            os.write(fd, buf)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    wall = time.perf_counter() - t0
+    path.unlink()
+    return {"wall_s": round(wall, 3), "cpu_s": round(cpu_seconds() - cpu0, 3),
+            "mb_per_s": round(max(1, nbytes // block) * block / wall / 1e6, 1)}
+
+
 def generate(work: Path) -> None:
     """Write the input file and the synthetic run (10 shards, 100,000-row part files, 2 dead letters)."""
     ids = pa.array([f"row-{i:08d}" for i in range(ROWS)], pa.string())
@@ -112,6 +185,7 @@ def generate(work: Path) -> None:
 
 
 def main() -> None:
+    hostbench.start()
     work = Path(tempfile.mkdtemp(prefix="bench-publish-"))
     pg_dir = None
     try:
@@ -131,6 +205,8 @@ def main() -> None:
         duck_cpu = cpu_seconds() - cpu0
         duck_rps = duck["rows_published"] / duck["publish_seconds"]
         print(f"duckdb: {json.dumps(duck)}", file=sys.stderr)
+        profile = duckdb_profile(layout.run_dir, work)
+        print(f"duckdb steps: {json.dumps(profile)}", file=sys.stderr)
 
         dsn, pg_dir = start_pg()
         cpu0 = cpu_seconds()
@@ -157,6 +233,11 @@ def main() -> None:
             "iceberg_publish_seconds": ice["publish_seconds"],
             "iceberg_process_cpu_seconds": ice["cpu_seconds"],
             "duckdb_publish_seconds": duck["publish_seconds"],
+            "duckdb_stage_seconds": duck.get("stage_seconds"),
+            "duckdb_vs_raw_parquet_scan": round(duck_rps / profile["scan"]["rows_per_s"], 3),
+            "duckdb_vs_plain_table_write": round(duck_rps / profile["write"]["rows_per_s"], 3),
+            "duckdb_vs_disk_write": round(duck_rps / profile["disk_write"]["rows_per_s"], 3),
+            "duckdb_steps": profile,
             "postgres_publish_seconds": pg["publish_seconds"],
             "baseline": f"row-by-row executemany of {NAIVE_ROWS} rows, same process",
             "naive_duckdb_rows_per_s": round(naive_duck, 1),
@@ -167,6 +248,7 @@ def main() -> None:
             "postgres_client_cpu_seconds": round(pg_cpu, 1),
             "load_avg_1m_at_start": round(load_before, 1),
             "cpu_cores": os.cpu_count(),
+            "host": hostbench.finish(),
             "targets_met": duck_rps >= 200_000 and pg_rps >= 30_000 and peak_rss_mb() <= 2048
             and ice_rps >= 100_000 and ice["peak_rss_mb"] <= 2048,
         }

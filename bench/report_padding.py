@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "plugins")]
 
+import hostbench  # noqa: E402
 from batch_contract.engine_config import WorkerSettings  # noqa: E402
 from batch_inference.report.tokens import (  # noqa: E402
     expected_random_padded_tokens,
@@ -74,6 +75,7 @@ def sorted_budget(lengths: np.ndarray, token_budget: int, max_batch_rows: int) -
 
 
 def main() -> None:
+    hostbench.start()
     settings = WorkerSettings()
     t0 = time.perf_counter()
     lengths = token_lengths()
@@ -109,6 +111,7 @@ def main() -> None:
         "tokenize_seconds": round(tokenize_s, 2),
     }
     print(f"mean tokens/row {lengths.mean():.1f}; random batch rows {sorted(set(batch_sizes))}")
+    result["host"] = hostbench.finish()
     print(json.dumps(result))
 
 

@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "plugins"), str(REPO / "tests")]
 
+import hostbench  # noqa: E402
 from batch_contract import storage  # noqa: E402
 from batch_contract.layout import PART_PREFIX, part_name  # noqa: E402
 from gcs_fixture import FakeGcsServer  # noqa: E402
@@ -120,12 +121,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--commits", type=int, default=1000, help="part files to commit (default 1000)")
     parser.add_argument("--objects", type=int, default=10_000, help="objects to list (default 10000)")
     args = parser.parse_args(argv)
+    hostbench.start()
     results = run(args.commits, args.objects)
     print(
         f"gs:// {results['commits_per_s']} commits/s vs local {results['local_commits_per_s']}; "
         f"list {results['list_objects_per_s']} objects/s vs local {results['local_list_objects_per_s']}",
         flush=True,
     )
+    results["host"] = hostbench.finish()
     print(json.dumps(results), flush=True)
     return 0
 

@@ -73,6 +73,9 @@ class AttemptRecord:
     threads: int = 0
     """Intra-op CPU threads the worker ran inference with (torch's count after the runner's cap,
     ``BATCH_WORKER_THREADS``); 0 in records written before this field or when unknown."""
+    host_facts: dict[str, Any] = field(default_factory=dict)
+    """The machine this attempt ran on (:func:`batch_contract.hostinfo.host_facts`: CPU model, cores,
+    caches, bf16/AMX, memory, load average at start); ``{}`` in records written before this field."""
 
     def to_json_bytes(self) -> bytes:
         return pretty_json(asdict(self))
@@ -165,6 +168,10 @@ class ShardMarker:
     this run; included in ``rows_ok``). ``tokens_real`` counts only computed rows."""
     reuse_seconds_avoided: float = 0.0
     """Compute seconds the runs that computed the reused rows measured for them (summed over attempts)."""
+    host_facts: dict[str, Any] = field(default_factory=dict)
+    """The machine of the attempt that completed the shard (:func:`batch_contract.hostinfo.host_facts`),
+    so the cost report can tell shards that ran on different kinds of host apart; ``{}`` in markers
+    written before this field (they still load)."""
     started_at: str = ""
     finished_at: str = ""
     status: str = "complete"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -12,6 +13,7 @@ from batch_contract import storage
 from batch_contract.engine_config import ConfigError, EncoderConfig, WorkerSettings
 from batch_contract.engines import engine_config_from_dict
 from batch_contract.enums import DeadLetterReason, ExitCode, ShardStatus
+from batch_contract.hostinfo import host_facts, host_key
 from batch_contract.layout import TEMP_MARK, RunLayout, chunk_of, part_name, shard_id_for, validate_run_id
 from batch_contract.manifest import (
     InputFile,
@@ -87,6 +89,20 @@ def test_marker_attempt_progress_round_trip() -> None:
     progress = ShardProgress(shard_id="00000", status="running", rows_total=6, rows_done=3, rows_dead_letter=0,
                              rows_per_s=1.5, eta_s=2.0, updated_at="t")
     assert ShardProgress.from_json_bytes(progress.to_json_bytes()) == progress
+
+
+def test_marker_host_facts_round_trip_and_old_markers_still_read() -> None:
+    facts = host_facts()
+    attempt = AttemptRecord(attempt_id="a1", shard_id="00000", started_at="t0", host_facts=facts)
+    assert AttemptRecord.from_json_bytes(attempt.to_json_bytes()).host_facts == facts
+    marker = ShardMarker(run_id="r", shard_id="00000", fingerprint="fp", rows_input=1, rows_ok=1,
+                         rows_dead_letter=0, host_facts=facts)
+    back = ShardMarker.from_json_bytes(marker.to_json_bytes())
+    assert back.host_facts == facts and host_key(back.host_facts) == host_key(facts) != ()
+    data = json.loads(marker.to_json_bytes())
+    del data["host_facts"]  # a marker written before the field
+    old = ShardMarker.from_json_bytes(json.dumps(data).encode())
+    assert old.host_facts == {} and host_key(old.host_facts) == ()
 
 
 def test_attempt_record_from_before_the_added_fields_still_reads() -> None:

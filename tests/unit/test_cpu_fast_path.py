@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from batch_worker.engines import cpu_attention, cpu_linear
+from batch_worker.engines.cpu_tuning import OnlineChoice
 from batch_worker.engines.encoder import apply_fast_path, cpu_supports_bf16, select_attention
 from torch import nn
 from transformers import BertConfig, BertModel
@@ -129,8 +130,10 @@ def test_apply_fast_path_reports_what_it_did_and_skips_compiled_models() -> None
         "attention": "sdpa", "packed_linears": 0, "fused_gelu": 0}
     assert isinstance(compiled.encoder.layer[0].intermediate.dense, nn.Linear)
     eager = _tiny_bert()
-    assert apply_fast_path(eager, "cpu", torch.float32, compiled=False) == {
+    assert apply_fast_path(eager, "cpu", torch.float32, compiled=False, tune=False) == {
         "attention": "sdpa", "packed_linears": 13, "fused_gelu": 2}
+    tuned = apply_fast_path(_tiny_bert(), "cpu", torch.float32, compiled=False)
+    assert tuned == {"attention": "sdpa", "packed_linears": 13, "fused_gelu": 2, "linear_choice": {}}
 
 
 @pytest.mark.parametrize("act, kind", [("gelu", "gelu"), ("gelu_pytorch_tanh", "gelu_tanh"), ("gelu_new", None),
@@ -139,3 +142,83 @@ def test_gelu_fusion_only_for_activations_onednn_computes_the_same(act: str, kin
     from transformers.activations import ACT2FN
 
     assert cpu_linear._fusable_gelu(ACT2FN[act]) == kind
+
+
+def test_online_choice_tries_each_candidate_then_keeps_the_fastest_per_key() -> None:
+    choice = OnlineChoice(("a", "b", "c"), warmup=1, samples=2)
+    cost = {"a": 3.0, "b": 1.0, "c": 2.0}
+    names = []
+    for _ in range(9):  # 3 candidates x (1 warm-up + 2 samples)
+        name, timed = choice.next(64)
+        assert timed
+        names.append(name)
+        choice.record(64, name, cost[name] * 100, work=100)  # per-unit cost, work-normalised
+    assert names == ["a", "b", "c"] * 3
+    assert choice.chosen == {"64": "b"} and choice.next(64) == ("b", False)
+    assert choice.next(128) == ("a", True)  # another key is measured on its own
+    choice.record(128, "a", 50.0, work=1)  # a slow warm-up call is discarded, not held against "a"
+    assert choice.run(128, 1.0, {"a": lambda: 1, "b": lambda: 2, "c": lambda: 3}) == 2
+
+
+def test_online_choice_ignores_the_warm_up_call() -> None:
+    choice = OnlineChoice(("a", "b"), warmup=1, samples=1)
+    for name, seconds in (("a", 9.0), ("b", 2.0), ("a", 1.0), ("b", 2.0)):
+        choice.record("k", name, seconds, work=1)
+    assert choice.chosen == {"k": "a"}
+
+
+def test_length_class_and_host_step(monkeypatch) -> None:
+    assert [cpu_attention.length_class(n) for n in (1, 16, 17, 32, 33, 512, 513)] == [16, 16, 32, 32, 64, 512, 1024]
+    l2 = {"caches": [{"level": 2, "type": "Unified", "size_bytes": 2 << 20, "shared_by": 1}]}
+    monkeypatch.setattr(cpu_attention, "host_facts", lambda: l2)
+    assert cpu_attention.host_step_bytes(2) == 4 << 20  # one L2 per thread
+    monkeypatch.setenv("BATCH_WORKER_THREADS", "1")
+    assert cpu_attention.host_step_bytes() == 2 << 20  # the runner's cap, applied after load
+    assert cpu_attention.AttentionPlan.for_host(1).steps == {"chunked_2048k": 2 << 20, "chunked_8192k": 8 << 20}
+    monkeypatch.setattr(cpu_attention, "host_facts", lambda: {"caches": []})
+    assert cpu_attention.host_step_bytes(2) == cpu_attention.CHUNK_BYTES
+
+
+def test_attention_plan_outputs_equal_sdpa_while_and_after_it_decides() -> None:
+    ref_model = _tiny_bert()
+    model = copy.deepcopy(ref_model)
+    plan = cpu_attention.AttentionPlan({"chunked_1k": 1 << 10, "chunked_1m": 1 << 20})
+    model.set_attn_implementation(cpu_attention.register(plan))
+    try:
+        ids, mask = _batch([40, 33, 7, 1, 40], 40)
+        for _ in range(6):  # 2 layers per forward; 3 candidates x 3 calls decide class 64
+            torch.testing.assert_close(_mean_pool(model, ids, mask), _mean_pool(ref_model, ids, mask),
+                                       atol=1e-5, rtol=1e-4)
+        assert set(plan.info()["attention_choice"]) == {"64"}
+        assert plan.info()["attention_choice"]["64"] in {"sdpa", "chunked_1k", "chunked_1m"}
+    finally:
+        cpu_attention.register(None)
+
+
+@pytest.mark.parametrize("activation", ["none", "gelu", "gelu_tanh"])
+def test_tuned_linear_equals_linear_whichever_form_wins(activation: str) -> None:
+    torch.manual_seed(3)
+    layer = nn.Linear(48, 80)
+    x = torch.randn(3, 7, 48)
+    ref = {"none": layer(x), "gelu": F.gelu(layer(x)), "gelu_tanh": F.gelu(layer(x), approximate="tanh")}[activation]
+    choice = OnlineChoice(cpu_linear.TunedLinear.CANDIDATES)
+    tuned = cpu_linear.TunedLinear(layer, activation, choice)
+    with torch.inference_mode():
+        for _ in range(7):  # 2 candidates x 3 calls decide, then the winner runs alone
+            torch.testing.assert_close(tuned(x), ref.detach(), atol=1e-5, rtol=1e-4)
+    winner = choice.chosen[tuned.key]
+    assert tuned.key == f"48x80{'' if activation == 'none' else '+' + activation}"
+    assert (tuned.weight is None) == (winner == "stock") and (tuned.stock_weight is None) == (winner == "packed")
+
+
+def test_tuned_bert_matches_stock_bert_and_records_its_choices() -> None:
+    ref_model = _tiny_bert()
+    model = copy.deepcopy(ref_model)
+    choice = OnlineChoice(cpu_linear.TunedLinear.CANDIDATES)
+    assert cpu_linear.pack_for_cpu(model, "cpu", torch.float32, choice) == {"packed": 13, "fused_gelu": 2}
+    assert not any(isinstance(m, nn.Linear) for m in model.modules())
+    ids, mask = _batch([30, 12, 30, 2], 32)
+    for _ in range(4):
+        got, want = _mean_pool(model, ids, mask), _mean_pool(ref_model, ids, mask)
+        assert F.cosine_similarity(got, want).min() >= 0.99999
+    assert set(choice.chosen) == {"64x64", "64x128+gelu", "128x64"}  # the pooler's 64x64 shares a key

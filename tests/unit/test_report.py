@@ -330,3 +330,41 @@ def test_cross_shard_duplicate_ids_from_publish_count_as_duplicate_id_dead_lette
     r = build_report(layout.run_dir, dag_id=DAG_ID, publish_summary=publish, cost_params=COST, write_html=False)
     assert r["dead_letter_reasons"] == {"duplicate_id": 1, "empty_text": 1}
     assert sum(r["dead_letter_reasons"].values()) == r["rows_dead_letter"] == 2
+
+
+def _set_hosts(layout: RunLayout, facts: dict[str, dict]) -> None:
+    for shard_id, host in facts.items():
+        path = Path(layout.marker_uri(shard_id))
+        marker = ShardMarker.from_json_bytes(path.read_bytes())
+        marker.host_facts = host
+        path.write_bytes(marker.to_json_bytes())
+
+
+AMD = {"cpu_model": "AMD EPYC", "logical_cores": 2, "threads_per_core": 1, "bf16": True, "amx": False,
+       "caches": [{"level": 2, "type": "Unified", "size_bytes": 1 << 20, "shared_by": 1}], "load_avg": [1.0, 1, 1]}
+XEON = {**AMD, "cpu_model": "Intel Xeon", "amx": True,
+        "caches": [{"level": 2, "type": "Unified", "size_bytes": 2 << 20, "shared_by": 1}]}
+
+
+def test_shards_on_different_hosts_are_named_per_shard(tmp_path):
+    layout = make_run(tmp_path, "two_hosts")
+    _set_hosts(layout, {"00000": AMD, "00001": XEON})
+    r = build_report(layout.run_dir, dag_id=DAG_ID, publish_summary=None, cost_params=COST)
+    validate_report(r)
+    assert [(g["host"], g["shards"]) for g in r["hosts"]] == [
+        ("AMD EPYC, 2 cores x 1 thread, L2 1 MiB, bf16", ["00000"]),
+        ("Intel Xeon, 2 cores x 1 thread, L2 2 MiB, AMX", ["00001"])]
+    assert [s["host"] for s in r["shards"]] == [g["host"] for g in r["hosts"]]
+    html = Path(layout.report_html_uri).read_text()
+    assert "2 kinds of host" in html and "<th>host</th>" in html and "L2 2 MiB, AMX" in html
+
+
+def test_shards_on_one_host_name_it_once(tmp_path):
+    layout = make_run(tmp_path, "one_host")
+    _set_hosts(layout, {"00000": AMD, "00001": {**AMD, "load_avg": [7.0, 5.0, 3.0]}})  # load differs only
+    r = build_report(layout.run_dir, dag_id=DAG_ID, publish_summary=None, cost_params=COST)
+    validate_report(r)
+    assert len(r["hosts"]) == 1 and r["hosts"][0]["shards"] == ["00000", "00001"]
+    assert all(s["host"] is None for s in r["shards"])
+    html = Path(layout.report_html_uri).read_text()
+    assert "Host: AMD EPYC" in html and "<th>host</th>" not in html

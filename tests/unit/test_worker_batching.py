@@ -53,3 +53,42 @@ def test_bad_arguments_raise() -> None:
         plan_batches([0, 3], 64, 4)
     with pytest.raises(ValueError):
         plan_batches([3], 0, 4)
+
+
+def _efficiency(lengths, batches) -> float:
+    return float(np.asarray(lengths).sum() / sum(b.padded_tokens for b in batches))
+
+
+def test_short_rows_pad_to_their_own_length_when_the_bucket_is_wasteful() -> None:
+    # short texts (package summaries of <= 160 characters): 4-40 tokens, most 10-20
+    rng = np.random.default_rng(2)
+    lengths = np.clip(rng.lognormal(2.7, 0.35, size=10_000).astype(int), 3, 60)
+    bucketed = plan_batches(lengths, token_budget=8192, max_batch_rows=256, pad_to_multiple_of=8)
+    exact = plan_batches(lengths, token_budget=8192, max_batch_rows=256, pad_to_multiple_of=8,
+                         exact_when_cheaper=True)
+    _check_cover(exact, len(lengths))
+    assert _efficiency(lengths, bucketed) < 0.9 < 0.94 <= _efficiency(lengths, exact)
+    assert len(exact) <= 1.5 * len(bucketed)  # full batches: not many more of them
+    for b in exact:
+        longest = int(lengths[b.indices].max())
+        assert b.padded_tokens <= 8192 and len(b.indices) <= 256
+        if b.padded_length % 8:  # exact: the batch's own longest row, rows down to 95% of it, half full
+            assert b.padded_length == longest and int(lengths[b.indices].min()) >= 0.95 * longest
+            assert len(b.indices) >= 0.5 * min(256, 8192 // longest)
+        else:
+            assert longest <= b.padded_length < longest + 8
+
+
+def test_exact_padding_only_where_it_fills_the_batch() -> None:
+    # sparse lengths (a small chunk): exact batches would be small, so buckets are kept
+    sparse = [200, 199, 197, 12, 11, 11]
+    batches = plan_batches(sparse, token_budget=4096, max_batch_rows=8, pad_to_multiple_of=8, exact_when_cheaper=True)
+    assert [(b.indices.tolist(), b.padded_length) for b in batches] == [([0, 1, 2], 200), ([3, 4, 5], 16)]
+    # dense lengths: a full batch of 11-token rows pads to 11, not 16, and the last 3 rows (all that
+    # is left) to 9
+    dense = [11] * 8 + [9] * 3
+    batches = plan_batches(dense, token_budget=4096, max_batch_rows=8, pad_to_multiple_of=8, exact_when_cheaper=True)
+    assert [(len(b.indices), b.padded_length) for b in batches] == [(8, 11), (3, 9)]
+    assert [(len(b.indices), b.padded_length) for b in plan_batches(dense, 4096, 8, 8)] == [(8, 16), (3, 16)]
+    # a batch whose bucket is already as full stays a bucket
+    assert plan_batches([16] * 8, 4096, 8, 8, exact_when_cheaper=True)[0].padded_length == 16

@@ -31,6 +31,7 @@ from batch_contract import storage
 from batch_contract.carryover import read_plan as read_carryover_plan
 from batch_contract.engine_config import ConfigError
 from batch_contract.enums import ExitCode, ShardStatus
+from batch_contract.hostinfo import host_facts
 from batch_contract.layout import DEAD_LETTER_PREFIX, PART_PREFIX, RunLayout, is_reused_part, join_uri
 from batch_contract.manifest import Manifest, result_fingerprint
 from batch_contract.marker import AttemptRecord, ShardMarker
@@ -166,6 +167,7 @@ class ShardRun:
             started_at=utc_now(),
             host=os.environ.get("HOSTNAME") or socket.gethostname(),
             fingerprint=ctx.fingerprint,
+            host_facts=host_facts(),
         )
         self.attempt_uri = join_uri(ctx.layout.attempts_dir(ctx.shard_id), f"{self.attempt.attempt_id}.json")
         self.counters = Counters(self.spec.rows, 0)
@@ -479,6 +481,7 @@ class ShardRun:
             dead_letter_parts=list(ledger.dead_letter_parts),
             files_quarantined=quarantined_count(ctx.shard_dir),
             rows_reused=reused,
+            host_facts=dict(self.attempt.host_facts),
         )
 
     def _file_records(self, ledger: Ledger, attempts: list[dict]) -> dict[str, dict]:

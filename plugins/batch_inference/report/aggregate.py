@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from batch_contract.enums import DeadLetterReason
+from batch_contract.hostinfo import describe, host_key
 from batch_contract.marker import STAGES, ShardMarker
 
 
@@ -164,3 +165,18 @@ def timeline(markers: list[ShardMarker], plan_created_at: str, publish_seconds: 
         "shards_wall_seconds": wall,
         "publish_seconds": publish_seconds,
     }
+
+
+def hosts(markers: list[ShardMarker]) -> list[dict[str, Any]]:
+    """The kinds of host the shards ran on, in order of first appearance: ``{"host": one-line
+    description, "facts": the first such shard's host facts, "shards": [shard ids]}``. Shards whose
+    markers predate host facts are grouped under ``host == ""``. Two shards share an entry when their
+    machines match (:func:`batch_contract.hostinfo.host_key`: CPU, cores, caches, bf16/AMX, memory),
+    whatever their load."""
+    groups: dict[tuple, dict[str, Any]] = {}
+    for m in markers:
+        key = host_key(m.host_facts)
+        if key not in groups:
+            groups[key] = {"host": describe(m.host_facts), "facts": dict(m.host_facts), "shards": []}
+        groups[key]["shards"].append(m.shard_id)
+    return list(groups.values())

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 from batch_contract import storage
 from batch_contract.engine_config import WorkerSettings
+from batch_contract.hostinfo import describe
 from batch_contract.jsonutil import pretty_json
 from batch_contract.marker import ShardMarker
 from batch_contract.version import SCHEMA_VERSION
@@ -44,8 +45,10 @@ PADDING_METHOD = (
 
 
 def _shard_row(spec_rows: int, shard_id: str, marker: ShardMarker | None, status: str,
-               att: dict[str, Any], params: CostParams) -> dict[str, Any]:
-    """One row of the per-shard table (``None`` for figures a shard without marker cannot have)."""
+               att: dict[str, Any], params: CostParams, show_host: bool = False) -> dict[str, Any]:
+    """One row of the per-shard table (``None`` for figures a shard without marker cannot have).
+    ``show_host``: the run's shards ran on more than one kind of host, so each row names its host
+    (``host``: :func:`batch_contract.hostinfo.describe` of the marker's host facts), else ``None``."""
     if marker is None:
         return {
             "shard_id": shard_id, "status": status, "rows_input": spec_rows, "rows_ok": None,
@@ -53,7 +56,7 @@ def _shard_row(spec_rows: int, shard_id: str, marker: ShardMarker | None, status
             "padding_efficiency": None, "seconds": None, "stage_seconds": {}, "steady_rows_per_s": None,
             "rows_per_s": None, "gpu_util_mean": None, "cpu_seconds": None, "attempts": att["attempts"],
             "preemptions": att["preemptions"], "killed": att["killed"], "rows_redone": att["rows_redone"],
-            "cost_usd": None, "started_at": None, "finished_at": None,
+            "cost_usd": None, "started_at": None, "finished_at": None, "host": None,
         }
     seconds = agg.shard_seconds(marker)
     return {
@@ -79,6 +82,7 @@ def _shard_row(spec_rows: int, shard_id: str, marker: ShardMarker | None, status
         "cost_usd": worker_cost(seconds, params),
         "started_at": marker.started_at or None,
         "finished_at": marker.finished_at or None,
+        "host": describe(marker.host_facts) if show_host else None,
     }
 
 
@@ -181,6 +185,7 @@ def compute_report(data: RunData, *, dag_id: str, publish_summary: dict[str, Any
     timeline_of = agg.timeline(markers, manifest.created_at, publish_seconds)
     rows_reused = sum(m.rows_reused for m in markers)
     reuse_seconds = float(sum(m.reuse_seconds_avoided for m in markers))
+    host_groups = agg.hosts(markers)
 
     return {
         "schema_version": REPORT_SCHEMA_VERSION,
@@ -255,7 +260,9 @@ def compute_report(data: RunData, *, dag_id: str, publish_summary: dict[str, Any
         },
         "token_lengths": {"stats": tok.length_stats(all_counts), "histogram": tok.histogram(all_counts)},
         "shards": [_shard_row(s.rows, s.shard_id, data.markers.get(s.shard_id), _status(data, s.shard_id),
-                              shard_att[s.shard_id], params) for s in manifest.shards],
+                              shard_att[s.shard_id], params, show_host=len(host_groups) > 1)
+                   for s in manifest.shards],
+        "hosts": host_groups,
         "publish": publish,
         "history": history,
         "projection": projection_section(

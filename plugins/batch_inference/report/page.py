@@ -145,13 +145,25 @@ def _attempts_section(r: dict[str, Any]) -> str:
                           "re-done"], rows, "attempts")
 
 
+def _hosts_note(r: dict[str, Any]) -> str:
+    """One line naming the host all shards ran on, or a warning listing the kinds of host when they
+    differ (per-shard throughput is then not comparable without them)."""
+    groups = [g for g in r.get("hosts") or [] if g["host"]]
+    if len(r.get("hosts") or []) > 1:
+        items = "; ".join(f"{g['host'] or 'unknown (old marker)'}: {len(g['shards'])} shard(s)" for g in r["hosts"])
+        return f'<p class="warn">Shards ran on {len(r["hosts"])} kinds of host: {escape(items)}</p>'
+    return f'<p class="note">Host: {escape(groups[0]["host"])}</p>' if groups else ""
+
+
 def _shards_section(r: dict[str, Any]) -> str:
+    with_host = any(s.get("host") for s in r["shards"])
     rows = [[s["shard_id"], s["status"], fmt.num(s["rows_input"]), fmt.num(s["rows_ok"]),
              fmt.num(s["rows_dead_letter"]), fmt.num(s["seconds"]), fmt.num(s["steady_rows_per_s"]),
              fmt.pct(s["padding_efficiency"]), fmt.num(s["gpu_util_mean"]), s["attempts"], s["preemptions"],
-             fmt.usd(s["cost_usd"])] for s in r["shards"]]
-    return _table(["shard", "status", "rows in", "ok", "dead", "seconds", "steady rows/s", "padding eff.",
-                   "GPU util", "attempts", "preempted", "cost"], rows, "shards")
+             fmt.usd(s["cost_usd"])] + ([s.get("host") or ""] if with_host else []) for s in r["shards"]]
+    return _hosts_note(r) + _table(["shard", "status", "rows in", "ok", "dead", "seconds", "steady rows/s",
+                                    "padding eff.", "GPU util", "attempts", "preempted", "cost"]
+                                   + (["host"] if with_host else []), rows, "shards")
 
 
 def render_html(report: dict[str, Any]) -> str:

@@ -11,6 +11,12 @@ development machine). Measured there, 8,192 bf16 tokens of MiniLM: the 384->1536
 
 These ops are private to PyTorch (``torch.ops.mkldnn``), so :func:`fast_linear_supported` probes them
 against ``F.linear`` at load and the engine keeps the model as it is if the probe fails.
+
+Whether packing pays depends on the host and the layer shape: a day later on the same development VM
+the 384->384 linear ran at 0.83x ``F.linear`` packed while the feed-forward ones ran 1.2x. With an
+:class:`~batch_worker.engines.cpu_tuning.OnlineChoice` (the engine passes one), each layer becomes a
+:class:`TunedLinear` that keeps both forms and, per layer shape, uses the faster one measured on the
+first forward passes.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ import logging
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from batch_worker.engines.cpu_tuning import OnlineChoice
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +69,46 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, activation={self.attr}"
 
 
+class TunedLinear(PackedLinear):
+    """A :class:`PackedLinear` that also keeps the plain weight and, per layer shape
+    ``(in_features, out_features, activation)``, runs whichever of the packed op and ``F.linear`` (+GELU)
+    ``choice`` found faster on this host (:class:`~batch_worker.engines.cpu_tuning.OnlineChoice`,
+    shared by all layers of a model). Once the shape is decided the unused weight is dropped.
+
+    Args:
+        linear: the layer to replace.
+        activation: as :class:`PackedLinear`.
+        choice: the model's shared choice among ``packed`` and ``stock``.
+    """
+
+    CANDIDATES = ("packed", "stock")
+
+    def __init__(self, linear: nn.Linear, activation: str, choice: OnlineChoice) -> None:
+        super().__init__(linear, activation)
+        self.activation = activation
+        self.choice = choice
+        self.key = f"{self.in_features}x{self.out_features}{'' if activation == 'none' else '+' + activation}"
+        self.register_buffer("stock_weight", linear.weight.detach(), persistent=False)
+
+    def _stock(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.stock_weight, self.bias)
+        if self.activation == "none":
+            return y
+        return F.gelu(y, approximate="tanh" if self.activation == "gelu_tanh" else "none")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        name, timed = self.choice.next(self.key)
+        if not timed and self.stock_weight is not None and name == "packed":
+            self.stock_weight = None  # decided: free the form this host does not use
+        elif not timed and self.weight is not None and name == "stock":
+            self.weight = None
+        if not timed:
+            return super().forward(x) if name == "packed" else self._stock(x)
+        work = x.numel() // self.in_features * self.in_features * self.out_features
+        return self.choice.run(self.key, work, {"packed": lambda: super(TunedLinear, self).forward(x),
+                                                "stock": lambda: self._stock(x)})
+
+
 def fast_linear_supported(dtype: torch.dtype) -> bool:
     """Whether this PyTorch build runs :class:`PackedLinear` in ``dtype`` and matches ``F.linear`` (+GELU)
     within :data:`PROBE_TOLERANCE`. Never raises: any error means unsupported (logged)."""
@@ -96,8 +144,9 @@ def _fusable_gelu(act: nn.Module) -> str | None:
     return None
 
 
-def pack_linears(model: nn.Module) -> dict[str, int]:
-    """Replace every ``nn.Linear`` of ``model`` (in place, on CPU) with a :class:`PackedLinear`.
+def pack_linears(model: nn.Module, choice: OnlineChoice | None = None) -> dict[str, int]:
+    """Replace every ``nn.Linear`` of ``model`` (in place, on CPU) with a :class:`PackedLinear`, or a
+    :class:`TunedLinear` sharing ``choice`` when one is given (``TunedLinear.CANDIDATES``).
 
     Where a module holds ``dense`` (a Linear) followed by a GELU ``intermediate_act_fn`` (the feed-forward
     of BERT, RoBERTa, XLM-R, ELECTRA, MPNet), the GELU is fused into the packed layer and the activation
@@ -108,21 +157,22 @@ def pack_linears(model: nn.Module) -> dict[str, int]:
         dense, act = getattr(module, "dense", None), getattr(module, "intermediate_act_fn", None)
         kind = _fusable_gelu(act) if isinstance(dense, nn.Linear) and isinstance(act, nn.Module) else None
         if kind:
-            module.dense = PackedLinear(dense, kind)
+            module.dense = PackedLinear(dense, kind) if choice is None else TunedLinear(dense, kind, choice)
             module.intermediate_act_fn = nn.Identity()
             fused += 1
     packed = fused
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(parent, name, PackedLinear(child))
+                setattr(parent, name, PackedLinear(child) if choice is None else TunedLinear(child, "none", choice))
                 packed += 1
     return {"packed": packed, "fused_gelu": fused}
 
 
-def pack_for_cpu(model: nn.Module, device: str, dtype: torch.dtype) -> dict[str, int]:
-    """:func:`pack_linears` when ``device`` is ``cpu`` and :func:`fast_linear_supported` (``dtype``);
-    else the model is left alone and both counts are 0."""
+def pack_for_cpu(model: nn.Module, device: str, dtype: torch.dtype,
+                 choice: OnlineChoice | None = None) -> dict[str, int]:
+    """:func:`pack_linears` (with ``choice``) when ``device`` is ``cpu`` and :func:`fast_linear_supported`
+    (``dtype``); else the model is left alone and both counts are 0."""
     if device != "cpu" or not fast_linear_supported(dtype):
         return {"packed": 0, "fused_gelu": 0}
-    return pack_linears(model)
+    return pack_linears(model, choice)

@@ -85,35 +85,57 @@ PER_ROW_PARAMS = frozenset({"embeddings", "pooler", "pre_classifier", "classifie
 row, not per token."""
 
 
-def select_attention(model: Any, device: str, dtype_name: str) -> str:
+def select_attention(model: Any, device: str, dtype_name: str, plan: Any = None) -> str:
     """Switch ``model`` to the batch-chunked CPU attention (:mod:`batch_worker.engines.cpu_attention`)
     when it runs in bfloat16 on a CPU that computes bf16 natively and its class supports transformers'
     attention interface; returns the ``attn_implementation`` in use (recorded in the marker's engine
-    info). float32 and emulated bf16 keep SDPA: there the chunked form measured no faster up to 256
-    tokens per row and down to 0.4x of SDPA at 512-832 tokens (fp32), and 0.65x in emulated bf16."""
+    info). ``plan``: the :class:`~batch_worker.engines.cpu_attention.AttentionPlan` that picks SDPA or
+    chunked per length class on this host (``None``: always chunked). float32 and emulated bf16 keep
+    SDPA: there the chunked form measured no faster up to 256 tokens per row and down to 0.4x of SDPA
+    at 512-832 tokens (fp32), and 0.65x in emulated bf16."""
     native_bf16 = dtype_name == "bfloat16" and cpu_supports_bf16()
     if device == "cpu" and native_bf16 and getattr(model, "_supports_attention_backend", False):
         from batch_worker.engines import cpu_attention
 
         try:
-            model.set_attn_implementation(cpu_attention.register())
+            model.set_attn_implementation(cpu_attention.register(plan))
         except (ValueError, AttributeError) as exc:
             log.warning("keeping %s attention: %s", model.config._attn_implementation, exc)
     return str(model.config._attn_implementation)
 
 
-def apply_fast_path(model: Any, device: str, dtype: Any, compiled: bool) -> dict[str, Any]:
+def apply_fast_path(model: Any, device: str, dtype: Any, compiled: bool, tune: bool = True) -> dict[str, Any]:
     """Apply the CPU fast path to ``model`` in place (:func:`select_attention`, then
     :func:`~batch_worker.engines.cpu_linear.pack_for_cpu`; both no-ops off CPU) unless it is to be
     compiled: inductor makes its own kernels, and a Python loop over row chunks would break its graph.
-    Returns the marker's engine-info fields ``attention``, ``packed_linears`` and ``fused_gelu``."""
+
+    ``tune`` (CPU only): each choice adapts to the host, by timing the first real calls
+    (:mod:`batch_worker.engines.cpu_tuning`): SDPA or chunked attention at two L2-derived step sizes
+    per length class, packed or plain linear per layer shape. ``tune=False`` always takes the fast
+    kernels (chunked at ``CHUNK_BYTES``, packed).
+
+    Returns the marker's engine-info fields ``attention``, ``packed_linears`` and ``fused_gelu``, and
+    with tuning ``attention_steps``/``attention_choice`` (length class -> ``sdpa``/``chunked_<KiB>k``)
+    and ``linear_choice`` (layer shape -> ``packed``/``stock``); the choice dicts are live, filled as
+    the first batches decide them, so the marker written at the end of the shard holds them."""
     if compiled:
         return {"attention": str(model.config._attn_implementation), "packed_linears": 0, "fused_gelu": 0}
-    from batch_worker.engines.cpu_linear import pack_for_cpu
+    from batch_worker.engines.cpu_attention import ATTENTION_NAME, AttentionPlan
+    from batch_worker.engines.cpu_linear import TunedLinear, pack_for_cpu
+    from batch_worker.engines.cpu_tuning import OnlineChoice
 
-    attention = select_attention(model, device, str(dtype).removeprefix("torch."))
-    packed = pack_for_cpu(model, device, dtype)
-    return {"attention": attention, "packed_linears": packed["packed"], "fused_gelu": packed["fused_gelu"]}
+    tune = tune and device == "cpu"
+    plan = AttentionPlan.for_host() if tune else None
+    choice = OnlineChoice(TunedLinear.CANDIDATES) if tune else None
+    attention = select_attention(model, device, str(dtype).removeprefix("torch."), plan)
+    packed = pack_for_cpu(model, device, dtype, choice)
+    info: dict[str, Any] = {"attention": attention, "packed_linears": packed["packed"],
+                            "fused_gelu": packed["fused_gelu"]}
+    if plan is not None and attention == ATTENTION_NAME:
+        info.update(plan.info())
+    if choice is not None and packed["packed"]:
+        info["linear_choice"] = choice.chosen
+    return info
 
 
 def default_model_path() -> str:
@@ -193,6 +215,39 @@ def resolve_dtype(requested: str, device: str) -> str:
     return "bfloat16" if cpu_supports_bf16() else "float32"
 
 
+class Laps:
+    """Wall-clock seconds between successive :meth:`lap` calls, by name (rounded to ms)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = round(self.seconds.get(name, 0.0) + now - self._t, 3)
+        self._t = now
+
+
+def import_model_code(model_dir: Path) -> None:
+    """Import the transformers module of the model in ``model_dir`` (``models.<type>.modeling_<type>``,
+    from ``config.json``'s ``model_type``) so its cost is timed on its own: for BERT it was 1.7 of the
+    2.1 s ``AutoModel.from_pretrained`` took in a fresh process on the development VM (it pulls in
+    ``torch.distributed.tensor``, ``torch._dynamo`` and scipy), the weights themselves 0.33 s. A model
+    type without such a module is left to ``from_pretrained`` (nothing raised)."""
+    import importlib
+
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+
+    model_type = json.loads((model_dir / "config.json").read_text()).get("model_type")
+    if not model_type:
+        return
+    module = model_type_to_module_name(model_type)
+    try:
+        importlib.import_module(f"transformers.models.{module}.modeling_{module}")
+    except ImportError:
+        log.debug("no modeling module for model type %r; from_pretrained imports what it needs", model_type)
+
+
 @dataclass
 class Prepared:
     """A tokenized chunk: token ids per row (int32 arrays, no padding), lengths (int64, tokens),
@@ -253,17 +308,24 @@ class EncoderEngine(Engine):
         self.pinned_dtype = dtype
 
     def load(self) -> LoadedModel:
+        """Load tokenizer and model; the marker's engine info records where the time went
+        (``load_seconds``: :func:`import_model_code` and the other steps, seconds)."""
         if self.loaded is not None:
             return self.loaded
+        laps = Laps()
         import torch
+
+        laps.lap("import_torch")
         import transformers
         from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
 
+        laps.lap("import_transformers")
         cfg = self.config
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.dtype_name = self.pinned_dtype or resolve_dtype(cfg.dtype, self.device)
         dtype = getattr(torch, self.dtype_name)
         tokenizer = AutoTokenizer.from_pretrained(self.model_dir, local_files_only=True)
+        laps.lap("tokenizer")
         if not getattr(tokenizer, "is_fast", False):
             raise ConfigError(f"engine.model_path: {self.model_dir} has no fast tokenizer (tokenizer.json)")
         model_max = st_max_length(self.model_dir) or min(
@@ -275,6 +337,8 @@ class EncoderEngine(Engine):
         backend.no_padding()
         backend.enable_truncation(max_length=self.max_length)
         self._tok = backend
+        import_model_code(self.model_dir)
+        laps.lap("import_model_code")
         if cfg.task == "classification":
             model = AutoModelForSequenceClassification.from_pretrained(self.model_dir, dtype=dtype, local_files_only=True)
             self.id2label = {int(k): str(v) for k, v in model.config.id2label.items()}
@@ -291,9 +355,11 @@ class EncoderEngine(Engine):
         if max_pos and self.max_length > max_pos:
             raise ConfigError(f"engine.max_length: {self.max_length} exceeds the model's {max_pos} positions")
         model = model.eval().to(self.device)
+        laps.lap("weights")
         n_params = sum(p.numel() for n, p in model.named_parameters() if not PER_ROW_PARAMS.intersection(n.split(".")))
         fast_path = apply_fast_path(model, self.device, dtype, compiled=cfg.compile)
         self.model = torch.compile(model, dynamic=True) if cfg.compile else model
+        laps.lap("fast_path")
         info: dict[str, Any] = {
             "engine": "encoder",
             "model_path": str(self.model_dir),
@@ -317,6 +383,7 @@ class EncoderEngine(Engine):
             "token_budget": self.settings.token_budget_for(self.device),
             "max_batch_rows": self.settings.max_batch_rows_for(self.device),
             "pad_to_multiple_of": self._pad_multiple(),
+            "pad_exact_when_cheaper": self.device == "cpu" and not cfg.compile,
             "device_uuid": device_uuid(torch, self.device),
         }
         self.token_budget = info["token_budget"]
@@ -326,6 +393,8 @@ class EncoderEngine(Engine):
         self.oom_cap = simulated_oom_tokens()
         digest = self.model_digest()
         info["model_digest"] = digest
+        laps.lap("digest")
+        info["load_seconds"] = laps.seconds
         self.loaded = LoadedModel(model_digest=digest, info=info, part_schema=schema, max_length=self.max_length)
         return self.loaded
 
@@ -380,6 +449,13 @@ class EncoderEngine(Engine):
         multiple = self.config.pad_to_multiple_of
         return max(multiple, COMPILE_PAD_MULTIPLE) if self.config.compile else multiple
 
+    def _pad_exact(self) -> bool:
+        """Whether a batch pads to its own longest row when the padding bucket would waste more than
+        ``1 - MIN_FILL`` (:func:`~batch_worker.batching.plan_batches`' ``exact_when_cheaper``): on CPU
+        without compile, where padded tokens are the cost and no compiled shape needs a bucket. GPUs
+        keep the multiple: exact lengths were not measured there."""
+        return self.device == "cpu" and not self.config.compile
+
     def process(self, prepared: Prepared, should_stop: Callable[[], bool]) -> ChunkOutput:
         """Embed/score the chunk batch by batch (longest first); stops between batches when asked.
 
@@ -397,7 +473,8 @@ class EncoderEngine(Engine):
 
         rows = prepared.rows
         queue = deque((b.indices, b.padded_length) for b in plan_batches(
-            prepared.lengths, self.token_budget, self.max_batch_rows, self._pad_multiple()))
+            prepared.lengths, self.token_budget, self.max_batch_rows, self._pad_multiple(),
+            exact_when_cheaper=self._pad_exact()))
         values = torch.empty((len(rows), self._out_dim()), dtype=torch.float32, device=self.device)
         order = np.empty(len(rows), dtype=np.int64)
         rejects: list[Reject] = []
