@@ -380,7 +380,8 @@ def stage_batches(engine: Any, prepared: Any, device: str) -> tuple[list[tuple[A
     import torch
     from batch_worker.batching import plan_batches
 
-    batches = plan_batches(prepared.lengths, engine.token_budget, engine.max_batch_rows, engine._pad_multiple())
+    batches = plan_batches(prepared.lengths, engine.token_budget, engine.max_batch_rows, engine._pad_multiple(),
+                           exact_when_cheaper=engine._pad_exact())  # the engine's own plan
     staged, shapes = [], []
     for batch in batches:
         ids = np.full((len(batch.indices), batch.padded_length), engine.pad_id, dtype=np.int64)

@@ -51,6 +51,7 @@ def test_canary_rows_count_towards_the_run_and_are_never_computed_twice(tmp_path
         marker = store.marker(shard)
         assert marker.rows_ok == 120 and marker.engine["token_budget"] == canary.chosen["token_budget"]
         assert marker.engine["tuned_by"] == "canary"
+        assert 0 < marker.tokens_real <= marker.tokens_padded  # padding efficiency <= 1 beside canary parts
         computed = sum(a["rows_committed"] for a in marker.attempts)
         assert computed == 120 - 40, "the shard computed only the rows the canary did not"
     ids = _part_ids(run_dir)

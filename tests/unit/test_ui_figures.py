@@ -51,6 +51,8 @@ def run(tmp_path) -> RunLayout:
     """3 shards of 30 rows; shards 0 and 1 complete (shard 0 after one preemption), shard 2 running with
     a fresh progress object (12 rows done, 1 of them dead-lettered, 4.0 rows/s). Priced at nvidia-h100-80gb spot
     $2.00/GPU-hour."""
+    global NOW  # "fresh" is relative to when the test runs, not to when the module was collected
+    NOW = datetime.now(UTC)
     src = write_input(tmp_path / "in.parquet", [str(i) for i in range(ROWS)])
     layout = build_run(tmp_path / "out", "manual__2026-01-01T00:00:00+00:00", src,
                        RunSpec(shards=3, chunk_rows=10, dead_rows=DEAD, skip_markers={RUNNING}))

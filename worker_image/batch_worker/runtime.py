@@ -441,11 +441,14 @@ class ShardRun:
     def _marker(self, loaded: LoadedModel, ledger: Ledger) -> ShardMarker:
         ctx = self.ctx
         tokens_real = truncated = repaired = reused = 0
+        # tokens_real counts the parts this shard's attempts computed, like tokens_padded: parts the
+        # run's canary committed into the shard are in canary.json's figures, not here
+        own = {n for a in self._attempts() for n in a.get("files", {})} | set(self.attempt.files)
         for name in ledger.parts:
             t = read_parquet_columns(join_uri(ctx.shard_dir, name), ["n_tokens", "truncated", "text_repaired"])
             if is_reused_part(name):
                 reused += t.num_rows
-            else:
+            elif name in own:
                 tokens_real += int(pc.sum(t.column("n_tokens")).as_py() or 0)
             truncated += int(pc.sum(t.column("truncated").cast("int64")).as_py() or 0)
             repaired += int(pc.sum(t.column("text_repaired").cast("int64")).as_py() or 0)
