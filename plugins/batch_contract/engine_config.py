@@ -23,11 +23,33 @@ def _check(cond: bool, field_name: str, message: str) -> None:
         raise ConfigError(f"{field_name}: {message}")
 
 
+NUMBER_TYPES: dict[str, tuple[type, ...]] = {
+    "int": (int,), "int | None": (int, type(None)),
+    "float": (int, float), "float | None": (int, float, type(None)),
+    "bool": (bool,), "bool | None": (bool, type(None)),
+}
+"""Field annotations whose values are type-checked before a config is built: a number or flag of the
+wrong type would otherwise fail inside a range check with a bare ``TypeError`` that names no field."""
+
+
 def _known_fields(cls: type, data: dict[str, Any], where: str) -> dict[str, Any]:
+    """``data`` when every key is a field of ``cls`` and every number/flag field has a value of its type.
+
+    Raises:
+        ConfigError: an unknown field, or e.g. ``engine.max_length: 'long' is not an int`` (``True``
+            is not an int here, though Python's bool is one).
+    """
     names = {f.name for f in fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:
         raise ConfigError(f"{where}: unknown field(s) {unknown}; known fields are {sorted(names)}")
+    for f in fields(cls):
+        allowed = NUMBER_TYPES.get(str(f.type))
+        if f.name not in data or allowed is None:
+            continue
+        value = data[f.name]
+        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+            raise ConfigError(f"{where}.{f.name}: {value!r} is not {str(f.type).replace(' | None', ' (or null)')}")
     return data
 
 

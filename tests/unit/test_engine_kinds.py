@@ -96,3 +96,24 @@ def test_manifest_parses_the_engine_config_once_and_stores_it_normalised() -> No
     assert parse.call_count == 1
     assert m.config_fingerprint == config_fingerprint(m.engine)
     assert m == Manifest.from_json_bytes(raw) and "_engine_config" not in m.to_dict()
+
+
+def test_every_number_or_flag_field_of_wrong_type_names_the_field() -> None:
+    """A wrong-typed number or flag in engine or worker settings is a ConfigError naming the field
+    (it used to surface as a bare TypeError from a range check, retried like a crash)."""
+    from dataclasses import fields
+
+    from batch_contract.engine_config import NUMBER_TYPES, ConfigError, EncoderConfig, WorkerSettings
+    from batch_contract.llm_config import LLMConfig
+
+    checked = 0
+    for cls, where, base in ((EncoderConfig, "engine", {}), (LLMConfig, "engine", {"model_path": "/m"}),
+                             (WorkerSettings, "worker", {})):
+        for f in fields(cls):
+            if str(f.type) not in NUMBER_TYPES:
+                continue
+            for bad in ("12", [1]) + ((1.5,) if "int" in str(f.type) else ()):
+                with pytest.raises(ConfigError, match=rf"^{where}\.{f.name}: "):
+                    cls.from_dict({**base, f.name: bad})
+                checked += 1
+    assert checked > 20

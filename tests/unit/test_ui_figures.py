@@ -14,7 +14,7 @@ import pytest
 from batch_contract import storage
 from batch_contract.layout import RunLayout, join_uri
 from batch_contract.manifest import Manifest
-from batch_contract.marker import AttemptRecord, ShardProgress
+from batch_contract.marker import AttemptRecord, ShardMarker, ShardProgress
 from batch_contract.runstore import RunStore
 from batch_inference.report.prices import DEFAULT_PRICES
 from batch_inference.ui import deadletters
@@ -133,6 +133,18 @@ def test_finished_run_uses_report_cost_and_overall_rate(run: RunLayout) -> None:
     storage.write_replace(run.report_json_uri, json.dumps({"run_id": run.run_id, "cost_usd": 1.25}).encode())
     assert build_view(_record(run, state="success")).figures["usd_per_million_rows"] == pytest.approx(
         1.25 / (72 - 4) * 1e6)          # an older report without the field: per result row
+
+
+def test_reused_and_carried_rows_do_not_count_towards_the_rate(run: RunLayout) -> None:
+    """A carried-over shard took milliseconds of copying: its rate is 'none', not 800,000 rows/s."""
+    for sid, reused in (("00000", 30), ("00001", 10)):
+        marker = ShardMarker.from_json_bytes(storage.read_bytes(run.marker_uri(sid)))
+        storage.write_replace(run.marker_uri(sid), dataclasses.replace(marker, rows_reused=reused).to_json_bytes())
+    view = build_view(_record(run, state="success"))
+    rows = {s.shard_id: s for s in view.shards}
+    assert rows["00000"].rows_per_s is None
+    assert rows["00001"].rows_per_s == pytest.approx(20 / 1800)
+    assert view.figures["rows_per_s"] == pytest.approx((72 - 40) / 3960)
 
 
 def test_default_prices_when_the_manifest_names_none(tmp_path) -> None:

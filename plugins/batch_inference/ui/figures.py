@@ -39,7 +39,8 @@ class ShardRow:
         rows_done: rows committed so far, dead letters included.
         rows_dead_letter: rows rejected with a reason.
         attempts / preemptions: worker starts and those that ended with exit code 75 (SIGTERM).
-        rows_per_s: complete: rows / worker seconds over all attempts; running: the worker's live rate;
+        rows_per_s: complete: rows computed (not reused or carried over) / worker seconds over all
+            attempts, ``None`` when it computed none; running: the worker's live rate;
             else ``None``.
         seconds: worker seconds over all attempts (a running attempt up to its last write).
     """
@@ -93,7 +94,8 @@ def shard_rows(data: RunData, progress: dict[str, Any]) -> list[ShardRow]:
         state = _shard_state(sid, data, progress)
         if marker is not None:
             done, dead = marker.rows_ok + marker.rows_dead_letter, marker.rows_dead_letter
-            rate = marker.rows_input / seconds if seconds > 0 else None
+            computed = marker.rows_input - marker.rows_reused  # carried / reused rows took no worker time
+            rate = computed / seconds if seconds > 0 and computed > 0 else None
         elif prog is not None:
             done, dead = prog.rows_done, prog.rows_dead_letter
             rate = prog.rows_per_s if state == "running" else None
@@ -136,8 +138,8 @@ def run_figures(data: RunData, progress: dict[str, Any], shards: list[ShardRow],
     Returns:
         ``rows_total`` (manifest rows), ``rows_completed`` (results), ``rows_dead_letter``,
         ``rows_remaining`` (total - completed - dead letters, >= 0), ``fraction_done``,
-        ``rows_per_s`` (running: the sum of fresh running shards' live rates; finished: rows done /
-        worker seconds over all attempts; ``None`` without either), ``eta_s`` (seconds; running only),
+        ``rows_per_s`` (running: the sum of fresh running shards' live rates; finished: rows computed,
+        not reused, / worker seconds over all attempts; ``None`` without either), ``eta_s`` (seconds; running only),
         ``cost_usd`` (so far: ``report.json``'s when written, else worker seconds x the run's price),
         ``cost_projected_usd`` (cost / rows done x rows total while running), ``usd_per_million_rows``
         (cost per million result rows; the report's ``cost_per_million_rows_usd`` once written),
@@ -156,7 +158,8 @@ def run_figures(data: RunData, progress: dict[str, Any], shards: list[ShardRow],
         usd_per_m = report.get("cost_per_million_rows_usd", per_million(cost, done - dead))
     live_rate = float(progress["rows_per_s"] or 0.0)
     if finished:
-        rate = done / seconds if seconds > 0 else None
+        computed = done - sum(m.rows_reused for m in data.markers.values())
+        rate = computed / seconds if seconds > 0 and computed > 0 else None
         eta, projected = None, cost
     else:
         rate = live_rate if live_rate > 0 else None
