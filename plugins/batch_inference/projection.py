@@ -232,17 +232,32 @@ def _decide(out: dict[str, Any], inputs: Inputs, canary: CanaryResult, limits: L
             f"(fastest considered), past deadline_hours={limits.deadline_hours:g}. What would fit: "
             f"{' or '.join(fits)}; or a later deadline.")
     if limits.budget_usd is not None and chosen["cost_usd"] > limits.budget_usd:
-        share = limits.budget_usd / chosen["cost_usd"] if chosen["cost_usd"] else 0.0
+        head = (f"REFUSED (budget): projected cost ${chosen['cost_usd']:.6g} ({params.pricing}, "
+                f"{chosen['gpu_hours']:.4g} GPU-hours at parallelism {chosen['parallelism']}) exceeds "
+                f"budget_usd={limits.budget_usd:g}.")
+        fixed = fixed_cost_usd(chosen, canary, params)
+        if limits.budget_usd <= fixed:
+            return "refused_budget", (
+                f"{head} Nothing smaller fits: the canary and one model load alone cost ${fixed:.6g}, whatever "
+                f"the row limit; a budget of at least ${fixed * 1.1:.6g} is needed for any rows.")
+        share = (limits.budget_usd - fixed) / max(chosen["cost_usd"] - fixed, 1e-12)
         fits = [f"row_limit <= {max(0, math.floor(rows * share * 0.9)):,}"]
         if params.pricing == "on_demand" and chosen["cost_spot_usd"] <= limits.budget_usd:
             fits.append(f"pricing=spot (${chosen['cost_spot_usd']:.6g})")
-        return "refused_budget", (
-            f"REFUSED (budget): projected cost ${chosen['cost_usd']:.6g} ({params.pricing}, "
-            f"{chosen['gpu_hours']:.4g} GPU-hours at parallelism {chosen['parallelism']}) exceeds "
-            f"budget_usd={limits.budget_usd:g}. What would fit: {' or '.join(fits)}; or a larger budget.")
+        return "refused_budget", f"{head} What would fit: {' or '.join(fits)}; or a larger budget."
     return "go", (f"GO: projected ${chosen['cost_usd']:.6g} ({params.pricing}), "
                   f"{chosen['worker_seconds']:.1f} worker-s, finish in {chosen['finish_seconds'] / 3600.0:.3f} h "
                   f"at parallelism {chosen['parallelism']}")
+
+
+def fixed_cost_usd(option: dict[str, Any], canary: CanaryResult, params: CostParams) -> float:
+    """USD of the part of ``option``'s cost no row limit removes: the canary's worker-seconds (already
+    spent) and one model load (any run with rows loads the model at least once), at the option's price
+    per worker-second."""
+    total_s = option["gpu_hours"] * 3600.0 / max(params.gpu_count, 1)
+    usd_per_s = option["cost_usd"] / total_s if total_s > 0 else 0.0
+    canary_s = sum(v for k, v in canary.stage_seconds.items() if k != "idle")
+    return usd_per_s * (canary_s + canary.model_load_seconds)
 
 
 def _gpus_needed(inputs: Inputs, canary: CanaryResult, limits: Limits, params: CostParams,

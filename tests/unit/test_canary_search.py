@@ -140,10 +140,34 @@ def test_projection_calibrates_tokens_and_sums_worker_seconds() -> None:
 def test_projection_refuses_over_budget_and_says_what_would_fit() -> None:
     m = _manifest([1000, 1000], est_per_row=200.0)
     params = cost_params_from_dict({"accelerator": "nvidia-l4", "pricing": "on_demand"})
-    p = project(_canary(), m, _limits(budget_usd=1e-6), params, canary_wall_seconds=10.0)
+    budget = project(_canary(), m, _limits(), params, canary_wall_seconds=10.0)["cost_usd"] * 0.5
+    p = project(_canary(), m, _limits(budget_usd=budget), params, canary_wall_seconds=10.0)
     assert p["decision"] == "refused_budget"
-    assert "REFUSED (budget)" in p["message"] and "row_limit <=" in p["message"] and "budget_usd=1e-06" in p["message"]
+    assert "REFUSED (budget)" in p["message"] and "row_limit <=" in p["message"] and f"budget_usd={budget:g}" in p["message"]
     assert str(RunRefused(p)) == p["message"]
+
+
+@pytest.mark.parametrize("budget_share", [0.05, 0.3, 0.6, 0.95])
+def test_the_row_limit_a_budget_refusal_suggests_fits_that_budget(budget_share: float) -> None:
+    """The suggestion leaves out the fixed cost (canary + one model load); below it, nothing fits and the
+    message says so instead of suggesting a row limit that would be refused again."""
+    import re
+
+    from batch_inference.projection import fixed_cost_usd
+
+    m = _manifest([1000, 1000], est_per_row=200.0)
+    params = cost_params_from_dict({"accelerator": "nvidia-l4", "pricing": "spot"})
+    c = _canary()
+    full = project(c, m, _limits(), params, canary_wall_seconds=10.0)
+    fixed = fixed_cost_usd(full["chosen"], c, params)
+    budget = full["cost_usd"] * budget_share
+    p = project(c, m, _limits(budget_usd=budget), params, canary_wall_seconds=10.0)
+    assert p["decision"] == "refused_budget"
+    if budget <= fixed:
+        assert "Nothing smaller fits" in p["message"] and "row_limit" not in p["message"]
+    else:
+        limit = int(re.search(r"row_limit <= ([\d,]+)", p["message"]).group(1).replace(",", ""))
+        assert fixed + limit / m.rows * (full["cost_usd"] - fixed) <= budget
 
 
 def test_projection_refuses_a_deadline_no_parallelism_meets_and_picks_the_cheapest_that_does() -> None:
