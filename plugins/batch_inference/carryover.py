@@ -145,6 +145,13 @@ def decide(output_root: str, manifest: Manifest, model: str | None) -> CarryOver
     return CarryOverPlan(keys=keys, carried=carried, pinned={"fingerprint": pinned_fp, "resolved": resolved})
 
 
+def compute_seconds(marker: ShardMarker) -> float:
+    """Worker seconds a shard's results cost when first computed: its stages except ``reuse`` (the
+    copying) plus what the shard itself avoided by reuse (rounded to microseconds)."""
+    return round(sum(marker.stage_seconds.values()) - marker.stage_seconds.get("reuse", 0.0)
+                 + marker.reuse_seconds_avoided, 6)
+
+
 def carried_name(name: str) -> str:
     """Name of a copied file: a result part becomes ``part-<chunk>-reuse-<rest>`` (its rows were not
     computed by this run); dead letters and parts already so named keep their names."""
@@ -167,8 +174,7 @@ def _copy_shard(run_dir: str, shard_id: str, carried: CarriedShard, run_id: str)
         storage.copy(join_uri(src.shard_dir(carried.source_shard_id), name), join_uri(dst.shard_dir(shard_id), new))
         files[new] = dict(record)
     seconds = round(time.perf_counter() - t0, 6)
-    avoided = round(sum(source.stage_seconds.values()) + source.reuse_seconds_avoided
-                    - source.stage_seconds.get("reuse", 0.0), 6)
+    avoided = compute_seconds(source)
     attempt = AttemptRecord(
         attempt_id=f"carryover-{run_id}"[:200], shard_id=shard_id, started_at=started, host="plan task",
         status="complete", ended_at=_now(), exit_code=0, rows_committed=source.rows_input,
@@ -244,9 +250,9 @@ def _index_entry(run_dir: str, shard_id: str, marker: ShardMarker, plan: CarryOv
         resolved = plan.pinned.get("resolved", {})
         return ShardIndexEntry(run_dir=run_dir, shard_id=shard_id, fingerprint=marker.fingerprint,
                                resolved=dict(resolved), rows_input=marker.rows_input, seconds=carried.seconds)
-    seconds = sum(marker.stage_seconds.values()) + marker.reuse_seconds_avoided - marker.stage_seconds.get("reuse", 0.0)
     return ShardIndexEntry(run_dir=run_dir, shard_id=shard_id, fingerprint=marker.fingerprint,
-                           resolved=_resolved_of(marker), rows_input=marker.rows_input, seconds=round(seconds, 6))
+                           resolved=_resolved_of(marker), rows_input=marker.rows_input,
+                           seconds=compute_seconds(marker))
 
 
 def _resolved_of(marker: ShardMarker) -> dict[str, Any]:

@@ -85,13 +85,16 @@ class ShardMarkerSensor(BaseSensorOperator):
         self.poll_seconds = poll_seconds
         self.deferrable = deferrable
 
+    def _run_deadline(self, context: Any) -> float:
+        """The run's deadline (epoch seconds): its start plus ``deadline_hours``."""
+        dag_run = context.get("dag_run")
+        start = getattr(dag_run, "start_date", None) if dag_run is not None else None
+        return (start.timestamp() if start is not None else time.time()) + float(self.deadline_hours) * 3600.0
+
     def _deadline_epoch(self, context: Any) -> float:
         """When the wait ends (epoch seconds): the run's deadline, or earlier, ``straggler_grace_seconds``
         after the gate's first check when that is set."""
-        dag_run = context.get("dag_run")
-        start = getattr(dag_run, "start_date", None) if dag_run is not None else None
-        start_epoch = start.timestamp() if start is not None else time.time()
-        deadline = start_epoch + float(self.deadline_hours) * 3600.0
+        deadline = self._run_deadline(context)
         grace = float(self.straggler_grace_seconds or 0)
         if grace > 0:
             if getattr(self, "_first_check", None) is None:
@@ -101,10 +104,7 @@ class ShardMarkerSensor(BaseSensorOperator):
 
     def _timeout_reason(self, context: Any) -> str:
         """Why the wait ended: the run's deadline, or the straggler grace (well before the deadline)."""
-        dag_run = context.get("dag_run")
-        start = getattr(dag_run, "start_date", None) if dag_run is not None else None
-        run_deadline = (start.timestamp() if start is not None else time.time()) + float(self.deadline_hours) * 3600.0
-        if float(self.straggler_grace_seconds or 0) > 0 and time.time() < run_deadline - 1.0:
+        if float(self.straggler_grace_seconds or 0) > 0 and time.time() < self._run_deadline(context) - 1.0:
             return (f"the fan-out finished and pods still being deleted had {float(self.straggler_grace_seconds):g} s "
                     "(their termination grace) to commit")
         return "deadline passed"
