@@ -132,23 +132,23 @@ def run_json(dag_id: str, run_id: str, session: SessionDep) -> dict[str, Any]:
 @router.get("/runs/{dag_id}/{run_id}/report.html", response_class=HTMLResponse, dependencies=[RunAccess])
 def report_html(dag_id: str, run_id: str, session: SessionDep) -> Response:
     """The run's ``report.html`` (404 before publish wrote it), under a CSP that lets it load nothing."""
-    layout = _layout(_view(session, dag_id, run_id))
-    try:
-        body = storage.read_bytes(layout.report_html_uri)
-    except FileNotFoundError:
-        raise HTTPException(404, "no report.html yet (publish writes it)") from None
+    body = _read_or_404(_layout(_view(session, dag_id, run_id)).report_html_uri, "no report.html yet (publish writes it)")
     return HTMLResponse(body, headers={"Content-Security-Policy": REPORT_CSP})
 
 
 @router.get("/runs/{dag_id}/{run_id}/manifest.json", dependencies=[RunAccess])
 def manifest_json(dag_id: str, run_id: str, session: SessionDep) -> Response:
     """The run's ``manifest.json`` as stored."""
-    layout = _layout(_view(session, dag_id, run_id))
-    try:
-        body = storage.read_bytes(layout.manifest_uri)
-    except FileNotFoundError:
-        raise HTTPException(404, "no manifest yet (plan writes it)") from None
+    body = _read_or_404(_layout(_view(session, dag_id, run_id)).manifest_uri, "no manifest yet (plan writes it)")
     return Response(body, media_type="application/json")
+
+
+def _read_or_404(uri: str, missing: str) -> bytes:
+    """The object's bytes, or HTTP 404 with ``missing`` as the detail."""
+    try:
+        return storage.read_bytes(uri)
+    except FileNotFoundError:
+        raise HTTPException(404, missing) from None
 
 
 def _download(view: RunView, kind: str) -> Response:
