@@ -36,6 +36,7 @@ from batch_worker.engines import cpu_attention, cpu_linear  # noqa: E402
 from batch_worker.engines.encoder import cpu_supports_bf16  # noqa: E402
 from torch import nn  # noqa: E402
 from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: E402
+from transformers.masking_utils import bidirectional_mask_function  # noqa: E402
 
 HIDDEN, HEADS, FFN = 384, 12, 1536
 LENGTHS = (32, 64, 128, 256, 512)
@@ -61,7 +62,7 @@ def attention_case(length: int, dtype: torch.dtype, repeats: int) -> float:
     q, k, v = (torch.randn(rows, HEADS, length, HIDDEN // HEADS, generator=gen).to(dtype) for _ in range(3))
     real = torch.ones(rows, length, dtype=torch.bool)
     real[1:, -(length // 8) :] = False
-    bias = cpu_attention.padding_bias_mask(rows, length, length, mask_function=cpu_attention.bidirectional_mask_function,
+    bias = cpu_attention.padding_bias_mask(rows, length, length, mask_function=bidirectional_mask_function,
                                            attention_mask=real, dtype=dtype)
     module = nn.Module()
     with torch.inference_mode():

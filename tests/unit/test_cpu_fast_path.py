@@ -13,6 +13,7 @@ from batch_worker.engines.cpu_tuning import OnlineChoice
 from batch_worker.engines.encoder import apply_fast_path, cpu_supports_bf16, select_attention
 from torch import nn
 from transformers import BertConfig, BertModel
+from transformers.masking_utils import bidirectional_mask_function
 
 
 def _tiny_bert(dtype: torch.dtype = torch.float32) -> BertModel:
@@ -52,11 +53,11 @@ def test_padding_bias_mask_shapes_and_delegation() -> None:
     from transformers.masking_utils import causal_mask_function
 
     real = torch.tensor([[True, True, False], [True, True, True]])
-    bias = cpu_attention.padding_bias_mask(2, 3, 3, mask_function=cpu_attention.bidirectional_mask_function,
+    bias = cpu_attention.padding_bias_mask(2, 3, 3, mask_function=bidirectional_mask_function,
                                            attention_mask=real, dtype=torch.bfloat16)
     assert bias.shape == (2, 1, 1, 3) and bias.dtype == torch.bfloat16
     assert bias[0, 0, 0].tolist() == [0.0, 0.0, torch.finfo(torch.bfloat16).min] and not bias[1].any()
-    assert cpu_attention.padding_bias_mask(2, 3, 3, mask_function=cpu_attention.bidirectional_mask_function,
+    assert cpu_attention.padding_bias_mask(2, 3, 3, mask_function=bidirectional_mask_function,
                                            attention_mask=torch.ones(2, 3, dtype=torch.bool)) is None
     causal = cpu_attention.padding_bias_mask(2, 3, 3, mask_function=causal_mask_function, attention_mask=real,
                                              allow_is_causal_skip=False)

@@ -33,9 +33,6 @@ from typing import Any
 
 import torch
 from batch_contract.hostinfo import cache_bytes, host_facts
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, bidirectional_mask_function, sdpa_mask
 
 from batch_worker.engines.cpu_tuning import OnlineChoice
 from batch_worker.stats import THREADS_ENV
@@ -81,6 +78,8 @@ def padding_bias_mask(
     mask (causal, offsets, custom mask functions) is built by transformers' ``sdpa_mask`` as a 4-D
     boolean, which :func:`chunked_attention_forward` hands to SDPA.
     """
+    from transformers.masking_utils import bidirectional_mask_function, sdpa_mask
+
     plain = mask_function is bidirectional_mask_function and not q_offset and not kv_offset
     if not plain or (attention_mask is not None and attention_mask.shape != (batch_size, kv_length)):
         return sdpa_mask(
@@ -196,6 +195,8 @@ def chunked_attention_forward(
     With an :class:`AttentionPlan` registered, the plan's choice for the length class runs (SDPA or
     chunked at one of its step sizes); without one, chunked at :data:`CHUNK_BYTES`.
     """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
     if not _chunkable(module, query, key, attention_mask, dropout, kwargs):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
@@ -211,9 +212,35 @@ def chunked_attention_forward(
     return out, None
 
 
+def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: torch.Tensor | None,
+           plan: AttentionPlan | None) -> torch.Tensor:
+    """Bidirectional attention without transformers (the native BERT path,
+    :mod:`batch_worker.engines.native_bert`): ``query``/``key``/``value`` of shape
+    ``(batch, heads, length, head_dim)``, ``bias`` ``None`` or the additive padding bias
+    ``(batch, 1, 1, length)`` in the inputs' dtype (:func:`padding_bias_mask`'s form). Returns
+    ``(batch, length, heads, head_dim)``, contiguous. With ``plan`` the plan's choice for the length class
+    runs (SDPA or chunked at one of its steps, as in :func:`chunked_attention_forward`); without one, or
+    for rows too long to chunk (:data:`MAX_ROW_SCORE_BYTES`), ``torch``'s SDPA."""
+    batch, heads, length, head_dim = query.shape
+    scale = head_dim**-0.5
+
+    def sdpa() -> torch.Tensor:
+        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=bias, scale=scale)
+        return out.transpose(1, 2).contiguous()
+
+    if plan is None or heads * length * length * query.element_size() > MAX_ROW_SCORE_BYTES:
+        return sdpa()
+    impls = {name: (lambda s=step: _chunked(query, key, value, bias, scale, s)) for name, step in plan.steps.items()}
+    impls["sdpa"] = sdpa
+    return plan.choice.run(length_class(length), batch * heads * length * length * head_dim, impls)
+
+
 def register(plan: AttentionPlan | None = None) -> str:
     """Register :data:`ATTENTION_NAME` with transformers (idempotent) and make ``plan`` the process's
     plan (``None``: always chunked at :data:`CHUNK_BYTES`); returns the name."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
     global _PLAN
     _PLAN = plan
     AttentionInterface.register(ATTENTION_NAME, chunked_attention_forward)

@@ -92,8 +92,15 @@ def select_attention(model: Any, device: str, dtype_name: str, plan: Any = None)
     info). ``plan``: the :class:`~batch_worker.engines.cpu_attention.AttentionPlan` that picks SDPA or
     chunked per length class on this host (``None``: always chunked). float32 and emulated bf16 keep
     SDPA: there the chunked form measured no faster up to 256 tokens per row and down to 0.4x of SDPA
-    at 512-832 tokens (fp32), and 0.65x in emulated bf16."""
+    at 512-832 tokens (fp32), and 0.65x in emulated bf16. A
+    :class:`~batch_worker.engines.native_bert.NativeBert` gets ``plan`` itself (``None``: SDPA)."""
     native_bf16 = dtype_name == "bfloat16" and cpu_supports_bf16()
+    if hasattr(model, "plan"):  # batch_worker.engines.native_bert.NativeBert: no transformers interface
+        from batch_worker.engines import cpu_attention
+
+        chunkable = device == "cpu" and native_bf16
+        model.plan = plan if chunkable else None
+        return cpu_attention.ATTENTION_NAME if chunkable and plan is not None else "sdpa"
     if device == "cpu" and native_bf16 and getattr(model, "_supports_attention_backend", False):
         from batch_worker.engines import cpu_attention
 
@@ -119,7 +126,8 @@ def apply_fast_path(model: Any, device: str, dtype: Any, compiled: bool, tune: b
     and ``linear_choice`` (layer shape -> ``packed``/``stock``); the choice dicts are live, filled as
     the first batches decide them, so the marker written at the end of the shard holds them."""
     if compiled:
-        return {"attention": str(model.config._attn_implementation), "packed_linears": 0, "fused_gelu": 0}
+        return {"attention": str(getattr(model.config, "_attn_implementation", "sdpa")), "packed_linears": 0,
+                "fused_gelu": 0}
     from batch_worker.engines.cpu_attention import ATTENTION_NAME, AttentionPlan
     from batch_worker.engines.cpu_linear import TunedLinear, pack_for_cpu
     from batch_worker.engines.cpu_tuning import OnlineChoice
@@ -213,6 +221,16 @@ def resolve_dtype(requested: str, device: str) -> str:
     if device == "cuda":
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
     return "bfloat16" if cpu_supports_bf16() else "float32"
+
+
+def installed_version(distribution: str) -> str | None:
+    """Version of an installed distribution from its metadata (no import), ``None`` when absent."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
 
 
 class Laps:
@@ -309,44 +327,40 @@ class EncoderEngine(Engine):
 
     def load(self) -> LoadedModel:
         """Load tokenizer and model; the marker's engine info records where the time went
-        (``load_seconds``: :func:`import_model_code` and the other steps, seconds)."""
+        (``load_seconds``: :func:`import_model_code` and the other steps, seconds) and which
+        implementation ran (``implementation``: ``native_bert`` (:mod:`batch_worker.engines.native_bert`,
+        no transformers import) or ``transformers``, with ``implementation_reason`` for the latter)."""
         if self.loaded is not None:
             return self.loaded
         laps = Laps()
         import torch
 
         laps.lap("import_torch")
-        import transformers
-        from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
-
-        laps.lap("import_transformers")
         cfg = self.config
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.dtype_name = self.pinned_dtype or resolve_dtype(cfg.dtype, self.device)
         dtype = getattr(torch, self.dtype_name)
-        tokenizer = AutoTokenizer.from_pretrained(self.model_dir, local_files_only=True)
-        laps.lap("tokenizer")
-        if not getattr(tokenizer, "is_fast", False):
-            raise ConfigError(f"engine.model_path: {self.model_dir} has no fast tokenizer (tokenizer.json)")
-        model_max = st_max_length(self.model_dir) or min(
-            int(getattr(tokenizer, "model_max_length", DEFAULT_MAX_LENGTH) or DEFAULT_MAX_LENGTH), DEFAULT_MAX_LENGTH
-        )
+        from batch_worker.engines.native_bert import native_support
+
+        why_not = native_support(self.model_dir, cfg.task, self.device, cfg.compile)
+        if why_not is None:
+            model, backend, pad_id, tok_max = self._load_native(dtype, laps)
+            implementation = {"implementation": "native_bert"}
+        else:
+            model, backend, pad_id, tok_max = self._load_transformers(dtype, laps)
+            implementation = {"implementation": "transformers", "implementation_reason": why_not}
+        model_max = st_max_length(self.model_dir) or min(int(tok_max or DEFAULT_MAX_LENGTH), DEFAULT_MAX_LENGTH)
         self.max_length = int(cfg.max_length or model_max)
-        self.pad_id = int(tokenizer.pad_token_id or 0)
-        backend = tokenizer.backend_tokenizer
+        self.pad_id = int(pad_id or 0)
         backend.no_padding()
         backend.enable_truncation(max_length=self.max_length)
         self._tok = backend
-        import_model_code(self.model_dir)
-        laps.lap("import_model_code")
         if cfg.task == "classification":
-            model = AutoModelForSequenceClassification.from_pretrained(self.model_dir, dtype=dtype, local_files_only=True)
             self.id2label = {int(k): str(v) for k, v in model.config.id2label.items()}
             self.pooling = "none"
             schema = part_schema("classification")
             dim = None
         else:
-            model = AutoModel.from_pretrained(self.model_dir, dtype=dtype, local_files_only=True)
             self.pooling = (st_pooling(self.model_dir) or "mean") if cfg.pooling == "auto" else cfg.pooling
             dim = int(model.config.hidden_size)
             schema = part_schema("embedding", dim)
@@ -378,7 +392,8 @@ class EncoderEngine(Engine):
             "num_layers": int(getattr(model.config, "num_hidden_layers", 0)),
             "hidden_size": int(model.config.hidden_size),
             "torch": torch.__version__,
-            "transformers": transformers.__version__,
+            "transformers": installed_version("transformers"),
+            **implementation,
             "torch_threads": torch.get_num_threads(),
             "token_budget": self.settings.token_budget_for(self.device),
             "max_batch_rows": self.settings.max_batch_rows_for(self.device),
@@ -397,6 +412,39 @@ class EncoderEngine(Engine):
         info["load_seconds"] = laps.seconds
         self.loaded = LoadedModel(model_digest=digest, info=info, part_schema=schema, max_length=self.max_length)
         return self.loaded
+
+    def _load_native(self, dtype: Any, laps: Laps) -> tuple[Any, Any, int, int | None]:
+        """``(model, tokenizers backend, pad id, tokenizer max length)`` through
+        :mod:`batch_worker.engines.native_bert` (no transformers import)."""
+        from batch_worker.engines.native_bert import NativeTokenizer, load_native
+
+        tokenizer = NativeTokenizer(self.model_dir)
+        laps.lap("tokenizer")
+        model = load_native(self.model_dir, dtype)
+        laps.lap("weights")
+        return model, tokenizer.backend, tokenizer.pad_token_id, tokenizer.model_max_length
+
+    def _load_transformers(self, dtype: Any, laps: Laps) -> tuple[Any, Any, int, int | None]:
+        """``(model, tokenizers backend, pad id, tokenizer max length)`` through transformers'
+        ``AutoTokenizer`` / ``AutoModel`` (any architecture transformers knows).
+
+        Raises:
+            ConfigError: no fast tokenizer.
+        """
+        import transformers  # noqa: F401  (timed on its own: import_transformers)
+        from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
+
+        laps.lap("import_transformers")
+        tokenizer = AutoTokenizer.from_pretrained(self.model_dir, local_files_only=True)
+        laps.lap("tokenizer")
+        if not getattr(tokenizer, "is_fast", False):
+            raise ConfigError(f"engine.model_path: {self.model_dir} has no fast tokenizer (tokenizer.json)")
+        import_model_code(self.model_dir)
+        laps.lap("import_model_code")
+        auto = AutoModelForSequenceClassification if self.config.task == "classification" else AutoModel
+        model = auto.from_pretrained(self.model_dir, dtype=dtype, local_files_only=True)
+        laps.lap("weights")
+        return model, tokenizer.backend_tokenizer, tokenizer.pad_token_id, getattr(tokenizer, "model_max_length", None)
 
     def apply_tuning(self, token_budget: int, max_batch_rows: int) -> dict[str, Any]:
         """Use ``token_budget`` padded tokens and at most ``max_batch_rows`` rows per batch from now on
