@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from batch_worker.batching import plan_batches, round_up
+from batch_worker.batching import BATCH_OVERHEAD_TOKENS, plan_batches, plan_exact, round_up
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 def _check_cover(batches, n):
@@ -59,36 +61,67 @@ def _efficiency(lengths, batches) -> float:
     return float(np.asarray(lengths).sum() / sum(b.padded_tokens for b in batches))
 
 
-def test_short_rows_pad_to_their_own_length_when_the_bucket_is_wasteful() -> None:
-    # short texts (package summaries of <= 160 characters): 4-40 tokens, most 10-20
-    rng = np.random.default_rng(2)
-    lengths = np.clip(rng.lognormal(2.7, 0.35, size=10_000).astype(int), 3, 60)
-    bucketed = plan_batches(lengths, token_budget=8192, max_batch_rows=256, pad_to_multiple_of=8)
-    exact = plan_batches(lengths, token_budget=8192, max_batch_rows=256, pad_to_multiple_of=8,
-                         exact_when_cheaper=True)
-    _check_cover(exact, len(lengths))
-    assert _efficiency(lengths, bucketed) < 0.9 < 0.94 <= _efficiency(lengths, exact)
-    assert len(exact) <= 1.5 * len(bucketed)  # full batches: not many more of them
-    for b in exact:
-        longest = int(lengths[b.indices].max())
-        assert b.padded_tokens <= 8192 and len(b.indices) <= 256
-        if b.padded_length % 8:  # exact: the batch's own longest row, rows down to 95% of it, half full
-            assert b.padded_length == longest and int(lengths[b.indices].min()) >= 0.95 * longest
-            assert len(b.indices) >= 0.5 * min(256, 8192 // longest)
+def _cost(lengths, batches, overhead: float) -> float:
+    return float(sum(b.padded_tokens for b in batches) + overhead * len(batches))
+
+
+def _brute_force_least_cost(lengths: list[int], budget: int, cap: int, overhead: float) -> float:
+    """Least cost over every contiguous split of the rows sorted longest first (2^(n-1) splits)."""
+    srt = sorted(lengths, reverse=True)
+    n = len(srt)
+    best = float("inf")
+    for mask in range(1 << (n - 1)):
+        cuts = [0] + [k + 1 for k in range(n - 1) if mask >> k & 1] + [n]
+        cost = 0.0
+        for a, b in zip(cuts, cuts[1:], strict=False):
+            rows, width = b - a, srt[a]
+            if rows > cap or (rows > 1 and rows * width > budget):
+                break
+            cost += rows * width + overhead
         else:
-            assert longest <= b.padded_length < longest + 8
+            best = min(best, cost)
+    return best
 
 
-def test_exact_padding_only_where_it_fills_the_batch() -> None:
-    # sparse lengths (a small chunk): exact batches would be small, so buckets are kept
-    sparse = [200, 199, 197, 12, 11, 11]
-    batches = plan_batches(sparse, token_budget=4096, max_batch_rows=8, pad_to_multiple_of=8, exact_when_cheaper=True)
-    assert [(b.indices.tolist(), b.padded_length) for b in batches] == [([0, 1, 2], 200), ([3, 4, 5], 16)]
-    # dense lengths: a full batch of 11-token rows pads to 11, not 16, and the last 3 rows (all that
-    # is left) to 9
-    dense = [11] * 8 + [9] * 3
-    batches = plan_batches(dense, token_budget=4096, max_batch_rows=8, pad_to_multiple_of=8, exact_when_cheaper=True)
-    assert [(len(b.indices), b.padded_length) for b in batches] == [(8, 11), (3, 9)]
-    assert [(len(b.indices), b.padded_length) for b in plan_batches(dense, 4096, 8, 8)] == [(8, 16), (3, 16)]
-    # a batch whose bucket is already as full stays a bucket
-    assert plan_batches([16] * 8, 4096, 8, 8, exact_when_cheaper=True)[0].padded_length == 16
+@settings(max_examples=150, deadline=None)
+@given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=9), budget=st.integers(8, 200),
+       cap=st.integers(1, 6), overhead=st.sampled_from([0.0, 3.0, 64.0]))
+def test_exact_plan_is_the_least_cost_split(lengths, budget, cap, overhead) -> None:
+    batches = plan_exact(np.asarray(lengths, dtype=np.int64), budget, cap, overhead)
+    _check_cover(batches, len(lengths))
+    arr = np.asarray(lengths)
+    for b in batches:
+        assert b.padded_length == int(arr[b.indices].max())  # exact: its own longest row
+        assert len(b.indices) <= cap and (len(b.indices) == 1 or b.padded_tokens <= budget)
+    assert _cost(arr, batches, overhead) == pytest.approx(_brute_force_least_cost(lengths, budget, cap, overhead))
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(1, 300), min_size=1, max_size=400), budget=st.sampled_from([512, 2048, 8192]),
+       cap=st.sampled_from([4, 64, 256]), multiple=st.sampled_from([1, 8, 64]))
+def test_exact_plan_never_costs_more_than_the_bucket_plan(lengths, budget, cap, multiple) -> None:
+    arr = np.asarray(lengths, dtype=np.int64)
+    exact = plan_batches(arr, budget, cap, multiple, exact_when_cheaper=True)
+    bucket = plan_batches(arr, budget, cap, multiple)
+    _check_cover(exact, len(lengths))
+    assert exact[0].padded_length == int(arr.max())
+    assert _cost(arr, exact, BATCH_OVERHEAD_TOKENS) <= _cost(arr, bucket, BATCH_OVERHEAD_TOKENS) + 1e-9
+
+
+@pytest.mark.parametrize("chunk_rows", [1000, 2500, 10_000])
+def test_short_rows_pad_to_their_own_length_whatever_the_chunk_size(chunk_rows) -> None:
+    # short texts (package summaries of <= 160 characters): 4-40 tokens, most 10-20; the worker plans each
+    # chunk on its own, and chunks are small while throughput is still being measured
+    rng = np.random.default_rng(2)
+    lengths = np.clip(rng.lognormal(2.5, 0.35, size=10_000).astype(int), 3, 60)
+    exact, bucket = [], []
+    for start in range(0, lengths.size, chunk_rows):
+        chunk = lengths[start : start + chunk_rows]
+        exact += [(chunk, b) for b in plan_batches(chunk, 8192, 256, 8, exact_when_cheaper=True)]
+        bucket += [(chunk, b) for b in plan_batches(chunk, 8192, 256, 8)]
+
+    def efficiency(plan) -> float:
+        return sum(int(c[b.indices].sum()) for c, b in plan) / sum(b.padded_tokens for _, b in plan)
+
+    assert efficiency(bucket) < 0.85 and efficiency(exact) >= 0.95
+    assert len(exact) <= 2 * len(bucket)  # and not by many more, smaller batches

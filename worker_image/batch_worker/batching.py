@@ -8,8 +8,8 @@ then packed greedily: a batch takes rows while ``rows x padded_length <= token_b
 Short rows: rounding 11 tokens up to 16 leaves 31% of the batch as padding, and on a corpus of short
 texts (package summaries of <= 160 characters, 10-20 tokens) padding to multiples of 8 gave a padding
 efficiency of 0.816 (issue #22). With ``exact_when_cheaper`` (the eager CPU engine, which has no
-compiled shapes to keep few), a batch pads to its own longest row and takes rows down to ``min_fill``
-x that length instead, where that still fills the batch and wastes less than the bucket.
+compiled shapes to keep few), every batch pads to its own longest row and the split is the cheapest one
+under a cost of padded tokens plus a fixed cost per batch (:func:`plan_exact`).
 """
 
 from __future__ import annotations
@@ -48,9 +48,11 @@ the batch's longest row, so a sparse length range (small chunks, long tails) giv
 instead of padding waste. With a multiple > 1, each batch holds one padding bucket instead."""
 
 
-EXACT_MIN_SHARE = 0.5
-"""With ``exact_when_cheaper``, an exact-length batch must hold at least this share of the rows a batch
-may hold (budget and row cap), else the padding bucket is kept (see :func:`plan_batches`)."""
+BATCH_OVERHEAD_TOKENS = 64
+"""What one more batch costs, in padded tokens, for the exact planner (:func:`plan_exact`): the fixed
+per-forward cost (Python dispatch of a dozen ops per layer, oneDNN primitive lookups, staging) over the
+cost of one padded token. Measured: ``bench/encoder.py`` fits ``seconds = a x padded tokens
++ b x batches`` on MiniLM bf16 (2-core EPYC, quiet) and reports ``b / a`` as ``batch_overhead_tokens``."""
 
 
 def _take(arr: np.ndarray, order: np.ndarray, start: int, token_budget: int, max_batch_rows: int,
@@ -68,9 +70,53 @@ def _take(arr: np.ndarray, order: np.ndarray, start: int, token_budget: int, max
     return padded, rows
 
 
-def _fill(arr: np.ndarray, order: np.ndarray, start: int, rows: int, padded: int) -> float:
-    """Real / padded tokens of the batch of ``rows`` rows from sorted position ``start``."""
-    return float(arr[order[start : start + rows]].sum()) / (rows * padded)
+def plan_exact(lengths: np.ndarray, token_budget: int, max_batch_rows: int,
+               batch_overhead_tokens: float = BATCH_OVERHEAD_TOKENS) -> list[Batch]:
+    """The cheapest split of the length-sorted rows into exact-length batches (each padded to its own
+    longest row), by dynamic programming over the sorted order.
+
+    Cost of a plan: ``sum(rows x padded_length) + batch_overhead_tokens x batches``; among the
+    contiguous splits of the rows sorted longest first (a batch of sorted rows wastes the least), under
+    ``rows <= max_batch_rows`` and ``rows x padded_length <= token_budget`` (a row longer than the budget
+    alone), it returns one of least cost. Unlike a fill threshold it does not depend on how many rows of
+    each length a chunk happens to hold: a small chunk of sparse lengths gets fewer, slightly padded
+    batches; a large one gets nearly unpadded full batches. ``O(n x max_batch_rows)`` numpy work
+    (10-20 µs per row on the 2-core development machine: 0.5-1.2 s for 57,000 rows).
+
+    Args:
+        lengths: int64 ``(n,)`` token counts, each >= 1.
+        token_budget / max_batch_rows: as :func:`plan_batches`.
+        batch_overhead_tokens: :data:`BATCH_OVERHEAD_TOKENS` (>= 0).
+
+    Returns:
+        Batches covering every index exactly once, longest first.
+    """
+    n = int(lengths.size)
+    order = np.argsort(-lengths, kind="stable")
+    sorted_len = lengths[order].astype(np.float64)
+    cap = np.minimum(max_batch_rows, np.maximum(1, token_budget // lengths[order]))
+    reach = np.minimum(cap, n - np.arange(n)).tolist()
+    steps = np.arange(1, int(cap.max()) + 1, dtype=np.float64)
+    best = np.full(n + 1, np.inf)
+    best[0] = 0.0
+    start_of = np.zeros(n + 1, dtype=np.int64)
+    cost = np.empty_like(steps)
+    for i in range(n):  # relax every batch that starts at sorted row i
+        k = reach[i]
+        c = cost[:k]
+        np.multiply(steps[:k], sorted_len[i], out=c)
+        c += best[i] + batch_overhead_tokens
+        window = best[i + 1 : i + k + 1]
+        better = c < window
+        np.copyto(window, c, where=better)
+        np.copyto(start_of[i + 1 : i + k + 1], i, where=better)
+    batches: list[Batch] = []
+    end = n
+    while end > 0:
+        start = int(start_of[end])
+        batches.append(Batch(indices=order[start:end], padded_length=int(lengths[order[start]])))
+        end = start
+    return batches[::-1]
 
 
 def plan_batches(
@@ -80,6 +126,7 @@ def plan_batches(
     pad_to_multiple_of: int = 8,
     min_fill: float = MIN_FILL,
     exact_when_cheaper: bool = False,
+    batch_overhead_tokens: float = BATCH_OVERHEAD_TOKENS,
 ) -> list[Batch]:
     """Sort rows by length (descending, stable) and pack them into token-budget batches.
 
@@ -91,13 +138,10 @@ def plan_batches(
         pad_to_multiple_of: padded length is a multiple of this (1 = pad to the longest row).
         min_fill: with multiple 1, rows shorter than ``min_fill x`` the batch's longest row start a new
             batch (0 disables). With a multiple > 1 a batch never mixes padding buckets.
-        exact_when_cheaper: with a multiple > 1, each batch is planned both ways, as a padding bucket
-            and by the multiple-1 rule (its own longest row, rows down to ``min_fill`` x it), and the
-            exact one is taken when it is at least :data:`EXACT_MIN_SHARE` full (of the rows the budget
-            and row cap allow) and has the higher real/padded ratio. Only well filled: on sparse
-            lengths (small chunks) the multiple-1 rule makes many small batches, which cost more
-            than the padding they save (measured: 53 batches instead of 30 and 0.85x rows/s on 600
-            rows of the sample).
+        exact_when_cheaper: ignore the multiple and ``min_fill``: each batch pads to its own longest row,
+            split by :func:`plan_exact` (least padded tokens plus ``batch_overhead_tokens`` per batch).
+            For engines without compiled shapes to keep few (the eager CPU encoder).
+        batch_overhead_tokens: see :func:`plan_exact`.
 
     Returns:
         Batches covering every index exactly once, longest batch first.
@@ -110,17 +154,14 @@ def plan_batches(
         raise ValueError("token_budget, max_batch_rows and pad_to_multiple_of must be >= 1")
     if arr.size and int(arr.min()) < 1:
         raise ValueError(f"row lengths must be >= 1 token, got {int(arr.min())}")
+    if exact_when_cheaper and arr.size:
+        return plan_exact(arr, token_budget, max_batch_rows, batch_overhead_tokens)
     order = np.argsort(-arr, kind="stable")
     batches: list[Batch] = []
     start = 0
     n = int(arr.size)
     while start < n:
         padded, rows = _take(arr, order, start, token_budget, max_batch_rows, pad_to_multiple_of, min_fill)
-        if exact_when_cheaper and pad_to_multiple_of > 1:
-            exact, exact_rows = _take(arr, order, start, token_budget, max_batch_rows, 1, min_fill)
-            cap = max(1, min(max_batch_rows, token_budget // exact, n - start))
-            if exact_rows >= EXACT_MIN_SHARE * cap and _fill(arr, order, start, exact_rows, exact) > _fill(arr, order, start, rows, padded):
-                padded, rows = exact, exact_rows
         batches.append(Batch(indices=order[start : start + rows], padded_length=padded))
         start += rows
     return batches

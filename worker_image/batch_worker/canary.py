@@ -378,13 +378,18 @@ class Canary:
         s = self.settings
         shard_rows = max((sh.rows for sh in self.manifest.shards), default=0)
         chunk = int(min(max(rows_per_s * s.chunk_target_seconds, s.min_chunk_rows), s.max_chunk_rows, shard_rows))
-        padded, batches = chunk_shape(lengths, chunk, chosen, self._max_rows_for(chosen), self._pad_multiple())
+        padded, batches = chunk_shape(lengths, chunk, chosen, self._max_rows_for(chosen), self._pad_multiple(),
+                                      self._pad_exact())
         return {"seconds_per_padded_token": a, "seconds_per_batch": b, "chunk_rows": chunk,
                 "padded_per_token": padded, "batches_per_token": batches}
 
     def _pad_multiple(self) -> int:
         multiple = getattr(self.engine, "_pad_multiple", None)
         return int(multiple()) if callable(multiple) else 1
+
+    def _pad_exact(self) -> bool:
+        exact = getattr(self.engine, "_pad_exact", None)
+        return bool(exact()) if callable(exact) else False
 
     def _committed_text_bytes(self, sample: Sample) -> int:
         ids = {i for p in self.outputs for i in p.column("id").to_pylist()}
@@ -450,17 +455,17 @@ def fit_engine_time(trials: list[AutotuneTrial]) -> tuple[float, float]:
 
 
 def chunk_shape(lengths: np.ndarray, chunk_rows: int, token_budget: int, max_batch_rows: int,
-                pad_multiple: int) -> tuple[float, float]:
+                pad_multiple: int, exact: bool = False) -> tuple[float, float]:
     """Padded tokens and batches per real token of a ``chunk_rows``-row chunk whose row lengths follow
     ``lengths`` (the sample's, repeated to the chunk's size), batched as the engine batches
-    (:func:`batch_worker.batching.plan_batches`). ``(1.0, 0.0)`` without lengths."""
+    (:func:`batch_worker.batching.plan_batches`, ``exact``: the engine's exact padding). ``(1.0, 0.0)`` without lengths."""
     from batch_worker.batching import plan_batches
 
     if lengths.size == 0 or chunk_rows <= 0:
         return 1.0, 0.0
     reps = int(math.ceil(chunk_rows / lengths.size))
     rows = np.tile(np.maximum(lengths.astype(np.int64), 1), reps)[:chunk_rows]
-    batches = plan_batches(rows, token_budget, max_batch_rows, pad_multiple)
+    batches = plan_batches(rows, token_budget, max_batch_rows, pad_multiple, exact_when_cheaper=exact)
     real = float(rows.sum())
     return sum(b.padded_tokens for b in batches) / real, len(batches) / real
 

@@ -498,8 +498,8 @@ class EncoderEngine(Engine):
         return max(multiple, COMPILE_PAD_MULTIPLE) if self.config.compile else multiple
 
     def _pad_exact(self) -> bool:
-        """Whether a batch pads to its own longest row when the padding bucket would waste more than
-        ``1 - MIN_FILL`` (:func:`~batch_worker.batching.plan_batches`' ``exact_when_cheaper``): on CPU
+        """Whether each batch pads to its own longest row, split by
+        :func:`~batch_worker.batching.plan_exact` (``plan_batches``' ``exact_when_cheaper``): on CPU
         without compile, where padded tokens are the cost and no compiled shape needs a bucket. GPUs
         keep the multiple: exact lengths were not measured there."""
         return self.device == "cpu" and not self.config.compile
