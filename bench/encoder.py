@@ -30,7 +30,8 @@ figure including it is ``worker_rows_per_s_with_load``), ``vs_naive``, ``vs_sent
 ``padding_efficiency`` (real / processed tokens, from the marker), ``mfu`` (real tokens/s x FLOPs per
 token (:func:`flops_per_token`) / bf16 matmul FLOP/s measured in this run), ``peak_rss_mb`` and ``rss_rows_done``,
 ``load_share`` (the marker's ``model_load`` over the worker's wall time), ``fast_path`` (what the worker
-picked on this host: attention per length class, linears per shape, load steps), ``short`` (above) and
+picked on this host: implementation, attention per length class, linears per shape, load steps),
+``batch_overhead`` (:func:`batch_overhead`: the per-batch cost the exact planner weighs), ``short`` (above) and
 ``host`` (:mod:`hostbench`: CPU, caches, bf16/AMX, memory bandwidth, load before and after).
 """
 
@@ -209,8 +210,8 @@ def worker_run(rows: pa.Table, workdir: Path) -> dict:
 
 def fast_path_summary(engine: dict) -> dict:
     """What the worker's fast path picked on this host (marker engine info)."""
-    keys = ("attention", "attention_steps", "attention_choice", "packed_linears", "linear_choice",
-            "pad_exact_when_cheaper", "load_seconds")
+    keys = ("implementation", "implementation_reason", "attention", "attention_steps", "attention_choice",
+            "packed_linears", "linear_choice", "pad_exact_when_cheaper", "load_seconds")
     return {k: engine.get(k) for k in keys}
 
 
@@ -240,6 +241,39 @@ def short_bench(n: int, model_dir: str, work: Path, repeats: int, skip_baselines
         "fresh_process": fresh,
         "fast_path": fast_path_summary(marker.engine),
     }
+
+
+OVERHEAD_SHAPES = [(rows, length) for length in (12, 32, 96) for rows in (8, 32, 128, 256) if rows * length <= 8192]
+"""(rows, padded length) of the batches :func:`batch_overhead` times: short to long rows, few to the CPU
+row cap, all within the CPU token budget."""
+
+
+def batch_overhead(repeats: int = 5) -> dict:
+    """The fixed cost of one batch in padded tokens, as the exact planner uses it
+    (``batch_worker.batching.BATCH_OVERHEAD_TOKENS``): the engine's forward pass timed (best of
+    ``repeats`` after a warm-up) at :data:`OVERHEAD_SHAPES`, least squares of ``seconds = a x padded
+    tokens + b``; returns ``a`` (µs per padded token), ``b`` (ms per batch) and ``b / a``."""
+    from batch_contract.engine_config import EncoderConfig, WorkerSettings
+    from batch_worker.engines.encoder import EncoderEngine
+
+    engine = EncoderEngine(EncoderConfig(), WorkerSettings())
+    engine.load()
+    x, y = [], []
+    for rows, length in OVERHEAD_SHAPES:
+        ids = torch.randint(1000, 20000, (rows, length))
+        mask = torch.ones(rows, length, dtype=torch.long)
+        engine._forward(ids, mask)
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            engine._forward(ids, mask)
+            best = min(best, time.perf_counter() - t0)
+        x.append([rows * length, 1.0])
+        y.append(best)
+    (a, b), *_ = np.linalg.lstsq(np.asarray(x), np.asarray(y), rcond=None)
+    log(f"batch overhead: {a * 1e6:.1f} us/padded token, {b * 1e3:.2f} ms/batch = {b / a:.0f} tokens")
+    return {"us_per_padded_token": round(a * 1e6, 2), "ms_per_batch": round(b * 1e3, 2),
+            "batch_overhead_tokens": round(b / a, 1)}
 
 
 def flops_per_token(info: dict, lengths: np.ndarray) -> float:
@@ -345,6 +379,7 @@ def main() -> None:
         tokens_per_s = marker.tokens_real / (w["wall"] - w["load"])
         short = short_bench(args.short_rows, model_dir, work, args.repeats, args.skip_baselines) \
             if args.short_rows else None
+        overhead = batch_overhead()
         peak_rss, rss_done = rss_run(args.rss_rows, args.rss_seconds, work) if args.rss_rows else (float("nan"), 0)
     result = {
         "rows": rows.num_rows,
@@ -369,6 +404,7 @@ def main() -> None:
         "rss_rows": args.rss_rows,
         "rss_rows_done": rss_done,
         "fast_path": fast_path_summary(marker.engine),
+        "batch_overhead": overhead,
         "short": short,
         "host": hostbench.finish(),
     }
