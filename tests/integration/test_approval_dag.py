@@ -6,8 +6,10 @@ user), from a second process sharing the metadata database.
 ``dag.test()`` runs in one subprocess (it keeps the run alive while the task is ``awaiting_input``), the
 answering "person" in another: it lists the pending request (``GET .../hitlDetails``), prints what the UI
 would show (subject, body) and answers. Approve: every shard runs and the table is published. Reject: no
-shard starts, the gate fails saying who rejected it, ``approval.json`` records it. With
-``require_approval`` on but no projection (canary off) nothing waits.
+shard starts, the gate fails saying who rejected it, ``approval.json`` records it. No answer: the
+request's deadline (the TI's ``trigger_timeout``) is moved into the past, as time would move it, and
+the scheduler's own timeout sweep (``SchedulerJobRunner.check_awaiting_input_timeouts``) answers with the
+default, Reject. With ``require_approval`` on but no projection (canary off) nothing waits.
 """
 
 from __future__ import annotations
@@ -61,9 +63,27 @@ ANSWER = textwrap.dedent("""
         ti = item["task_instance"]
         print("REQUEST " + json.dumps({k: item[k] for k in ("subject", "body", "options", "defaults", "multiple")}
                                       | {"run_id": ti["dag_run_id"], "state": ti["state"]}), flush=True)
-        r = client.patch(f"/api/v2/dags/{dag_id}/dagRuns/{ti['dag_run_id']}/taskInstances/approve/-1/hitlDetails",
-                         json={"chosen_options": [answer], "params_input": {}})
-        print("ANSWER " + json.dumps({"status": r.status_code, "body": r.json()}), flush=True)
+        if answer != "TIMEOUT":
+            r = client.patch(f"/api/v2/dags/{dag_id}/dagRuns/{ti['dag_run_id']}/taskInstances/approve/-1/hitlDetails",
+                             json={"chosen_options": [answer], "params_input": {}})
+            print("ANSWER " + json.dumps({"status": r.status_code, "body": r.json()}), flush=True)
+            sys.exit(0)
+    # Nobody answers: move the request's deadline (the TI's trigger_timeout) into the past, as time would,
+    # and run the scheduler's own timeout sweep once.
+    from datetime import timedelta
+    from sqlalchemy import select
+    from airflow.jobs.job import Job
+    from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils import timezone
+    from airflow.utils.session import create_session
+    with create_session() as session:
+        row = session.scalars(select(TaskInstance).where(TaskInstance.run_id == ti["dag_run_id"],
+                                                         TaskInstance.task_id == "approve")).one()
+        left_h = (row.trigger_timeout - timezone.utcnow()).total_seconds() / 3600.0
+        row.trigger_timeout = timezone.utcnow() - timedelta(seconds=1)
+    SchedulerJobRunner(job=Job()).check_awaiting_input_timeouts()
+    print("ANSWER " + json.dumps({"status": "timeout", "hours_left_before": left_h}), flush=True)
 """)
 
 
@@ -183,3 +203,17 @@ def test_with_no_projection_to_approve_nothing_waits(tmp_path: Path, airflow_env
     run_dir = tmp_path / "out" / "runs" / result["run_id"]
     assert not (run_dir / "approval.json").exists()
     assert "Waiting for Human-in-the-loop input" not in proc.stdout + proc.stderr
+
+
+def test_without_an_answer_the_scheduler_rejects_at_the_runs_deadline(tmp_path: Path,
+                                                                     airflow_env: dict[str, str]) -> None:
+    result, request, answer, out = _run_and_answer(_conf(tmp_path, deadline_hours=2.0), airflow_env, "TIMEOUT")
+    assert 1.5 < answer["hours_left_before"] <= 2.0, "the request waits until the run's deadline"
+    assert result["state"].endswith("failed"), out[-6000:]
+    tasks = result["tasks"]
+    assert tasks["approve"].endswith("success") and tasks["choose_runner"].endswith("skipped")
+    run_dir = tmp_path / "out" / "runs" / result["run_id"]
+    assert _shards_started(run_dir) == []
+    approval = json.loads((run_dir / "approval.json").read_text())
+    assert approval["decision"] == "rejected" and approval["timed_out"] is True and approval["responded_by"] is None
+    assert "REJECTED (approval): nobody answered the approval request for the projection ($" in out
