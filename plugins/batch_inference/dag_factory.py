@@ -3,9 +3,9 @@
 
 Task graph (the same for all three; each DAG's ``doc_md`` lists it, see :func:`dag_doc`)::
 
-    plan -> choose_runner -+-> infer_local[shard]              -+
-                           +-> kpo_args -> infer_k8s[shard]    -+-> wait_for_shards -> publish -> summary
-                           +-> render_k8s   (dry run)
+    plan -> canary -> approve -> choose_runner -+-> infer_local[shard]              -+
+                                                +-> kpo_args -> infer_k8s[shard]    -+-> wait_for_shards -> publish -> summary
+                                                +-> render_k8s   (dry run)
 
 ``infer_local`` and ``infer_k8s`` are two runners of one shard-task spec (the worker command
 ``batch-worker run --run-dir <run_dir> --shard <id>``). The gate runs when the fan-out is done (any
@@ -40,6 +40,7 @@ from airflow.sdk import (
     task,
 )
 
+from batch_inference.approval import ProjectionApprovalOperator
 from batch_inference.assets import MODEL_ASSET, published_alias, table_asset
 from batch_inference.params import REPO_ROOT, RUNNERS, base_params, param_default, replace_field
 from batch_inference.pod_spec import K8sSettings
@@ -180,6 +181,9 @@ def dag_doc(spec: DagSpec, runners: tuple[str, ...], alias: AssetAlias, deadline
         "1b. `canary`: runs a sample of the rows with the real engine (batch-size search, throughput), "
         "writes `canary.json` and `projection.json` (worker-seconds, cost, finish time per parallelism) and "
         "refuses the run (`REFUSED ...`, no shard starts) over `budget_usd` or past `deadline_hours`.",
+        "1c. `approve`: with `require_approval` on, waits for a person to approve the projection in the "
+        "Airflow UI (Required Actions; Airflow's `ApprovalOperator`); Reject: no shard starts and the run "
+        "fails as rejected. Off (default) or no projection: passes at once.",
         f"2. `choose_runner`: branches to {fanout}; a dry run goes to `render_k8s` instead.",
         "3. `infer_local[shard]`" + (" / `infer_k8s[shard]`" if k8s else "")
         + ": one mapped task per shard, named `shard 00001 · 15,828 rows`; runs "
@@ -299,7 +303,7 @@ def _wire(spec: DagSpec, k8s: K8sSettings | None, alias: AssetAlias, runners: tu
 
     planned = plan()
     branch = choose_runner()
-    planned >> canary() >> branch
+    planned >> canary() >> ProjectionApprovalOperator(task_id="approve") >> branch
     local = infer_local.expand(ref=planned)
     rendered = render_k8s(planned)
     branch >> [local, rendered]

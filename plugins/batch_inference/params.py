@@ -368,6 +368,11 @@ PARAM_FIELDS: Mapping[str, ParamField] = _fields(
     ParamField("max_gpus", 8, "integer", "Max GPUs", "Most GPUs (pods at once) the projection considers for "
                "the kubernetes runner; it picks the cheapest count that meets deadline_hours.",
                "Cost and limits", minimum=1, maximum=1024),
+    ParamField("require_approval", False, "boolean", "Require approval", "With the canary on: after it, the "
+               "run waits for a person to approve its projection (cost, GPU-hours, finish time) in the Airflow "
+               "UI (Required Actions; the run's approve task) before any shard starts. Reject: no shard starts "
+               "and the run fails saying who rejected it. No answer by deadline_hours after the run started: "
+               "rejected.", "Cost and limits"),
 )
 """Every DAG Param, in trigger-form order, keyed by name (read-only)."""
 
@@ -466,6 +471,7 @@ class RunConfig:
     deadline_hours: float = _default("deadline_hours")
     budget_usd: float | None = _default("budget_usd")
     max_gpus: int = _default("max_gpus")
+    require_approval: bool = _default("require_approval")
 
     def engine_dict(self) -> dict[str, Any]:
         """Engine config dict for the manifest: kind + model_path + the extra options."""

@@ -153,6 +153,11 @@ class ShardMarkerSensor(BaseSensorOperator):
         if refused:
             raise AirflowFailException(f"completion gate: nothing to wait for: the canary refused the run "
                                        f"before the fan-out: {refused}")
+        from batch_inference.approval import rejection_message
+
+        rejected = rejection_message(str(self.run_dir))
+        if rejected:
+            raise AirflowFailException(f"completion gate: nothing to wait for: {rejected}")
         status = check_completion(self._store(), float(self.min_success_ratio))
         self.log.info("%s", progress_line(self._store(), status))
         if status.satisfied:

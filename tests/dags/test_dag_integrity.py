@@ -85,6 +85,17 @@ def test_shared_shape_and_fanout_spec(dagbag) -> None:
         assert dag.get_task("publish").outlets, "publish must declare its outlet Asset"
 
 
+def test_the_approval_step_sits_between_the_canary_and_the_fan_out(dagbag) -> None:
+    from airflow.providers.standard.operators.hitl import ApprovalOperator
+
+    for dag_id in BATCH_DAGS:
+        dag = dagbag.dags[dag_id]
+        approve = dag.get_task("approve")
+        assert isinstance(approve, ApprovalOperator) and approve.defaults == ["Reject"]
+        assert approve.upstream_task_ids == {"canary"} and approve.downstream_task_ids == {"choose_runner"}
+        assert dag.get_task("choose_runner").upstream_task_ids == {"approve"}
+
+
 def test_local_only_deployment_builds_no_pod_tasks(local_dagbag) -> None:
     assert local_dagbag.import_errors == {}
     for dag_id in BATCH_DAGS:

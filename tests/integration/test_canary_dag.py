@@ -92,6 +92,8 @@ def test_a_run_within_budget_records_its_projection_and_publishes_every_row(tmp_
     run_dir = tmp_path / "out" / "runs" / result["run_id"]
     projection = json.loads((run_dir / "projection.json").read_text())
     assert projection["decision"] == "go" and projection["options"]
+    assert result["tasks"]["approve"].endswith("success"), "require_approval off (default): passes at once"
+    assert not (run_dir / "approval.json").exists() and "Waiting for Human-in-the-loop input" not in out
     report = json.loads((run_dir / "report.json").read_text())
     assert report["rows_published"] == 200
     section = report["projection"]
