@@ -54,8 +54,8 @@ def _input(sample_rows: pa.Table, n: int) -> pa.Table:
 
 def _engine(model: Path, **overrides) -> dict:
     # max_num_seqs / max_num_batched_tokens unset: the run leaves them to the canary
-    return llm_engine_dict(model, max_num_seqs=None, user_template=TEMPLATE, json_schema=SCHEMA, max_tokens=40,
-                           **overrides)
+    return llm_engine_dict(model, **{"max_num_seqs": None, "user_template": TEMPLATE, "json_schema": SCHEMA,
+                                     "max_tokens": 40, **overrides})
 
 
 def _dead_letters(run_dir: str) -> list[dict]:
@@ -89,13 +89,15 @@ def first_run(tmp_path_factory, tiny_model, sample_rows):
 def test_canary_searches_max_num_seqs_by_lowering_the_live_scheduler(first_run):
     result, live = first_run["result"], first_run["live"]
     assert result.engine_kind == "llm" and result.strategy == "candidates" and result.device == "cpu"
-    searched = [t for t in result.trials if not t.warmup]
+    warmup, *searched, rest = result.trials  # warm-up at the largest candidate, one trial each, the rest
+    assert warmup.warmup and warmup.max_batch_rows == max(CANDIDATES) and warmup.rows == 8
     assert [t.max_batch_rows for t in searched] == list(CANDIDATES)
     assert [t.token_budget for t in searched] == [llm_batched_tokens(s) for s in CANDIDATES]
     assert [t.rows for t in searched] == [2 * s for s in CANDIDATES]  # LLM_SLICE_SEQS x max_num_seqs rows
     assert all(t.output_tokens > 0 and t.output_tokens_per_s > 0 for t in searched)
     best = max(searched, key=lambda t: (t.output_tokens_per_s, -t.max_batch_rows))
     seqs = best.max_batch_rows
+    assert rest.max_batch_rows == seqs and rest.rows == 40 - 8 - 8 - 16
     assert result.chosen == {"token_budget": llm_batched_tokens(seqs), "max_batch_rows": seqs,
                              "max_num_seqs": seqs, "max_num_batched_tokens": llm_batched_tokens(seqs)}
     # started once with the largest candidate; the choice was set on the live scheduler, nothing re-created
