@@ -143,3 +143,36 @@ def test_second_run_reuses_the_profile_and_measures_invalid_json(first_run, tiny
     invalid = [r for r in _dead_letters(run_dir) if r["reason"] == "invalid_output"]
     assert len(invalid) == 38 and all("not JSON" in r["detail"] for r in invalid)
     assert json.loads(storage.read_bytes(RunLayout.from_run_dir(run_dir).canary_uri))["llm"]["json_valid_rate"] == 0.0
+
+
+def test_apply_tuning_recreates_the_engine_only_to_raise_its_limits(tiny_model, sample_rows):
+    """Before the load the settings are engine arguments; above what the engine started with it is
+    re-created (the GPU path, where the engine core is another process, always takes this one); at or
+    below, the in-process scheduler's limits change in place."""
+    from batch_contract.engine_config import WorkerSettings
+    from batch_contract.llm_config import LLMConfig
+    from batch_worker.engines.base import ChunkRows
+    from batch_worker.engines.llm import LLMEngine
+
+    engine = LLMEngine(LLMConfig.from_dict(_engine(tiny_model, json_schema=None, max_tokens=4)), WorkerSettings())
+    assert engine.tunable() and engine.planned_device() == "cpu"
+    try:
+        assert engine.apply_tuning(4096, 4) == {"max_num_seqs": 4, "max_num_batched_tokens": 4096}
+        info = engine.load().info
+        scheduler = engine.llm.llm_engine.engine_core.engine_core.scheduler
+        assert (info["max_num_seqs"], scheduler.scheduler_config.max_num_seqs) == (4, 4)
+        engine.apply_tuning(llm_batched_tokens(16), 16)  # above the start: a new engine
+        scheduler = engine.llm.llm_engine.engine_core.engine_core.scheduler
+        assert engine.restarts == 1 and engine.restart_seconds > 0
+        assert scheduler.scheduler_config.max_num_seqs == 16 and engine._loaded.info["max_num_seqs"] == 16
+        engine.apply_tuning(4096, 8)  # below: in place
+        assert engine.restarts == 1 and scheduler.max_num_active_reqs == 8
+        assert engine._loaded.info["max_num_seqs"] == 8 and scheduler.scheduler_config.max_num_seqs == 16
+        records = sample_rows.slice(0, 12)
+        ids = records.column("id").to_pylist()
+        rows = ChunkRows(ids=ids, texts=records.column("text").to_pylist(), text_repaired=[False] * 12,
+                         source_uri=["mem"] * 12, source_row=list(range(12)), fields=records)
+        out = engine.process(engine.prepare(rows), lambda: False)
+        assert out.table.num_rows == 12 and not out.rejects
+    finally:
+        engine.close()
