@@ -40,14 +40,18 @@ class AutotuneTrial:
     """One batch setting tried on one length-stratified slice of the sample.
 
     Attributes:
-        token_budget: padded tokens per batch tried (tokens).
-        max_batch_rows: rows per batch cap tried.
+        token_budget: padded tokens per batch tried (tokens); for the LLM engine vLLM's
+            ``max_num_batched_tokens`` (tokens per engine step).
+        max_batch_rows: rows per batch cap tried; for the LLM engine vLLM's ``max_num_seqs``
+            (sequences in flight).
         rows: rows processed in the trial.
         tokens_real / tokens_padded: input tokens without / with padding.
+        output_tokens: generated tokens of every request the trial finished (LLM engine; 0 otherwise).
         seconds: engine seconds of the trial (``process`` wall time, no model load).
         batches: engine batches run.
-        oom: the device ran out of memory during the trial (the engine split the batch and went on;
-            the trial is a data point, not a failure).
+        oom: the device ran out of memory during the trial (the encoder split the batch and went on;
+            vLLM preempted requests because its KV cache was full and recomputed them); the trial is a
+            data point, not a failure.
         warmup: the first slice, run to warm kernels and caches; never chosen and not in the throughput.
     """
 
@@ -60,11 +64,32 @@ class AutotuneTrial:
     batches: int = 0
     oom: bool = False
     warmup: bool = False
+    output_tokens: int = 0
 
     @property
     def tokens_per_s(self) -> float:
         """Real input tokens per engine second (0.0 for an empty trial)."""
         return self.tokens_real / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        """Generated tokens per engine second (0.0 for an empty trial or an engine that generates none)."""
+        return self.output_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def json_valid_rate(valid_rows: int, invalid_rows: int) -> float | None:
+    """Share of generated outputs that passed the engine's JSON validation: ``valid / (valid + invalid)``
+    rounded to 4 places, where ``invalid`` counts the rows dead-lettered ``invalid_output`` (not JSON, or
+    not matching ``json_schema``) and rows rejected before generation (template error, too long, empty
+    prompt) count in neither. ``None`` when no output was generated.
+
+    Raises:
+        ValueError: a negative count.
+    """
+    if valid_rows < 0 or invalid_rows < 0:
+        raise ValueError(f"row counts must be >= 0, got valid={valid_rows}, invalid={invalid_rows}")
+    total = valid_rows + invalid_rows
+    return round(valid_rows / total, 4) if total else None
 
 
 @dataclass
@@ -95,9 +120,15 @@ class CanaryResult:
         peak_rss_bytes: the process's peak resident memory; peak_device_bytes: CUDA peak (None on CPU).
         padding_efficiency: real / padded tokens over the sample.
         strategy / trials / autotune_seconds: the search (see :data:`STRATEGIES`).
-        chosen: the batch settings the shards use: ``{"token_budget": int, "max_batch_rows": int}``.
+        chosen: the batch settings the shards use: ``{"token_budget": int, "max_batch_rows": int}``; for
+            the LLM engine also under vLLM's names, ``max_num_batched_tokens`` (= ``token_budget``) and
+            ``max_num_seqs`` (= ``max_batch_rows``).
         profile_uri / profile_reused: the profile read or written.
-        llm: LLM engine figures (``output_tokens`` quantiles, ``json_valid_rate``) or ``None``.
+        llm: LLM engine figures or ``None``: ``output_tokens_p50/p90/p99/max`` (generated tokens of the
+            committed results), ``json_valid_rate`` (:func:`json_valid_rate`; ``None`` without
+            ``json_schema``), ``json_valid_rows`` / ``json_invalid_rows``, ``preemptions`` (requests vLLM
+            preempted for KV-cache space), ``engine_restarts`` / ``engine_restart_seconds`` (vLLM engines
+            re-created to change the batch settings).
         elapsed_seconds: the canary's wall time in the worker (process start-up excluded).
         created_at: ISO-8601 UTC.
     """
@@ -162,7 +193,8 @@ class TuningProfile:
 
     Attributes:
         engine_kind / model_digest / device_name: the key (see :func:`profile_uri`).
-        chosen: ``{"token_budget": int, "max_batch_rows": int}``.
+        chosen: ``{"token_budget": int, "max_batch_rows": int}`` (LLM: plus ``max_num_seqs`` /
+            ``max_num_batched_tokens``, see :class:`CanaryResult`).
         strategy: the search that found it (``candidates`` or ``grow``).
         trials: the search's trials.
         threads: intra-op threads the search ran with.
@@ -206,4 +238,4 @@ def profile_uri(output_root: str, engine_kind: str, model_digest: str, device_na
 
 
 __all__ = ["CANARY_NAME", "PROJECTION_NAME", "STRATEGIES", "AutotuneTrial", "CanaryResult", "TuningProfile",
-           "profile_uri"]
+           "json_valid_rate", "profile_uri"]

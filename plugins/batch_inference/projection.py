@@ -201,7 +201,8 @@ def project(canary: CanaryResult, manifest: Manifest, limits: Limits, params: Co
         "canary": {"wall_seconds": round(canary_wall_seconds, 3), "rows": canary.sample_rows,
                    "tokens_per_s": canary.steady_tokens_per_s, "token_budget": canary.chosen["token_budget"],
                    "strategy": canary.strategy, "autotune_seconds": canary.autotune_seconds,
-                   "model_load_seconds": canary.model_load_seconds, "threads": canary.threads},
+                   "model_load_seconds": canary.model_load_seconds, "threads": canary.threads,
+                   "chosen": dict(canary.chosen), "llm": canary.llm},
         "options": options,
         "chosen": chosen,
         "fanout_worker_seconds": chosen["worker_seconds"],
@@ -279,6 +280,7 @@ def format_table(projection: dict[str, Any]) -> str:
         f"({c['strategy']}, autotune {c['autotune_seconds']:.1f} s), load {c['model_load_seconds']:.1f} s, "
         f"wall {c['wall_seconds']:.1f} s; {projection['projected_tokens']:,} tokens projected "
         f"(calibration x{projection['token_calibration']:.3f})",
+        *_llm_line(c),
         f"{'':1} {'workers':>7} {'worker-s':>10} {'GPU-h':>9} {'spot $':>10} {'on-demand $':>12} {'finish h':>9} deadline",
     ]
     for o in projection["options"]:
@@ -288,6 +290,26 @@ def format_table(projection: dict[str, Any]) -> str:
                      f"{o['finish_seconds'] / 3600.0:>9.3f} {'ok' if o['meets_deadline'] else 'MISSED'}")
     lines.append(projection["message"])
     return "\n".join(lines)
+
+
+def _llm_line(c: dict[str, Any]) -> list[str]:
+    """The LLM engine's canary figures as one line (none for other engines): chosen vLLM batch settings,
+    output-token quantiles and the JSON-valid rate."""
+    llm = c.get("llm")
+    if not llm:
+        return []
+    chosen = c.get("chosen") or {}
+    parts = [f"llm: max_num_seqs {chosen.get('max_num_seqs', '-')}, "
+             f"max_num_batched_tokens {chosen.get('max_num_batched_tokens', '-')}"]
+    if "output_tokens_p50" in llm:
+        parts.append(f"output tokens p50/p90/max {llm['output_tokens_p50']:.0f}/{llm['output_tokens_p90']:.0f}/"
+                     f"{llm['output_tokens_max']}")
+    rate = llm.get("json_valid_rate")
+    if rate is not None:
+        parts.append(f"JSON-valid {rate:.1%} ({llm['json_valid_rows']}/{llm['json_valid_rows'] + llm['json_invalid_rows']})")
+    if llm.get("preemptions"):
+        parts.append(f"{llm['preemptions']} preemptions")
+    return ["; ".join(parts)]
 
 
 __all__ = ["DECISIONS", "Limits", "RunRefused", "calibration", "format_table", "makespan", "project",

@@ -11,11 +11,21 @@ Two strategies (:data:`batch_contract.canary.STRATEGIES`):
   trial that runs out of memory halves the budget until one fits.
 
 A trial that ran out of memory is a data point: the engine split its batch and finished the rows.
+
+What is searched depends on the engine (:class:`SearchSpace`, :func:`search_space`):
+
+* encoder (:data:`ENCODER_SPACE`): the token budget (padded tokens per batch), ranked by real input
+  tokens per engine second;
+* llm (:data:`LLM_SPACE`): vLLM's ``max_num_seqs`` (sequences in flight), with ``max_num_batched_tokens``
+  following it (:func:`llm_batched_tokens`), ranked by output tokens per engine second. "Out of memory"
+  there means vLLM preempted running requests because its KV cache was full (the preempted requests
+  were recomputed and finished).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from batch_contract.canary import AutotuneTrial
@@ -31,27 +41,91 @@ MIN_GAIN = 0.05
 """A doubling must raise tokens/s by at least 5% to count as a gain (below that is timing noise)."""
 
 
+LLM_CPU_CANDIDATES = (8, 16, 32, 64)
+"""``max_num_seqs`` values tried on CPU, smallest first (64 is the engine's CPU cap,
+``batch_worker.engines.llm.CPU_MAX_NUM_SEQS``)."""
+LLM_GROW_START = 128
+"""First ``max_num_seqs`` of the GPU search."""
+LLM_GROW_MAX = 4096
+"""Largest ``max_num_seqs`` the GPU search tries (4x vLLM's H100/H200 offline default of 1024)."""
+LLM_TOKENS_PER_SEQ = 16
+"""``max_num_batched_tokens`` per sequence in flight: vLLM's own default pairs (1024 sequences / 16,384
+tokens on H100/H200, 256 / 4,096 on CPU) have this ratio."""
+LLM_MIN_BATCHED_TOKENS = 4096
+"""Floor of ``max_num_batched_tokens`` (vLLM's CPU default): prefill chunks never get smaller than that."""
+
+
+def llm_batched_tokens(max_num_seqs: int) -> int:
+    """``max_num_batched_tokens`` paired with ``max_num_seqs`` in the LLM search:
+    ``max(LLM_MIN_BATCHED_TOKENS, LLM_TOKENS_PER_SEQ x max_num_seqs)`` (tokens per engine step)."""
+    return max(LLM_MIN_BATCHED_TOKENS, LLM_TOKENS_PER_SEQ * int(max_num_seqs))
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """What the canary searches for one engine kind.
+
+    Attributes:
+        key: the :class:`~batch_contract.canary.AutotuneTrial` field the search varies (``token_budget``
+            or ``max_batch_rows``); the search's "budgets" are values of it.
+        rate: the trial property that ranks settings (``tokens_per_s`` or ``output_tokens_per_s``).
+        candidates: values tried by ``candidates`` (CPU), smallest first.
+        grow_start / grow_max: first and largest value of ``grow`` (GPU).
+        minimum: smallest value ``grow`` halves down to when its first value runs out of memory.
+    """
+
+    key: str
+    rate: str
+    candidates: tuple[int, ...]
+    grow_start: int
+    grow_max: int
+    minimum: int
+
+
+ENCODER_SPACE = SearchSpace("token_budget", "tokens_per_s", CPU_CANDIDATES, GROW_START, GROW_MAX, MIN_TOKEN_BUDGET)
+"""The encoder: token budget per batch, ranked by real input tokens/s."""
+LLM_SPACE = SearchSpace("max_batch_rows", "output_tokens_per_s", LLM_CPU_CANDIDATES, LLM_GROW_START, LLM_GROW_MAX, 1)
+"""The LLM engine: ``max_num_seqs`` (``max_batch_rows`` of the trial), ranked by output tokens/s."""
+
+
+def search_space(engine_kind: str) -> SearchSpace:
+    """:data:`LLM_SPACE` for ``llm``, :data:`ENCODER_SPACE` otherwise."""
+    return LLM_SPACE if engine_kind == "llm" else ENCODER_SPACE
+
+
 class BudgetSearch:
     """State of one search: ask :meth:`next_budget`, run it, :meth:`record` the trial, until ``None``.
 
+    The "budget" is a value of ``space.key`` (the encoder's token budget, the LLM's ``max_num_seqs``).
+
     Args:
         strategy: ``candidates`` or ``grow``.
-        candidates: budgets for ``candidates`` (default :data:`CPU_CANDIDATES`).
-        start / maximum: first and largest budget for ``grow`` (tokens).
-        min_gain: relative tokens/s gain a doubling must bring (default :data:`MIN_GAIN`).
+        candidates: values for ``candidates`` (default ``space.candidates``).
+        start / maximum: first and largest value for ``grow`` (default ``space.grow_start`` / ``grow_max``).
+        min_gain: relative gain of ``space.rate`` a doubling must bring (default :data:`MIN_GAIN`).
+        space: what is searched (default :data:`ENCODER_SPACE`).
     """
 
-    def __init__(self, strategy: str, candidates: Sequence[int] = CPU_CANDIDATES, start: int = GROW_START,
-                 maximum: int = GROW_MAX, min_gain: float = MIN_GAIN) -> None:
+    def __init__(self, strategy: str, candidates: Sequence[int] | None = None, start: int | None = None,
+                 maximum: int | None = None, min_gain: float = MIN_GAIN, space: SearchSpace = ENCODER_SPACE) -> None:
         if strategy not in ("candidates", "grow"):
             raise ValueError(f"search strategy {strategy!r} is not 'candidates' or 'grow'")
         self.strategy = strategy
-        self.candidates = list(candidates)
-        self.start = start
-        self.maximum = maximum
+        self.space = space
+        self.candidates = list(space.candidates if candidates is None else candidates)
+        self.start = space.grow_start if start is None else start
+        self.maximum = space.grow_max if maximum is None else maximum
         self.min_gain = min_gain
         self.trials: list[AutotuneTrial] = []
         self._done = False
+
+    def value(self, trial: AutotuneTrial) -> int:
+        """The searched value of ``trial`` (its ``space.key`` field)."""
+        return int(getattr(trial, self.space.key))
+
+    def rate(self, trial: AutotuneTrial) -> float:
+        """The speed that ranks ``trial`` (its ``space.rate`` property)."""
+        return float(getattr(trial, self.space.rate))
 
     def _measured(self) -> list[AutotuneTrial]:
         return [t for t in self.trials if not t.warmup and t.rows > 0]
@@ -70,7 +144,7 @@ class BudgetSearch:
             return None
         measured = self._measured()
         if self.strategy == "candidates":
-            tried = {t.token_budget for t in measured}
+            tried = {self.value(t) for t in measured}
             rest = [c for c in self.candidates if c not in tried]
             return rest[0] if rest else None
         return self._next_grow(measured)
@@ -83,30 +157,30 @@ class BudgetSearch:
         if last.oom:
             if fits:  # grew into out-of-memory: done, back off to the last that fitted
                 return None
-            nxt = last.token_budget // 2
-            return nxt if nxt >= MIN_TOKEN_BUDGET else None
-        if len(fits) >= 2 and fits[-1].tokens_per_s < fits[-2].tokens_per_s * (1 + self.min_gain):
+            nxt = self.value(last) // 2
+            return nxt if nxt >= self.space.minimum else None
+        if len(fits) >= 2 and self.rate(fits[-1]) < self.rate(fits[-2]) * (1 + self.min_gain):
             return None  # no gain from the last doubling
-        nxt = last.token_budget * 2
+        nxt = self.value(last) * 2
         return nxt if nxt <= self.maximum else None
 
     def chosen(self, default: int) -> int:
         """The budget to use: ``candidates``: the fastest trial that did not run out of memory; ``grow``:
         one step back from where growth stopped (the fastest fitting trial, ties to the smaller budget).
         ``default`` when nothing was measured; half the smallest budget tried when every trial ran out
-        of memory (at least ``MIN_TOKEN_BUDGET``)."""
+        of memory (at least ``space.minimum``)."""
         measured = self._measured()
         fits = [t for t in measured if not t.oom]
         if not measured:
             return default
         if not fits:
-            return max(MIN_TOKEN_BUDGET, min(t.token_budget for t in measured) // 2)
+            return max(self.space.minimum, min(self.value(t) for t in measured) // 2)
         if self.strategy == "grow":
-            if len(fits) >= 2 and fits[-1].tokens_per_s < fits[-2].tokens_per_s * (1 + self.min_gain):
-                return fits[-2].token_budget
-            return fits[-1].token_budget
-        best = max(fits, key=lambda t: (t.tokens_per_s, -t.token_budget))
-        return best.token_budget
+            if len(fits) >= 2 and self.rate(fits[-1]) < self.rate(fits[-2]) * (1 + self.min_gain):
+                return self.value(fits[-2])
+            return self.value(fits[-1])
+        best = max(fits, key=lambda t: (self.rate(t), -self.value(t)))
+        return self.value(best)
 
 
 def stratified_order(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
@@ -130,4 +204,6 @@ def stratified_order(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
     return by_length[[p for p in positions if p < n]].astype(np.int64)
 
 
-__all__ = ["CPU_CANDIDATES", "GROW_MAX", "GROW_START", "MIN_GAIN", "BudgetSearch", "stratified_order"]
+__all__ = ["CPU_CANDIDATES", "ENCODER_SPACE", "GROW_MAX", "GROW_START", "LLM_CPU_CANDIDATES", "LLM_GROW_MAX",
+           "LLM_GROW_START", "LLM_SPACE", "MIN_GAIN", "BudgetSearch", "SearchSpace", "llm_batched_tokens",
+           "search_space", "stratified_order"]

@@ -9,9 +9,13 @@
    own validator would keep, and the shard later dead-letters the duplicates as usual);
 2. the engine loads with the run's real config and settings (the fan-out's thread cap);
 3. the rows are visited in a length-stratified order (:func:`batch_worker.autotune.stratified_order`):
-   a warm-up slice, then one slice per token budget the search tries
-   (:class:`batch_worker.autotune.BudgetSearch`), then the rest at the chosen budget, until the
-   sample or ``max_seconds`` runs out;
+   a warm-up slice, then one slice per setting the search tries
+   (:class:`batch_worker.autotune.BudgetSearch` over the engine's
+   :class:`~batch_worker.autotune.SearchSpace`: the encoder's token budget, the LLM engine's
+   ``max_num_seqs`` with ``max_num_batched_tokens``), then the rest at the chosen setting, until the
+   sample or ``max_seconds`` runs out. An engine whose batch settings are load-time arguments
+   (``Engine.planned_device``: the LLM engine) gets the search's first setting (CPU: its largest, which
+   later trials lower in place) before it loads;
 4. every slice's results (and engine dead letters) are committed as ordinary part files into the
    shard that owns each row, under the run's result fingerprint: the shard's resume ledger then skips
    them, so no row is computed twice and publish's coverage sees each id once (with ``reuse=same_root``
@@ -37,14 +41,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from batch_contract import resultcache, storage
-from batch_contract.canary import AutotuneTrial, CanaryResult, TuningProfile, profile_uri
+from batch_contract.canary import AutotuneTrial, CanaryResult, TuningProfile, json_valid_rate, profile_uri
 from batch_contract.engine_config import CUDA_MIN_ROW_TOKENS
-from batch_contract.enums import EngineKind
+from batch_contract.enums import DeadLetterReason, EngineKind
 from batch_contract.layout import DEAD_LETTER_PREFIX, PART_PREFIX
 from batch_contract.manifest import Manifest, Segment, result_fingerprint
 from batch_contract.runstore import RunStore
 
-from batch_worker.autotune import GROW_START, MIN_GAIN, BudgetSearch, stratified_order
+from batch_worker.autotune import MIN_GAIN, BudgetSearch, llm_batched_tokens, search_space, stratified_order
 from batch_worker.engines.base import ChunkRows, Engine, LoadedModel, check_chunk_output, engine_class
 from batch_worker.errors import BadInputError
 from batch_worker.ledger import build_ledger
@@ -61,6 +65,9 @@ log = logging.getLogger("batch_worker.canary")
 BYTES_PER_TOKEN = 4.0
 """Rough UTF-8 bytes per token, used only to size trial slices before tokenizing (the planner's
 ``BYTES_PER_TOKEN``)."""
+LLM_SLICE_SEQS = 2
+"""An LLM trial runs this many times ``max_num_seqs`` rows (the batch full, then draining), so every
+setting is measured with the same share of drain."""
 
 
 @dataclass(frozen=True)
@@ -72,12 +79,14 @@ class CanaryOptions:
         min_rows / max_rows: bounds on the sample (rows).
         max_seconds: stop starting new slices after this many seconds of canary work (model load
             excluded); rows not run are left to their shards.
-        strategy: ``auto`` (``grow`` on CUDA, ``candidates`` on CPU), ``grow`` or ``candidates``
-            (a run with an explicit ``token_budget`` never searches).
+        strategy: ``auto`` (``grow`` on a GPU, ``candidates`` on CPU), ``grow`` or ``candidates``
+            (a run that sets the batch settings itself, ``Engine.tunable`` false, never searches).
         use_profile: read a saved profile for this model and device and skip the search.
         warmup_rows: rows of the first (warm-up) slice.
-        grow_start / min_gain: the ``grow`` search's first budget (tokens) and the gain a doubling
-            must bring (:class:`batch_worker.autotune.BudgetSearch`).
+        grow_start / min_gain: the ``grow`` search's first value (``None``: the engine's
+            ``SearchSpace.grow_start``) and the gain a doubling must bring
+            (:class:`batch_worker.autotune.BudgetSearch`).
+        candidates: values ``candidates`` tries (``None``: the engine's ``SearchSpace.candidates``).
     """
 
     fraction: float = 0.005
@@ -87,8 +96,9 @@ class CanaryOptions:
     strategy: str = "auto"
     use_profile: bool = True
     warmup_rows: int = 32
-    grow_start: int = GROW_START
+    grow_start: int | None = None
     min_gain: float = MIN_GAIN
+    candidates: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.fraction <= 1:
@@ -97,6 +107,8 @@ class CanaryOptions:
             raise ValueError(f"canary rows: need 1 <= min_rows ({self.min_rows}) <= max_rows ({self.max_rows})")
         if self.strategy not in ("auto", "grow", "candidates"):
             raise ValueError(f"canary strategy {self.strategy!r} is not auto, grow or candidates")
+        if self.candidates is not None and (not self.candidates or min(self.candidates) < 1):
+            raise ValueError(f"canary candidates {self.candidates} must be a non-empty list of values >= 1")
 
 
 def sample_quotas(manifest: Manifest, options: CanaryOptions) -> dict[str, int]:
@@ -149,6 +161,8 @@ class Canary:
         config = self.manifest.engine_config
         self.settings = self.manifest.worker
         self.engine: Engine = engine_class(config.kind)(config, self.settings)
+        self.space = search_space(self.engine.kind.value)
+        self.is_llm = self.engine.kind is EngineKind.LLM
         fingerprint = result_fingerprint(self.manifest.config_fingerprint, self.engine.model_digest(),
                                          self.engine.resolved_settings())
         # the shards' own fingerprint: a run that carried shards over pins their resolved settings
@@ -159,6 +173,9 @@ class Canary:
         self.shard_rows: dict[str, int] = {}
         self.shard_tokens: dict[str, int] = {}
         self.outputs: list[pa.Table] = []
+        self.json_valid = 0
+        self.json_invalid = 0
+        self.checks_json = bool(getattr(config, "json_schema", None))
 
     # -- sample ---------------------------------------------------------------------------------------
     def read_sample(self) -> Sample:
@@ -205,19 +222,36 @@ class Canary:
     def _max_rows_for(self, budget: int) -> int:
         if self.settings.max_batch_rows:
             return self.settings.max_batch_rows
-        if self.device == "cuda":
+        if self.on_gpu:
             return max(1, budget // CUDA_MIN_ROW_TOKENS)
-        return self.settings.max_batch_rows_for(self.device)
+        return self.settings.max_batch_rows_for("cpu")
 
-    def run_slice(self, sample: Sample, indices: np.ndarray, budget: int, warmup: bool = False) -> AutotuneTrial:
-        """Run rows ``indices`` of the sample at ``budget``, commit them into their shards, return the trial."""
+    def settings_for(self, value: int) -> tuple[int, int]:
+        """``(token_budget, max_batch_rows)`` for a value of the engine's search space: the encoder's token
+        budget with its row cap; the LLM's ``max_num_seqs`` with its ``max_num_batched_tokens``
+        (:func:`batch_worker.autotune.llm_batched_tokens`)."""
+        if self.is_llm:
+            if not self.engine.tunable():  # the run's own settings, as the engine started with them
+                info = self.loaded.info
+                return int(info.get("max_num_batched_tokens") or 0), int(info.get("max_num_seqs") or value)
+            return llm_batched_tokens(value), int(value)
+        return int(value), self._max_rows_for(value)
+
+    def _memory_events(self) -> int:
+        """Out-of-memory events so far: the encoder's batch splits, vLLM's KV-cache preemptions."""
+        return int(getattr(self.engine, "oom_splits", 0)) + int(getattr(self.engine, "preemptions", 0))
+
+    def run_slice(self, sample: Sample, indices: np.ndarray, value: int, warmup: bool = False) -> AutotuneTrial:
+        """Run rows ``indices`` of the sample at search value ``value`` (:meth:`settings_for`), commit them
+        into their shards, return the trial."""
         rows = sample.rows.take([int(i) for i in indices])
         owners = [sample.owners[int(i)] for i in indices]
-        max_rows = self._max_rows_for(budget)
-        self.engine.apply_tuning(budget, max_rows)
+        budget, max_rows = self.settings_for(value)
+        if self.engine.tunable():  # a run that sets its batch settings keeps them
+            self.engine.apply_tuning(budget, max_rows)
         with self.clock.stage("tokenize"):
             prepared = self.engine.prepare(rows)
-        splits = int(getattr(self.engine, "oom_splits", 0))
+        events = self._memory_events()
         start = time.perf_counter()
         out = self.engine.process(prepared, lambda: False)
         seconds = time.perf_counter() - start
@@ -225,10 +259,14 @@ class Canary:
         check_chunk_output(rows, out)
         with self.clock.stage("write"):
             self._commit(sample, rows, owners, out, seconds)
-        oom = int(getattr(self.engine, "oom_splits", 0)) > splits
+        if self.checks_json:
+            self.json_invalid += sum(r.reason is DeadLetterReason.INVALID_OUTPUT for r in out.rejects)
+            self.json_valid += out.table.num_rows
         return AutotuneTrial(token_budget=budget, max_batch_rows=max_rows, rows=len(rows),
                              tokens_real=int(out.tokens_real), tokens_padded=int(out.tokens_padded),
-                             seconds=round(seconds, 6), batches=int(out.batches), oom=oom, warmup=warmup)
+                             seconds=round(seconds, 6), batches=int(out.batches),
+                             oom=self._memory_events() > events, warmup=warmup,
+                             output_tokens=int(out.tokens_output))
 
     def _commit(self, sample: Sample, rows: ChunkRows, owners: list[str], out: Any, seconds: float) -> None:
         """Commit the slice's results and engine dead letters into each owning shard's directory."""
@@ -271,14 +309,23 @@ class Canary:
         budget (each committed into its shards), save the profile when a search ran; returns the record
         (not yet written: :func:`run_canary` writes it)."""
         sample = self.read_sample()
+        planned = self.engine.planned_device()
+        if planned is not None:  # batch settings are load arguments: decide them before the load
+            self._set_device(planned)
+            strategy, search, profile = self._strategy(planned)
+            first = self._first_value(search, profile)
+            if first is not None:
+                self.engine.apply_tuning(*self.settings_for(first))
         with self.clock.stage("model_load"):
             self.loaded: LoadedModel = self.engine.load()
         threads = apply_thread_cap()
         info = self.loaded.info
-        self.device = str(info.get("device", "cpu"))
+        self._set_device(str(info.get("device", "cpu")))
         device_name = str(info.get("device_name", self.device))
-        default_budget = self.settings.token_budget_for(self.device)
-        strategy, search, profile = self._strategy(device_name)
+        if planned is None:
+            strategy, search, profile = self._strategy(device_name)
+            first = self._first_value(search, profile)
+        default = self._default_value()
         est = np.asarray([max(1.0, len(t.encode("utf-8")) / BYTES_PER_TOKEN) for t in sample.rows.texts])
         if self.loaded.max_length:
             est = np.minimum(est, float(self.loaded.max_length))
@@ -286,15 +333,14 @@ class Canary:
         trials: list[AutotuneTrial] = []
         autotune_s = 0.0
         if order:
-            first = profile.chosen["token_budget"] if profile else default_budget
             take, order = order[: self.options.warmup_rows], order[self.options.warmup_rows:]
-            trials.append(self.run_slice(sample, np.asarray(take), first, warmup=True))
-        chosen = profile.chosen["token_budget"] if profile else default_budget
+            trials.append(self.run_slice(sample, np.asarray(take), default if first is None else first, warmup=True))
+        chosen = profile.chosen[self.space.key] if profile else default
         if search is not None:
             t_search = time.perf_counter()
             order = self._search(sample, search, order, est)
             trials.extend(search.trials)
-            chosen = search.chosen(default_budget)
+            chosen = search.chosen(default)
             autotune_s = time.perf_counter() - t_search
         if order and self._elapsed() < self.options.max_seconds:
             trials.append(self.run_slice(sample, np.asarray(order), chosen))
@@ -303,38 +349,71 @@ class Canary:
             self._save_profile(result, device_name, threads)
         return result
 
+    def _set_device(self, device: str) -> None:
+        """``device`` as the engine info names it (``cpu``, ``cuda``, or the LLM engine's GPU name)."""
+        self.device = device
+        self.on_gpu = device != "cpu"
+
+    def _default_value(self) -> int:
+        """The search value used without a search: the encoder's token budget for the device; the LLM
+        engine's ``max_num_seqs`` as started (its config's, or vLLM's default for the device)."""
+        if self.is_llm:
+            return int(self.loaded.info.get("max_num_seqs") or 1)
+        return self.settings.token_budget_for("cuda" if self.on_gpu else "cpu")
+
+    def _first_value(self, search: BudgetSearch | None, profile: TuningProfile | None) -> int | None:
+        """The warm-up slice's search value: the profile's choice, else for an engine that takes its
+        settings at load the search's largest CPU candidate (later trials lower it in place) or first
+        ``grow`` value; ``None``: the default (:meth:`_default_value`)."""
+        if profile is not None:
+            return int(profile.chosen[self.space.key])
+        if search is None or self.engine.planned_device() is None:
+            return None
+        return max(search.candidates) if search.strategy == "candidates" else search.start
+
     def _strategy(self, device_name: str) -> tuple[str, BudgetSearch | None, TuningProfile | None]:
         """``(strategy, search or None, profile or None)`` for this run (see :data:`STRATEGIES`)."""
-        if self.settings.token_budget or self.engine.kind is not EngineKind.ENCODER:
-            return "fixed", None, None  # an explicit budget; or an engine without token-budget batching
+        if not self.engine.tunable():
+            return "fixed", None, None  # the run sets the batch settings; or an engine without any
         if self.options.use_profile:
             profile = self._read_profile(device_name)
-            if profile is not None:
-                log.info("canary: using tuning profile %s (token budget %d): no search",
-                         self._profile_uri(device_name), profile.chosen["token_budget"])
+            if profile is not None and self.space.key in profile.chosen:
+                log.info("canary: using tuning profile %s (%s): no search",
+                         self._profile_uri(device_name), profile.chosen)
                 return "profile", None, profile
         strategy = self.options.strategy
         if strategy == "auto":
-            strategy = "grow" if self.device == "cuda" else "candidates"
-        return strategy, BudgetSearch(strategy, start=self.options.grow_start, min_gain=self.options.min_gain), None
+            strategy = "grow" if self.on_gpu else "candidates"
+        return strategy, BudgetSearch(strategy, candidates=self.options.candidates, start=self.options.grow_start,
+                                      min_gain=self.options.min_gain, space=self.space), None
+
+    def _slice_rows(self, value: int, order: list[int], est: np.ndarray) -> int | None:
+        """Rows of the next trial at search value ``value``, ``None`` when too few are left: the encoder
+        needs one full batch of estimated tokens (``value`` tokens), the LLM engine
+        :data:`LLM_SLICE_SEQS` x ``max_num_seqs`` rows."""
+        if self.is_llm:
+            n = LLM_SLICE_SEQS * value
+            return n if len(order) >= n else None
+        if not order or float(est[order].sum()) < value:
+            return None
+        return int(np.searchsorted(np.cumsum(est[order]), value)) + 1
 
     def _search(self, sample: Sample, search: BudgetSearch, order: list[int], est: np.ndarray) -> list[int]:
-        """Run the search's trials on consecutive slices of ``order`` (each at least one full batch of
-        estimated tokens); returns the rows left."""
-        while (budget := search.next_budget()) is not None:
-            left = float(est[order].sum()) if order else 0.0
-            if left < budget or self._elapsed() >= self.options.max_seconds:
-                log.info("canary: search stops before budget %d (%.0f estimated tokens left, %.1f s used)",
-                         budget, left, self._elapsed())
+        """Run the search's trials on consecutive slices of ``order`` (each at least one full batch, see
+        :meth:`_slice_rows`); returns the rows left."""
+        key = self.space.key
+        while (value := search.next_budget()) is not None:
+            n = self._slice_rows(value, order, est)
+            if n is None or self._elapsed() >= self.options.max_seconds:
+                log.info("canary: search stops before %s %d (%d rows left, %.1f s used)",
+                         key, value, len(order), self._elapsed())
                 search.stop()
                 break
-            cum = np.cumsum(est[order])
-            n = int(np.searchsorted(cum, budget)) + 1
             take, order = order[:n], order[n:]
-            trial = self.run_slice(sample, np.asarray(take), budget)
+            trial = self.run_slice(sample, np.asarray(take), value)
             search.record(trial)
-            log.info("canary trial: budget %d -> %d rows, %.0f tokens/s%s", budget, trial.rows,
-                     trial.tokens_per_s, " (out of memory: split)" if trial.oom else "")
+            log.info("canary trial: %s %d -> %d rows, %.1f %s%s", key, value, trial.rows, search.rate(trial),
+                     self.space.rate, " (out of memory)" if trial.oom else "")
         return order
 
     def _result(self, sample: Sample, trials: list[AutotuneTrial], strategy: str, chosen: int, device_name: str,
@@ -347,7 +426,8 @@ class Canary:
         tokens_m = sum(t.tokens_real for t in measured)
         stages = self.clock.rounded()
         per_token_other = sum(stages.get(s, 0.0) for s in ("input_read", "tokenize", "write")) / max(real, 1)
-        fit = self._engine_fit(measured, chosen, rows_m / engine_s if engine_s else 0.0)
+        budget, max_rows = self.settings_for(chosen)
+        fit = self._engine_fit(measured, budget, max_rows, rows_m / engine_s if engine_s else 0.0)
         infer_per_token = (fit["seconds_per_padded_token"] * fit["padded_per_token"]
                            + fit["seconds_per_batch"] * fit["batches_per_token"])
         return CanaryResult(
@@ -361,7 +441,7 @@ class Canary:
             steady_tokens_per_s=round(tokens_m / engine_s, 3) if engine_s else 0.0,
             worker_seconds_per_token=infer_per_token + per_token_other,
             padding_efficiency=round(real / padded, 4) if padded else None,
-            strategy=strategy, chosen={"token_budget": int(chosen), "max_batch_rows": self._max_rows_for(chosen)},
+            strategy=strategy, chosen=self._chosen(budget, max_rows),
             shard_rows=dict(sorted(self.shard_rows.items())), shard_tokens=dict(sorted(self.shard_tokens.items())),
             stage_seconds=stages, trials=trials, engine_fit=fit, autotune_seconds=round(autotune_s, 3),
             profile_uri=self._profile_uri(device_name), profile_reused=profile is not None,
@@ -370,16 +450,27 @@ class Canary:
             elapsed_seconds=round(time.perf_counter() - self.t0, 3), created_at=utc_now(),
         )
 
-    def _engine_fit(self, measured: list[AutotuneTrial], chosen: int, rows_per_s: float) -> dict[str, float]:
-        """Engine seconds per real token in a shard's full chunk (see ``CanaryResult.worker_seconds_per_token``)."""
+    def _chosen(self, budget: int, max_rows: int) -> dict[str, int]:
+        """``canary.json``'s ``chosen``: token budget and row cap; for the LLM engine also under vLLM's names."""
+        chosen = {"token_budget": int(budget), "max_batch_rows": int(max_rows)}
+        if self.is_llm:
+            chosen.update(max_num_batched_tokens=int(budget), max_num_seqs=int(max_rows))
+        return chosen
+
+    def _engine_fit(self, measured: list[AutotuneTrial], chosen: int, max_rows: int,
+                    rows_per_s: float) -> dict[str, float]:
+        """Engine seconds per real token in a shard's full chunk (see ``CanaryResult.worker_seconds_per_token``).
+        The LLM engine runs a whole chunk as one engine call (``ChunkOutput.batches`` 1, no padding)."""
         a, b = fit_engine_time(measured)
         lengths = np.concatenate([p.column("n_tokens").to_numpy(zero_copy_only=False) for p in self.outputs]) \
             if self.outputs else np.zeros(0, dtype=np.int64)
         s = self.settings
         shard_rows = max((sh.rows for sh in self.manifest.shards), default=0)
         chunk = int(min(max(rows_per_s * s.chunk_target_seconds, s.min_chunk_rows), s.max_chunk_rows, shard_rows))
-        padded, batches = chunk_shape(lengths, chunk, chosen, self._max_rows_for(chosen), self._pad_multiple(),
-                                      self._pad_exact())
+        if self.is_llm:
+            padded, batches = 1.0, (1.0 / max(chunk * float(lengths.mean()), 1.0) if lengths.size else 0.0)
+        else:
+            padded, batches = chunk_shape(lengths, chunk, chosen, max_rows, self._pad_multiple(), self._pad_exact())
         return {"seconds_per_padded_token": a, "seconds_per_batch": b, "chunk_rows": chunk,
                 "padded_per_token": padded, "batches_per_token": batches}
 
@@ -397,15 +488,24 @@ class Canary:
                    if rid in ids)
 
     def _llm_figures(self) -> dict[str, Any] | None:
-        """Output-token quantiles of an LLM sample (``None`` for engines without ``output_tokens``)."""
-        if not self.outputs or "output_tokens" not in self.outputs[0].column_names:
+        """The LLM engine's figures (``CanaryResult.llm``): output-token quantiles of the committed
+        results, the JSON-valid rate, preemptions and engine re-creations; ``None`` for other engines."""
+        if not self.is_llm:
             return None
-        values = np.concatenate([p.column("output_tokens").to_numpy(zero_copy_only=False) for p in self.outputs])
-        if not values.size:
-            return None
-        q = np.quantile(values, [0.5, 0.9, 0.99])
-        return {"output_tokens_p50": float(q[0]), "output_tokens_p90": float(q[1]),
-                "output_tokens_p99": float(q[2]), "output_tokens_max": int(values.max())}
+        figures: dict[str, Any] = {
+            "json_valid_rate": json_valid_rate(self.json_valid, self.json_invalid) if self.checks_json else None,
+            "json_valid_rows": self.json_valid, "json_invalid_rows": self.json_invalid,
+            "preemptions": int(getattr(self.engine, "preemptions", 0)),
+            "engine_restarts": int(getattr(self.engine, "restarts", 0)),
+            "engine_restart_seconds": round(float(getattr(self.engine, "restart_seconds", 0.0)), 3),
+        }
+        values = np.concatenate([p.column("output_tokens").to_numpy(zero_copy_only=False) for p in self.outputs]) \
+            if self.outputs else np.zeros(0)
+        if values.size:
+            q = np.quantile(values, [0.5, 0.9, 0.99])
+            figures.update(output_tokens_p50=float(q[0]), output_tokens_p90=float(q[1]),
+                           output_tokens_p99=float(q[2]), output_tokens_max=int(values.max()))
+        return figures
 
     # -- profiles ---------------------------------------------------------------------------------------
     def _profile_uri(self, device_name: str) -> str:
@@ -431,7 +531,7 @@ class Canary:
         uri = self._profile_uri(device_name)
         storage.makedirs(uri.rsplit("/", 1)[0])
         storage.write_replace(uri, profile.to_json_bytes())
-        log.info("canary: saved tuning profile %s (token budget %d)", uri, result.chosen["token_budget"])
+        log.info("canary: saved tuning profile %s (%s)", uri, result.chosen)
 
 
 def fit_engine_time(trials: list[AutotuneTrial]) -> tuple[float, float]:
@@ -500,14 +600,19 @@ def run_canary(run_dir: str, options: CanaryOptions | None = None) -> CanaryResu
         store.manifest  # noqa: B018 - read (and validate) it before anything is loaded
     except FileNotFoundError:
         raise BadInputError(f"run_dir: no manifest at {store.layout.manifest_uri}") from None
-    result = Canary(store, options or CanaryOptions()).run()
+    canary = Canary(store, options or CanaryOptions())
+    try:
+        result = canary.run()
+    finally:
+        canary.engine.close()  # frees the engine (vLLM's KV cache) for whatever runs next in this process
     try:
         storage.write_create_only(store.layout.canary_uri, result.to_json_bytes())
     except storage.AlreadyExistsError:
         return store.canary() or result
-    log.info("canary: %d rows in %.1f s (model load %.1f s): %.1f rows/s, %.0f tokens/s; token budget %d (%s)",
+    log.info("canary: %d rows in %.1f s (model load %.1f s): %.1f rows/s, %.0f tokens/s; chosen %s (%s)%s",
              result.sample_rows, result.elapsed_seconds, result.model_load_seconds, result.steady_rows_per_s,
-             result.steady_tokens_per_s, result.chosen["token_budget"], result.strategy)
+             result.steady_tokens_per_s, result.chosen, result.strategy,
+             f"; llm {result.llm}" if result.llm else "")
     return result
 
 

@@ -50,7 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="start no new slice after this many seconds of work (default 120)")
     canary.add_argument("--search", default="auto", choices=("auto", "grow", "candidates"),
                         help="batch-size search: auto (grow on a GPU, candidates on CPU)")
-    canary.add_argument("--grow-start", type=int, default=16384, help="first token budget of the grow search")
+    canary.add_argument("--grow-start", type=int, default=None,
+                        help="first value of the grow search (default: the engine's: 16384 tokens for the "
+                             "encoder, 128 sequences (max_num_seqs) for the LLM engine)")
+    canary.add_argument("--candidates", type=lambda v: tuple(int(x) for x in v.split(",")), default=None,
+                        help="comma-separated values the candidates search tries (default: the engine's: "
+                             "2048,4096,8192,16384 tokens for the encoder, 8,16,32,64 sequences for the LLM engine)")
     canary.add_argument("--no-profile", action="store_true", help="ignore a saved tuning profile: search again")
     canary.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     quality_gate.add_parser(sub)  # ``quality-gate``: compare two LLM configs on a sample (quality_gate.py)
@@ -93,7 +98,7 @@ def _canary(args: argparse.Namespace) -> int:
     try:
         options = CanaryOptions(fraction=args.fraction, min_rows=args.min_rows, max_rows=args.max_rows,
                                 max_seconds=args.max_seconds, strategy=args.search, use_profile=not args.no_profile,
-                                grow_start=args.grow_start)
+                                grow_start=args.grow_start, candidates=args.candidates)
     except ValueError as exc:
         raise ConfigError(f"canary: {exc}") from None
     run_canary(args.run_dir, options)

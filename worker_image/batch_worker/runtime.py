@@ -229,12 +229,17 @@ class ShardRun:
                     self._finish(self._without_model(outcome))  # every row reused: no model load
                     self.status = ShardStatus.COMPLETE.value
                     return int(ExitCode.OK)
+            planned = self.ctx.engine.planned_device()  # engines whose batch settings are load arguments
+            tuned = planned is not None and self._apply_canary_tuning(planned)
             with self.clock.stage("model_load"):
                 loaded = self.ctx.engine.load()
             self.gpu.start(loaded.info.get("device_uuid"))  # after the load: the device this process uses
             if loaded.model_digest != self.ctx.engine.model_digest():
                 raise RuntimeError("model files changed while loading; retry")
-            self._apply_canary_tuning(loaded)
+            if planned is None:
+                tuned = self._apply_canary_tuning(str(loaded.info.get("device")))
+            if tuned:
+                loaded.info["tuned_by"] = "canary"
             self.attempt.threads = apply_thread_cap()
             self.counters.rows_before = ledger.rows_done - self.counters.rows_committed  # reuse pass counted
             self.ctx.engine.on_rows_done = self.counters.add_processed
@@ -267,21 +272,22 @@ class ShardRun:
             if install_signals:
                 self.stop.uninstall()
 
-    def _apply_canary_tuning(self, loaded: LoadedModel) -> None:
-        """Batch with the settings the run's canary chose (``canary.json``) when the run left
-        ``token_budget`` on auto (0) and the canary ran on the same kind of device; recorded in the
-        marker's engine info as ``tuned_by: canary``."""
-        if self.settings.token_budget:
-            return
+    def _apply_canary_tuning(self, device: str) -> bool:
+        """Batch with the settings the run's canary chose (``canary.json``) when the run leaves them to it
+        (``Engine.tunable``: the encoder's ``token_budget`` 0, the LLM's ``max_num_seqs`` and
+        ``max_num_batched_tokens`` unset) and the canary ran on ``device`` (the engine info's
+        ``device``); True when the engine took them (the caller records ``tuned_by: canary`` in the
+        marker's engine info)."""
+        if not self.ctx.engine.tunable():
+            return False
         try:
             canary = self.ctx.store.canary()
         except ValueError as exc:
             log.warning("shard %s: ignoring unreadable canary.json: %s", self.ctx.shard_id, exc)
-            return
-        if canary is None or canary.device != loaded.info.get("device"):
-            return
-        if self.ctx.engine.apply_tuning(canary.chosen["token_budget"], canary.chosen["max_batch_rows"]):
-            loaded.info["tuned_by"] = "canary"
+            return False
+        if canary is None or canary.device != device:
+            return False
+        return bool(self.ctx.engine.apply_tuning(canary.chosen["token_budget"], canary.chosen["max_batch_rows"]))
 
     def _interrupted(self, progress: ProgressReporter | None) -> int:
         """Record the interruption (signal) and return exit code 75."""

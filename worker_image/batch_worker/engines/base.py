@@ -224,14 +224,26 @@ class Engine(ABC):
             The chunk's outputs joined by id (see :class:`ChunkOutput`).
         """
 
+    def tunable(self) -> bool:
+        """Whether the run leaves this engine's batch settings to the canary (its search, and the shards
+        using what it chose). Default: False (an engine without batch settings to tune)."""
+        return False
+
+    def planned_device(self) -> str | None:
+        """The ``device`` :meth:`load` will put into the engine info, when known without loading; an engine
+        that returns it takes :meth:`apply_tuning` *before* :meth:`load` (its batch settings are load-time
+        arguments). Default: ``None`` (tuning is applied after the load)."""
+        return None
+
     def apply_tuning(self, token_budget: int, max_batch_rows: int) -> dict[str, Any]:
         """Batch with these settings from now on (the canary's trials and its chosen settings, see
-        ``batch_worker.canary``); call after :meth:`load`. Returns the engine-info fields changed;
-        ``{}`` (the default) for an engine without token-budget batching, which ignores them.
+        ``batch_worker.canary``); call after :meth:`load` (or before it, when :meth:`planned_device`
+        is not ``None``). Returns the engine-info fields changed; ``{}`` (the default) for an engine
+        without batch settings, which ignores them.
 
         Args:
-            token_budget: padded tokens per batch (tokens).
-            max_batch_rows: rows per batch cap.
+            token_budget: padded tokens per batch (tokens); the LLM engine's ``max_num_batched_tokens``.
+            max_batch_rows: rows per batch cap; the LLM engine's ``max_num_seqs``.
         """
         return {}
 

