@@ -218,3 +218,30 @@ def test_within_the_budget_the_shard_pod_is_created(tmp_path: Path) -> None:
 def test_shard_of_reads_only_shard_commands() -> None:
     assert shard_of(worker_arguments("gs://b/runs/r", "00003")) == ("gs://b/runs/r", "00003")
     assert shard_of(["canary", "--run-dir", "gs://b/runs/r"]) is None and shard_of(None) is None
+
+
+@pytest.mark.integration
+def test_local_runner_runs_the_canary_subprocess_and_creates_no_pod(tmp_path: Path) -> None:
+    """``runner=local`` in a DAG built with both runners: the real ``batch-worker canary`` (MiniLM) runs as
+    the task's subprocess, the projection is the local runner's, and the kube API is never called."""
+    from batch_inference.params import RunConfig
+    from batch_inference.planner import PlanRequest, plan
+
+    sample = Path(__file__).resolve().parents[2] / "data" / "sample" / "debian_descriptions_sample.parquet"
+    cfg = RunConfig(input_uri=str(sample), id_column="id", text_column="text", output_root=str(tmp_path / "out"),
+                    runner="local", row_limit=8, rows_per_shard=4, shard_by="rows", reuse="off", token_budget=256,
+                    canary_min_rows=4, parallelism=1, budget_usd=1000.0)
+    plan(PlanRequest(input_uri=cfg.input_uri, id_column=cfg.id_column, text_column=cfg.text_column,
+                     output_root=cfg.output_root, run_id="r-local", engine=cfg.engine_dict(),
+                     worker={"token_budget": cfg.token_budget, "reuse": cfg.reuse},
+                     rows_per_shard=cfg.rows_per_shard, shard_by=cfg.shard_by, row_limit=cfg.row_limit,
+                     params=cfg.to_dict()))
+    run_dir = RunLayout(cfg.output_root, "r-local").run_dir
+    op = _canary_op(Api())
+    op.__dict__.update(hook=None, pod_manager=None, client=None)     # any kube call would raise
+    ctx = _context(run_dir, "canary")
+    summary = op.execute(ctx)
+    assert summary["decision"] == "go" and ctx["pushed"] == {"return_value": summary}
+    projection = json.loads(storage.read_bytes(RunLayout.from_run_dir(run_dir).projection_uri))
+    assert projection["runner"] == "local" and [o["parallelism"] for o in projection["options"]] == [1]
+    assert projection["canary"]["rows"] == 4
