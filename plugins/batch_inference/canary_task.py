@@ -84,11 +84,13 @@ def over_budget_message(run_dir: str, cfg: RunConfig, shard_id: str) -> str | No
         return None
     store = RunStore.open(run_dir)
     markers = list(store.poll().values())
-    spent = spent_usd(markers, store.canary(), cost_params_from_dict(cfg.cost_params()))
+    canary = store.canary()
+    spent = spent_usd(markers, canary, cost_params_from_dict(cfg.cost_params()))
     limit = cfg.budget_usd * (1 + BUDGET_TOLERANCE)
     if spent <= limit:
         return None
-    return (f"BUDGET EXCEEDED: the run has spent ${spent:.6g} ({len(markers)} complete shard(s) and the canary) "
+    what = f"{len(markers)} complete shard(s)" + (" and the canary" if canary is not None else "")
+    return (f"BUDGET EXCEEDED: the run has spent ${spent:.6g} ({what}) "
             f"> budget_usd={cfg.budget_usd:g} + {BUDGET_TOLERANCE:.0%}; shard {shard_id} is not started. Every "
             "committed row is kept: raise budget_usd and clear the failed shard tasks to finish the run.")
 
