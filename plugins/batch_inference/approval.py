@@ -7,7 +7,7 @@ Reject) whose subject and body are filled when it runs, from the run's ``project
 budget, and the canary's table (:func:`batch_inference.projection.format_table`).
 
 * ``require_approval`` false (the default), or no projection to approve (the canary was skipped: the
-  ``canary`` Param off, a dry run, no rows, the kubernetes runner, every shard already complete): the task
+  ``canary`` Param off, a dry run, no rows, every shard already complete): the task
   returns at once (``decision: not_required``); nothing waits and the run goes on as without this task.
   A refused canary fails its task, so this task is ``upstream_failed`` and never asks.
 * Otherwise it writes the request into Airflow's HITL detail (``hitl_detail`` table; on Airflow 3.3+

@@ -1,14 +1,17 @@
 """The ``canary`` task: run the pre-flight canary, project the run, decide go or refuse.
 
-Between ``plan`` and the fan-out. With the ``canary`` Param on and the local runner, it runs
-``batch-worker canary`` (``local_runner.run_canary``) at a fan-out worker's thread cap, reads
-``canary.json``, projects the run (:func:`batch_inference.projection.project`), writes
-``runs/<run_id>/projection.json``, logs the projection table and returns a short summary (XCom). A
-refused run (over ``budget_usd``, past ``deadline_hours``) fails this task with an
-``AirflowFailException`` whose message starts with ``REFUSED``: the fan-out tasks are then
-``upstream_failed`` (no shard starts) and the completion gate fails with the same message.
+Between ``plan`` and the fan-out. With the ``canary`` Param on, the canary runs where the run's shards
+will run: with the local runner, ``batch-worker canary`` as a subprocess (``local_runner.run_canary``) at a
+fan-out worker's thread cap (:func:`canary_task`, :func:`local_canary`); with the kubernetes runner, as a
+pod with the shard pods' image and spec (``batch_inference.canary_pod.CanaryPodOperator``). Both then call
+:func:`project_canary` (read ``canary.json``, project the run with
+:func:`batch_inference.projection.project`, write ``runs/<run_id>/projection.json``) and :func:`decide`
+(log the projection table, return a short summary for XCom). A refused run (over ``budget_usd``, past
+``deadline_hours``) fails the task with an ``AirflowFailException`` whose message starts with
+``REFUSED``: the fan-out tasks are then ``upstream_failed`` (no shard starts) and the completion gate
+fails with the same message.
 
-Airflow side: no torch import (the canary runs in a worker subprocess).
+Airflow side: no torch import (the canary runs in a worker subprocess or pod).
 """
 
 from __future__ import annotations
@@ -81,11 +84,13 @@ def over_budget_message(run_dir: str, cfg: RunConfig, shard_id: str) -> str | No
         return None
     store = RunStore.open(run_dir)
     markers = list(store.poll().values())
-    spent = spent_usd(markers, store.canary(), cost_params_from_dict(cfg.cost_params()))
+    canary = store.canary()
+    spent = spent_usd(markers, canary, cost_params_from_dict(cfg.cost_params()))
     limit = cfg.budget_usd * (1 + BUDGET_TOLERANCE)
     if spent <= limit:
         return None
-    return (f"BUDGET EXCEEDED: the run has spent ${spent:.6g} ({len(markers)} complete shard(s) and the canary) "
+    what = f"{len(markers)} complete shard(s)" + (" and the canary" if canary is not None else "")
+    return (f"BUDGET EXCEEDED: the run has spent ${spent:.6g} ({what}) "
             f"> budget_usd={cfg.budget_usd:g} + {BUDGET_TOLERANCE:.0%}; shard {shard_id} is not started. Every "
             "committed row is kept: raise budget_usd and clear the failed shard tasks to finish the run.")
 
@@ -98,15 +103,15 @@ def _elapsed_seconds(context: Mapping[str, Any]) -> float:
     return max(0.0, (datetime.now(UTC) - start).total_seconds())
 
 
-def _skip_reason(cfg: RunConfig, shards: int) -> str | None:
+def _skip_reason(cfg: RunConfig, shards: int, runners: tuple[str, ...]) -> str | None:
     if not cfg.canary:
         return "the canary Param is off"
     if cfg.dry_run:
         return "dry run"
     if not shards:
         return "no rows"
-    if cfg.runner != "local":
-        return f"the canary runs with the local runner only (runner {cfg.runner!r})"
+    if cfg.runner not in runners:
+        return f"runner {cfg.runner!r} is not enabled in this deployment (choose_runner fails the run)"
     return None
 
 
@@ -117,8 +122,53 @@ def _all_complete(run_dir: str, shards: int) -> str | None:
     return "every shard is already complete (carried over or run before)" if done >= shards else None
 
 
+def skip_reason(cfg: RunConfig, manifest: Any, run_dir: str, runners: tuple[str, ...] = ("local",)) -> str | None:
+    """Why this run has no canary (Param off, dry run, no rows, a runner the task cannot run it for,
+    every shard already complete), or ``None`` when it must run.
+
+    Args:
+        runners: the runners the calling task runs the canary for (the plain task: ``local``; the
+            ``CanaryPodOperator``: ``local`` and ``kubernetes``).
+    """
+    return (_skip_reason(cfg, len(manifest.shards), runners)
+            or _all_complete(run_dir, len(manifest.shards)))
+
+
+def project_canary(cfg: RunConfig, manifest: Any, run_dir: str, *, wall_seconds: float,
+                   elapsed_seconds: float, parallelism: int, cores: int) -> dict[str, Any]:
+    """Read the run's ``canary.json``, project the run and write ``projection.json`` (both runners).
+
+    Args:
+        wall_seconds: the canary's wall time, its start-up included (the local subprocess's wall, or the
+            canary pod's creation to its container's exit), in seconds.
+        elapsed_seconds: seconds of the DAG run spent before the canary started.
+        parallelism / cores: the local runner's workers at once and the machine's cores
+            (:class:`batch_inference.projection.Limits`; the kubernetes runner's projection ignores them
+            and considers 1..``max_gpus`` pods).
+
+    Returns:
+        The projection dict (``decision`` ``go`` / ``refused_budget`` / ``refused_deadline``).
+
+    Raises:
+        RuntimeError: there is no ``canary.json`` (the worker exited 0 without writing it).
+    """
+    from batch_inference.report.prices import cost_params_from_dict
+
+    canary = RunStore.open(run_dir).canary()
+    if canary is None:
+        raise RuntimeError(f"canary: the worker exited 0 but wrote no {RunLayout.from_run_dir(run_dir).canary_uri}")
+    limits = Limits(runner=cfg.runner, cores=cores, parallelism=parallelism, max_gpus=cfg.max_gpus,
+                    deadline_hours=cfg.deadline_hours, budget_usd=cfg.budget_usd, elapsed_seconds=elapsed_seconds)
+    projection = project(canary, manifest, limits, cost_params_from_dict(cfg.cost_params()),
+                         canary_wall_seconds=wall_seconds)
+    projection["created_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+    storage.write_replace(RunLayout.from_run_dir(run_dir).projection_uri, pretty_json(projection))
+    return projection
+
+
 def canary_and_project(cfg: RunConfig, manifest: Any, run_dir: str, elapsed_seconds: float = 0.0) -> dict[str, Any]:
-    """Run the canary (once per run: a retry reuses ``projection.json``) and project the run.
+    """Local runner: run the canary subprocess (once per run: a retry reuses ``projection.json``) and
+    project the run (:func:`project_canary`).
 
     Returns:
         The projection dict (``decision`` ``go`` / ``refused_budget`` / ``refused_deadline``).
@@ -127,7 +177,6 @@ def canary_and_project(cfg: RunConfig, manifest: Any, run_dir: str, elapsed_seco
         ShardBadInputError / ShardRetryableError: the canary worker failed (see ``local_runner.run_canary``).
     """
     from batch_inference.local_runner import auto_parallelism, machine_cores, run_canary
-    from batch_inference.report.prices import cost_params_from_dict
 
     existing = read_projection(run_dir)
     if existing is not None:
@@ -135,45 +184,21 @@ def canary_and_project(cfg: RunConfig, manifest: Any, run_dir: str, elapsed_seco
         return existing
     parallelism = cfg.parallelism or auto_parallelism()
     wall = run_canary(run_dir, parallelism=parallelism, options=canary_options(cfg))
-    canary = RunStore.open(run_dir).canary()
-    if canary is None:
-        raise RuntimeError(f"canary: the worker exited 0 but wrote no {RunLayout.from_run_dir(run_dir).canary_uri}")
-    limits = Limits(runner=cfg.runner, cores=machine_cores(), parallelism=parallelism, max_gpus=cfg.max_gpus,
-                    deadline_hours=cfg.deadline_hours, budget_usd=cfg.budget_usd, elapsed_seconds=elapsed_seconds)
-    projection = project(canary, manifest, limits, cost_params_from_dict(cfg.cost_params()), canary_wall_seconds=wall)
-    projection["created_at"] = datetime.now(UTC).isoformat(timespec="seconds")
-    storage.write_replace(RunLayout.from_run_dir(run_dir).projection_uri, pretty_json(projection))
-    return projection
+    return project_canary(cfg, manifest, run_dir, wall_seconds=wall, elapsed_seconds=elapsed_seconds,
+                          parallelism=parallelism, cores=machine_cores())
 
 
-def canary_task(context: Mapping[str, Any]) -> dict[str, Any]:
-    """Task body (see the module docstring).
+def decide(projection: dict[str, Any]) -> dict[str, Any]:
+    """Log the projection table and go on, or refuse (both runners).
 
     Returns:
-        ``{"decision": ..., "message": ..., "parallelism": ..., "cost_usd": ..., "finish_seconds": ...,
-        "token_budget": ...}``, or ``{"decision": "skipped", "message": why}``.
+        ``{"decision": "go", "message", "parallelism", "cost_usd", "finish_seconds", "token_budget"}``.
 
     Raises:
-        AirflowFailException: the run was refused (message ``REFUSED (budget|deadline): ...``), or the
-            canary hit bad input or config.
-        AirflowException: the canary worker failed otherwise (retried).
+        AirflowFailException: the projection refused the run (message ``REFUSED (budget|deadline): ...``).
     """
-    from airflow.sdk.exceptions import AirflowException, AirflowFailException
+    from airflow.sdk.exceptions import AirflowFailException
 
-    from batch_inference.local_runner import ShardBadInputError, ShardRetryableError
-    from batch_inference.tasks import planned_run
-
-    cfg, manifest, run_dir = planned_run(context)
-    why = _skip_reason(cfg, len(manifest.shards)) or _all_complete(run_dir, len(manifest.shards))
-    if why:
-        log.info("canary skipped: %s", why)
-        return {"decision": "skipped", "message": why}
-    try:
-        projection = canary_and_project(cfg, manifest, run_dir, _elapsed_seconds(context))
-    except ShardBadInputError as exc:
-        raise AirflowFailException(str(exc)) from None
-    except ShardRetryableError as exc:
-        raise AirflowException(str(exc)) from None
     for line in format_table(projection).splitlines():
         log.info("%s", line)
     if projection["decision"] != "go":
@@ -184,5 +209,53 @@ def canary_task(context: Mapping[str, Any]) -> dict[str, Any]:
             "token_budget": projection["canary"]["token_budget"]}
 
 
-__all__ = ["BUDGET_TOLERANCE", "canary_and_project", "canary_options", "canary_task", "over_budget_message",
-           "read_projection", "refusal_message", "spent_usd"]
+def skipped(why: str) -> dict[str, Any]:
+    """The task's result when the canary does not run: ``{"decision": "skipped", "message": why}``."""
+    log.info("canary skipped: %s", why)
+    return {"decision": "skipped", "message": why}
+
+
+def local_canary(cfg: RunConfig, manifest: Any, run_dir: str, context: Mapping[str, Any]) -> dict[str, Any]:
+    """The local runner's canary: :func:`canary_and_project`, then :func:`decide`.
+
+    Raises:
+        AirflowFailException: refused, or the canary hit bad input or config (worker exit 2).
+        AirflowException: the canary worker failed otherwise (retried).
+    """
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+    from batch_inference.local_runner import ShardBadInputError, ShardRetryableError
+
+    try:
+        projection = canary_and_project(cfg, manifest, run_dir, _elapsed_seconds(context))
+    except ShardBadInputError as exc:
+        raise AirflowFailException(str(exc)) from None
+    except ShardRetryableError as exc:
+        raise AirflowException(str(exc)) from None
+    return decide(projection)
+
+
+def canary_task(context: Mapping[str, Any]) -> dict[str, Any]:
+    """Task body of the plain ``canary`` task (DAGs built with the local runner only; with the kubernetes
+    runner enabled the task is ``canary_pod.CanaryPodOperator``).
+
+    Returns:
+        :func:`decide`'s summary, or ``{"decision": "skipped", "message": why}``.
+
+    Raises:
+        AirflowFailException: the run was refused (message ``REFUSED (budget|deadline): ...``), or the
+            canary hit bad input or config.
+        AirflowException: the canary worker failed otherwise (retried).
+    """
+    from batch_inference.tasks import planned_run
+
+    cfg, manifest, run_dir = planned_run(context)
+    why = skip_reason(cfg, manifest, run_dir)
+    if why:
+        return skipped(why)
+    return local_canary(cfg, manifest, run_dir, context)
+
+
+__all__ = ["BUDGET_TOLERANCE", "canary_and_project", "canary_options", "canary_task", "decide", "local_canary",
+           "over_budget_message", "project_canary", "read_projection", "refusal_message", "skip_reason", "skipped",
+           "spent_usd"]

@@ -7,6 +7,9 @@ Task graph (the same for all three; each DAG's ``doc_md`` lists it, see :func:`d
                                                 +-> kpo_args -> infer_k8s[shard]    -+-> wait_for_shards -> publish -> summary
                                                 +-> render_k8s   (dry run)
 
+``canary`` is a plain task with the local runner only, and ``canary_pod.CanaryPodOperator`` (a pod for
+``runner=kubernetes``, the local subprocess for ``runner=local``) when the kubernetes runner is enabled.
+
 ``infer_local`` and ``infer_k8s`` are two runners of one shard-task spec (the worker command
 ``batch-worker run --run-dir <run_dir> --shard <id>``). The gate runs when the fan-out is done (any
 state), because storage, not task state, decides: it opens when the completed shards hold
@@ -178,9 +181,11 @@ def dag_doc(spec: DagSpec, runners: tuple[str, ...], alias: AssetAlias, deadline
         "",
         "1. `plan`: reads input metadata only, writes `runs/<run_id>/manifest.json`, returns one ref per "
         "shard (empty input: zero shards, a green no-op).",
-        "1b. `canary`: runs a sample of the rows with the real engine (batch-size search, throughput), "
-        "writes `canary.json` and `projection.json` (worker-seconds, cost, finish time per parallelism) and "
-        "refuses the run (`REFUSED ...`, no shard starts) over `budget_usd` or past `deadline_hours`.",
+        "1b. `canary`: runs a sample of the rows with the real engine (batch-size search, throughput) "
+        "where the shards will run (a subprocess for `local`" + (", a pod like the shard pods for "
+        "`kubernetes`" if k8s else "") + "), writes `canary.json` and `projection.json` (worker-seconds, "
+        "cost, finish time per parallelism) and refuses the run (`REFUSED ...`, no shard starts) over "
+        "`budget_usd` or past `deadline_hours`.",
         "1c. `approve`: with `require_approval` on, waits for a person to approve the projection in the "
         "Airflow UI (Required Actions; Airflow's `ApprovalOperator`); Reject: no shard starts and the run "
         "fails as rejected. Off (default) or no projection: passes at once.",
@@ -258,6 +263,15 @@ def _k8s_pods(k8s: K8sSettings, planned: Any):
     return args, pods
 
 
+def _canary_pod(k8s: K8sSettings):
+    """The ``canary`` task when the ``kubernetes`` runner is enabled: ``CanaryPodOperator`` (a pod for
+    ``runner=kubernetes``, the local subprocess for ``runner=local``; chosen when it runs)."""
+    from batch_inference.canary_pod import CanaryPodOperator
+    from batch_inference.pod_spec import canary_pod_kwargs
+
+    return CanaryPodOperator(task_id="canary", **canary_pod_kwargs(k8s))
+
+
 def _wire(spec: DagSpec, k8s: K8sSettings | None, alias: AssetAlias, runners: tuple[str, ...]) -> None:
     @task
     def plan(**context: Any) -> list[dict[str, Any]]:
@@ -303,7 +317,8 @@ def _wire(spec: DagSpec, k8s: K8sSettings | None, alias: AssetAlias, runners: tu
 
     planned = plan()
     branch = choose_runner()
-    planned >> canary() >> ProjectionApprovalOperator(task_id="approve") >> branch
+    canary_step = canary() if k8s is None else _canary_pod(k8s)
+    planned >> canary_step >> ProjectionApprovalOperator(task_id="approve") >> branch
     local = infer_local.expand(ref=planned)
     rendered = render_k8s(planned)
     branch >> [local, rendered]

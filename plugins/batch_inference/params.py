@@ -315,7 +315,8 @@ PARAM_FIELDS: Mapping[str, ParamField] = _fields(
     ParamField("canary", True, "boolean", "Pre-flight canary", "Before the fan-out, run a sample of the rows "
                "(the first rows of every shard) with the real engine: search the batch size, measure, "
                "project cost and finish time, refuse over budget_usd or past deadline_hours. Its rows count "
-               "towards the run (committed into their shards). Local runner only.", "Execution"),
+               "towards the run (committed into their shards). Runs where the shards run: a subprocess (local) or "
+               "a pod like the shard pods (kubernetes).", "Execution"),
     ParamField("canary_fraction", 0.005, "number", "Canary sample share", "Share of the rows the canary "
                "runs (0.005 = 0.5%), within canary_min_rows..20,000 rows.", "Execution", minimum=0.0001,
                maximum=1.0),
@@ -363,7 +364,8 @@ PARAM_FIELDS: Mapping[str, ParamField] = _fields(
                "missing shards, this long after the run started.", "Cost and limits", minimum=0.01,
                maximum=720.0),
     ParamField("budget_usd", None, "number", "Budget (USD)", "With the canary on: refuse the run before the "
-               "fan-out when its projected cost (at the pricing above) exceeds this. Empty: no budget.",
+               "fan-out when its projected cost (at the pricing above) exceeds this. During the run, no new "
+               "shard starts once the spend passes it by 10%. Empty: no budget.",
                "Cost and limits", nullable=True, minimum=0.0, maximum=10_000_000.0),
     ParamField("max_gpus", 8, "integer", "Max GPUs", "Most GPUs (pods at once) the projection considers for "
                "the kubernetes runner; it picks the cheapest count that meets deadline_hours.",

@@ -128,7 +128,7 @@ def classify(event_status: str, pod: Any | None, container: str) -> PodOutcome:
     return PodOutcome.FAILED
 
 
-def scheduling_failure(pod: Any, timeout_s: float) -> str:
+def scheduling_failure(pod: Any, timeout_s: float, role: str = "shard") -> str:
     """Why ``pod`` did not start: its ``PodScheduled`` condition's reason and message (what
     ``kubectl describe pod`` prints), e.g. ``Unschedulable: 0/1 nodes are available: 1 node(s) didn't
     match Pod's node affinity/selector``.
@@ -136,6 +136,7 @@ def scheduling_failure(pod: Any, timeout_s: float) -> str:
     Args:
         pod: the stuck pod.
         timeout_s: the startup timeout that ran out (seconds), named in the message.
+        role: what the pod is (``shard`` or ``canary``), named in the message.
     """
     name = getattr(getattr(pod, "metadata", None), "name", "?")
     cond = condition(pod, "PodScheduled")
@@ -143,18 +144,34 @@ def scheduling_failure(pod: Any, timeout_s: float) -> str:
         why = "no PodScheduled=False condition (no scheduler has looked at it, or it is bound but not started)"
     else:
         why = f"{cond.reason or 'PodScheduled=False'}: {cond.message or '(no message)'}"
-    return f"shard pod {name} was not scheduled within the startup timeout ({timeout_s:g} s): {why}"
+    return f"{role} pod {name} was not scheduled within the startup timeout ({timeout_s:g} s): {why}"
 
 
-def start_failure(pod: Any, container: str, timeout_s: float) -> str:
+def start_failure(pod: Any, container: str, timeout_s: float, role: str = "shard") -> str:
     """Why a scheduled ``pod`` did not start in time: the container's waiting reason and message
-    (e.g. ``ImagePullBackOff: ...``), or its phase when there is none."""
+    (e.g. ``ImagePullBackOff: ...``), or its phase when there is none; ``role`` as in
+    :func:`scheduling_failure`."""
     name = getattr(getattr(pod, "metadata", None), "name", "?")
     cs = _container_status(pod, container)
     waiting = getattr(getattr(cs, "state", None), "waiting", None)
     why = (f"{waiting.reason}: {waiting.message or '(no message)'}" if waiting is not None
            else f"phase {getattr(pod.status, 'phase', None)}")
-    return f"shard pod {name} was scheduled but did not start within the startup timeout ({timeout_s:g} s): {why}"
+    return f"{role} pod {name} was scheduled but did not start within the startup timeout ({timeout_s:g} s): {why}"
+
+
+def run_window(pod: Any | None, container: str) -> tuple[Any, Any] | None:
+    """``(created, finished)``: the pod's ``metadata.creation_timestamp`` and the moment ``container``
+    terminated (``datetime`` objects, as the Kubernetes client returns them, timezone-aware); ``None``
+    when the pod is unknown or either time is missing. Their difference is the pod's wall time with its
+    scheduling, image pull and process start-up included (seconds, via ``timedelta``)."""
+    if pod is None:
+        return None
+    created = getattr(getattr(pod, "metadata", None), "creation_timestamp", None)
+    cs = _container_status(pod, container)
+    finished = getattr(getattr(getattr(cs, "state", None), "terminated", None), "finished_at", None)
+    if created is None or finished is None:
+        return None
+    return created, finished
 
 
 def preemptions_of(pod: Any | None, event: dict[str, Any] | None = None) -> int:

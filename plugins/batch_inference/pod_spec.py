@@ -261,6 +261,59 @@ def kpo_expand_kwargs(ref: dict[str, Any], run_id: str) -> dict[str, Any]:
     }
 
 
+CANARY_POD_NAME = "batch-worker-canary"
+"""Name prefix of the canary pod (the provider adds a random suffix)."""
+ROLE_LABEL = "batch-inference/role"
+"""Label of the canary pod (``canary``); shard pods are told apart by ``batch-inference/shard-id``."""
+
+
+def canary_pod_kwargs(settings: K8sSettings, worker: WorkerSettings | None = None) -> dict[str, Any]:
+    """Kwargs of the canary pod task (``canary_pod.CanaryPodOperator``): the shard pods' kwargs
+    (:func:`kpo_partial_kwargs`: image, resources, GPU node pool placement, env, security context,
+    retries, ``max_preemptions``) with the pod named :data:`CANARY_POD_NAME`; one task, so no
+    ``max_active_tis_per_dagrun``. The command is set when the task runs (:func:`canary_command`).
+
+    Raises:
+        ConfigError: grace period too short.
+    """
+    kwargs = kpo_partial_kwargs(settings, worker)
+    kwargs.pop("max_active_tis_per_dagrun")
+    kwargs["name"] = CANARY_POD_NAME
+    return kwargs
+
+
+def canary_command(run_dir: str, run_id: str, options: list[str]) -> dict[str, Any]:
+    """The canary pod's worker arguments (``canary --run-dir <run_dir> <options>``) and labels (the
+    shard pods' identity labels with :data:`ROLE_LABEL` ``canary`` instead of a shard id).
+
+    Args:
+        run_dir: ``<output_root>/runs/<run_id>``.
+        run_id: the Airflow run id (sanitised into a label value).
+        options: ``batch-worker canary`` options (``canary_task.canary_options``).
+    """
+    return {
+        "arguments": ["canary", "--run-dir", run_dir, *options],
+        "labels": {
+            "app.kubernetes.io/name": "batch-worker",
+            "app.kubernetes.io/part-of": "batch-inference",
+            "batch-inference/run-id": label_value(run_id),
+            ROLE_LABEL: "canary",
+        },
+    }
+
+
+def shard_of(arguments: list[str] | None) -> tuple[str, str] | None:
+    """``(run_dir, shard_id)`` of a shard worker command (:func:`worker_arguments`), or ``None`` for any
+    other command (the canary's)."""
+    args = list(arguments or [])
+    if not args or args[0] != "run" or "--run-dir" not in args or "--shard" not in args:
+        return None
+    try:
+        return args[args.index("--run-dir") + 1], args[args.index("--shard") + 1]
+    except IndexError:
+        return None
+
+
 def build_pod(ref: dict[str, Any], run_id: str, settings: K8sSettings, worker: WorkerSettings | None = None):
     """The ``V1Pod`` the provider would create for one shard, built offline (no cluster, no context)."""
     from batch_inference.shard_pod import ShardPodOperator

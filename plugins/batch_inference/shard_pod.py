@@ -17,6 +17,12 @@ finished pod means (:func:`batch_inference.pod_outcome.classify`):
 * anything else failing (exit 1, OOM kill, a start timeout after scheduling): the provider's
   ``AirflowException``, so the normal ``retries`` with exponential backoff apply.
 
+**Budget stop**: before a try creates a shard's pod, :meth:`ShardPodOperator.execute` prices what the run
+has spent so far (``canary_task.over_budget_message``: the complete shards' markers and the canary); past
+``budget_usd`` by ``canary_task.BUDGET_TOLERANCE`` the try fails with ``AirflowFailException``
+(``BUDGET EXCEEDED: ...``, no retry) and no pod is created. A preempted pod's replacement within a try is
+not checked (its shard has already started), nor is a pod a retry reattaches to.
+
 Pods are never left behind by this task: succeeded and preempted pods are deleted, stuck ones are
 deleted at the timeout, and killing or clearing the task deletes the running pod (the provider's
 ``on_kill``; while deferred, ``KubernetesPodTrigger.on_kill``, which the Airflow 3.3 triggerer calls
@@ -60,12 +66,43 @@ class ShardPodOperator(KubernetesPodOperator):
         ValueError: ``max_preemptions`` is negative.
     """
 
+    pod_role = "shard"
+    """What the pod is, in log and failure messages (``canary_pod.CanaryPodOperator``: ``canary``)."""
+
     def __init__(self, *, max_preemptions: int = DEFAULT_MAX_PREEMPTIONS, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if max_preemptions < 0:
             raise ValueError(f"max_preemptions: {max_preemptions} must be >= 0")
         self.max_preemptions = max_preemptions
         self.preemptions = 0
+
+    # -- the in-run budget stop ---------------------------------------------------------------------
+    def execute(self, context: Any) -> Any:
+        """Fail without creating a pod when the run is over its budget (module docstring), else run the
+        provider's ``execute`` (create the pod and defer).
+
+        Raises:
+            AirflowFailException: ``BUDGET EXCEEDED: ...`` (``canary_task.over_budget_message``).
+        """
+        message = self.over_budget()
+        if message:
+            raise AirflowFailException(message)
+        return super().execute(context)
+
+    def over_budget(self) -> str | None:
+        """The ``BUDGET EXCEEDED`` message when this task's shard must not start, else ``None`` (also for a
+        command that is not a shard's, e.g. the canary's). Reads the run's manifest and markers."""
+        from batch_inference.pod_spec import shard_of
+
+        shard = shard_of(self.arguments)
+        if shard is None:
+            return None
+        from batch_inference.canary_task import over_budget_message
+        from batch_inference.planner import manifest_for
+        from batch_inference.tasks import run_config_of
+
+        run_dir, shard_id = shard
+        return over_budget_message(run_dir, run_config_of(manifest_for(run_dir)), shard_id)
 
     # -- the pod carries the preemption count ------------------------------------------------------
     def build_pod_request_obj(self, context: Any = None, *, dry_run: bool = False):
@@ -92,7 +129,7 @@ class ShardPodOperator(KubernetesPodOperator):
         self.preemptions = preemptions_of(None, event)
         pod = self._read_pod(event)
         outcome = classify(event["status"], pod, self.base_container_name)
-        self.log.info("shard pod %s: trigger status %s, exit code %s -> %s", event.get("name"),
+        self.log.info("%s pod %s: trigger status %s, exit code %s -> %s", self.pod_role, event.get("name"),
                       event["status"], exit_code(pod, self.base_container_name) if pod else None,
                       outcome.value)
         if outcome is PodOutcome.PREEMPTED:
@@ -106,7 +143,7 @@ class ShardPodOperator(KubernetesPodOperator):
         except AirflowException as exc:
             if outcome is PodOutcome.BAD_INPUT and not isinstance(exc, AirflowFailException):
                 raise AirflowFailException(
-                    f"shard pod {event.get('name')} exited 2 (bad config or input; the worker's log above "
+                    f"{self.pod_role} pod {event.get('name')} exited 2 (bad config or input; the worker's log above "
                     f"names the field): failing without retries. {exc}") from exc
             raise
 
@@ -128,11 +165,12 @@ class ShardPodOperator(KubernetesPodOperator):
             self.pod_manager.delete_pod(old_pod)
         if count > self.max_preemptions:
             raise AirflowException(
-                f"shard pod preempted {count} times in try {ti.try_number} (max_preemptions="
+                f"{self.pod_role} pod preempted {count} times in try {ti.try_number} (max_preemptions="
                 f"{self.max_preemptions}); last: {cause}. Failing this try; Airflow retries apply.")
         self.preemptions = count
-        self.log.warning("shard pod %s preempted: %s. Relaunching preemption %d/%d in the same try "
-                         "(try_number %s, no retry consumed)", old_pod.metadata.name if old_pod else "?",
+        self.log.warning("%s pod %s preempted: %s. Relaunching preemption %d/%d in the same try "
+                         "(try_number %s, no retry consumed)", self.pod_role,
+                         old_pod.metadata.name if old_pod else "?",
                          cause, count, self.max_preemptions, ti.try_number)
         self.pod_request_obj = self.build_pod_request_obj(context)
         self.pod_manager.create_pod(pod=self.pod_request_obj)
@@ -154,13 +192,13 @@ class ShardPodOperator(KubernetesPodOperator):
         reason when it was scheduled but did not start, else the trigger's message (execution timeout)."""
         timeout = float(self.startup_timeout_seconds)
         if pod is None:
-            raise AirflowException(f"shard pod {event.get('name')} timed out and is gone: {event.get('message')}")
+            raise AirflowException(f"{self.pod_role} pod {event.get('name')} timed out and is gone: {event.get('message')}")
         if outcome is PodOutcome.UNSCHEDULABLE:
-            message = scheduling_failure(pod, timeout)
+            message = scheduling_failure(pod, timeout, self.pod_role)
         elif pod.status is not None and pod.status.phase == "Pending":
-            message = start_failure(pod, self.base_container_name, timeout)
+            message = start_failure(pod, self.base_container_name, timeout, self.pod_role)
         else:
-            message = f"shard pod {pod.metadata.name}: {event.get('message')}"
+            message = f"{self.pod_role} pod {pod.metadata.name}: {event.get('message')}"
         self.log.error("%s; deleting the pod", message)
         self.pod_manager.delete_pod(pod)
         raise AirflowException(message)

@@ -128,7 +128,10 @@ def k8s_run(k8s_cluster, fake_gcs, tmp_path_factory: pytest.TempPathFactory, sam
     ensure_db(env)
     conf = {"input_uri": input_uri, "output_root": output_root, "runner": "kubernetes",
             "rows_per_shard": ROWS_PER_SHARD, "shard_by": "rows", "reuse": "off", "token_budget": 256,
-            "duckdb_path": str(tmp / "k8s.duckdb"), "output_table": "k8s_live_emb"}
+            "duckdb_path": str(tmp / "k8s.duckdb"), "output_table": "k8s_live_emb",
+            # the canary pod has its own test (test_k8s_canary_live.py); here every row is left to the
+            # shard pods, so the preempted shard's rows are all the worker's
+            "canary": False}
     ledger = PodLedger(k8s_cluster.api()).start()
     preempter = Preempter(k8s_cluster, ledger)
     preempter.start()

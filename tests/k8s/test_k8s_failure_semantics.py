@@ -61,7 +61,9 @@ def _run(setup, k8s_cluster, fake_gcs, name: str, conf: dict, during=None, **k8s
             "rows_per_shard": 1000, "duckdb_path": str(tmp / f"{name}.duckdb"), "output_table": f"{name}_emb",
             # the gate waits for straggler pods until the deadline with runner=kubernetes: keep it short
             # (the Param's minimum, 36 s after the run started) so a failed shard fails the run soon
-            "deadline_hours": 0.01, **conf}
+            "deadline_hours": 0.01,
+            # the shard pods' semantics; the canary pod's are in test_k8s_canary_live.py
+            "canary": False, **conf}
     ledger = PodLedger(k8s_cluster.api()).start()
     helper = threading.Thread(target=during, args=(ledger, input_uri), daemon=True) if during else None
     if helper:
