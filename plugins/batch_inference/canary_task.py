@@ -4,7 +4,8 @@ Between ``plan`` and the fan-out. With the ``canary`` Param on and the local run
 ``batch-worker canary`` (``local_runner.run_canary``) at a fan-out worker's thread cap, reads
 ``canary.json``, projects the run (:func:`batch_inference.projection.project`), writes
 ``runs/<run_id>/projection.json``, logs the projection table and returns a short summary (XCom). A
-refused run (over ``budget_usd``, past ``deadline_hours``) fails this task with an
+refused run (over ``budget_usd``, past ``deadline_hours``, or outputs that disagree with a previous
+model's published rows: ``batch_inference.upgrade_gate``) fails this task with an
 ``AirflowFailException`` whose message starts with ``REFUSED``: the fan-out tasks are then
 ``upstream_failed`` (no shard starts) and the completion gate fails with the same message.
 
@@ -121,7 +122,8 @@ def canary_and_project(cfg: RunConfig, manifest: Any, run_dir: str, elapsed_seco
     """Run the canary (once per run: a retry reuses ``projection.json``) and project the run.
 
     Returns:
-        The projection dict (``decision`` ``go`` / ``refused_budget`` / ``refused_deadline``).
+        The projection dict (``decision`` ``go`` / ``refused_budget`` / ``refused_deadline`` /
+        ``refused_upgrade``; ``upgrade``: the upgrade check's section unless ``upgrade_gate`` is off).
 
     Raises:
         ShardBadInputError / ShardRetryableError: the canary worker failed (see ``local_runner.run_canary``).
@@ -142,6 +144,10 @@ def canary_and_project(cfg: RunConfig, manifest: Any, run_dir: str, elapsed_seco
                     deadline_hours=cfg.deadline_hours, budget_usd=cfg.budget_usd, elapsed_seconds=elapsed_seconds)
     projection = project(canary, manifest, limits, cost_params_from_dict(cfg.cost_params()), canary_wall_seconds=wall)
     projection["created_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+    if cfg.upgrade_gate != "off":  # compare with the previous model's published rows (upgrade_gate.py)
+        from batch_inference import upgrade_gate
+
+        projection = upgrade_gate.apply(projection, cfg, run_dir, canary)
     storage.write_replace(RunLayout.from_run_dir(run_dir).projection_uri, pretty_json(projection))
     return projection
 
@@ -154,7 +160,7 @@ def canary_task(context: Mapping[str, Any]) -> dict[str, Any]:
         "token_budget": ...}``, or ``{"decision": "skipped", "message": why}``.
 
     Raises:
-        AirflowFailException: the run was refused (message ``REFUSED (budget|deadline): ...``), or the
+        AirflowFailException: the run was refused (message ``REFUSED (budget|deadline|upgrade): ...``), or the
             canary hit bad input or config.
         AirflowException: the canary worker failed otherwise (retried).
     """

@@ -179,7 +179,8 @@ def dag_doc(spec: DagSpec, runners: tuple[str, ...], alias: AssetAlias, deadline
         "shard (empty input: zero shards, a green no-op).",
         "1b. `canary`: runs a sample of the rows with the real engine (batch-size search, throughput), "
         "writes `canary.json` and `projection.json` (worker-seconds, cost, finish time per parallelism) and "
-        "refuses the run (`REFUSED ...`, no shard starts) over `budget_usd` or past `deadline_hours`.",
+        "refuses the run (`REFUSED ...`, no shard starts) over `budget_usd` or past `deadline_hours`, or "
+        "when its outputs disagree with the rows a previous model published (`upgrade_gate`).",
         f"2. `choose_runner`: branches to {fanout}; a dry run goes to `render_k8s` instead.",
         "3. `infer_local[shard]`" + (" / `infer_k8s[shard]`" if k8s else "")
         + ": one mapped task per shard, named `shard 00001 · 15,828 rows`; runs "
@@ -348,6 +349,14 @@ DAG_SPECS = {
         description="Re-embed the corpus when the model Asset is updated (model from the event's extra).",
         schedule=[MODEL_ASSET],
         tags=["model-upgrade"],
+        params={"upgrade_gate": replace_field(
+            "upgrade_gate", default="on",
+            description="After the canary: compare the new model's outputs on the sample with the rows the "
+                        "previous model published for the same ids, and refuse the run (no shard starts) when "
+                        "they disagree beyond the thresholds below. on (this DAG's default): whenever the table "
+                        "has rows for the sample; auto: only when it was published under another result "
+                        "fingerprint; off: never.",
+        ).param()},
         model_from_asset=True,
         output_table="descriptions_embeddings_latest_model",
     ),
