@@ -27,7 +27,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from batch_contract import storage
-from batch_contract.agreement import DEFAULT_MAX_VALIDITY_DROP, RowResult, compare, gate_passed, text_similarity
+from batch_contract.agreement import (
+    DEFAULT_MAX_VALIDITY_DROP,
+    RowResult,
+    compare,
+    gate_passed,
+    text_similarity,
+)
 from batch_contract.engine_config import ConfigError
 from batch_contract.enums import EngineKind
 from batch_contract.jsonutil import pretty_json
