@@ -92,7 +92,9 @@ def test_a_broken_model_is_refused_and_the_same_model_passes(tmp_path: Path, air
 
     again, out = _run_dag("batch_inference_on_model_upgrade", _conf(tmp_path), airflow_env)
     assert again["state"].endswith("success"), out[-6000:]
-    report = json.loads((tmp_path / "out" / "runs" / again["run_id"] / "report.json").read_text())
+    again_dir = tmp_path / "out" / "runs" / again["run_id"]
+    report = json.loads((again_dir / "report.json").read_text())
+    assert "upgrade check passed: 120 canary rows" in (again_dir / "report.html").read_text()
     up = report["upgrade"]
     assert up["decision"] == "passed" and up["compared"] and up["previous"]["run_id"] == first["run_id"]
     assert up["embedding"]["neighbours"]["overlap"] >= 0.99
