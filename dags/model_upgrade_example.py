@@ -1,6 +1,8 @@
 """Example upstream DAG: registers a new model version and emits the model Asset event.
 
-Its event extra (``model_path``, ``model_version``) is what ``batch_inference_on_model_upgrade`` reads.
+Its event extra (``model_path``, ``model_version``) is what ``batch_inference_on_model_upgrade`` reads. That
+DAG's canary then compares the new model's outputs on a sample with the rows the previous model published
+(``upgrade_gate``, ``docs/canary.md``) and refuses the run before the fan-out when they disagree.
 """
 
 from __future__ import annotations

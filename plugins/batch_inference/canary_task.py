@@ -7,7 +7,8 @@ pod with the shard pods' image and spec (``batch_inference.canary_pod.CanaryPodO
 :func:`project_canary` (read ``canary.json``, project the run with
 :func:`batch_inference.projection.project`, write ``runs/<run_id>/projection.json``) and :func:`decide`
 (log the projection table, return a short summary for XCom). A refused run (over ``budget_usd``, past
-``deadline_hours``) fails the task with an ``AirflowFailException`` whose message starts with
+``deadline_hours``, or outputs that disagree with a previous model's published rows:
+``batch_inference.upgrade_gate``) fails the task with an ``AirflowFailException`` whose message starts with
 ``REFUSED``: the fan-out tasks are then ``upstream_failed`` (no shard starts) and the completion gate
 fails with the same message.
 
@@ -147,7 +148,8 @@ def project_canary(cfg: RunConfig, manifest: Any, run_dir: str, *, wall_seconds:
             and considers 1..``max_gpus`` pods).
 
     Returns:
-        The projection dict (``decision`` ``go`` / ``refused_budget`` / ``refused_deadline``).
+        The projection dict (``decision`` ``go`` / ``refused_budget`` / ``refused_deadline`` /
+        ``refused_upgrade``; ``upgrade``: the upgrade check's section unless ``upgrade_gate`` is off).
 
     Raises:
         RuntimeError: there is no ``canary.json`` (the worker exited 0 without writing it).
@@ -162,6 +164,10 @@ def project_canary(cfg: RunConfig, manifest: Any, run_dir: str, *, wall_seconds:
     projection = project(canary, manifest, limits, cost_params_from_dict(cfg.cost_params()),
                          canary_wall_seconds=wall_seconds)
     projection["created_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+    if cfg.upgrade_gate != "off":  # compare with the previous model's published rows (upgrade_gate.py)
+        from batch_inference import upgrade_gate
+
+        projection = upgrade_gate.apply(projection, cfg, run_dir, canary)
     storage.write_replace(RunLayout.from_run_dir(run_dir).projection_uri, pretty_json(projection))
     return projection
 
@@ -171,7 +177,8 @@ def canary_and_project(cfg: RunConfig, manifest: Any, run_dir: str, elapsed_seco
     project the run (:func:`project_canary`).
 
     Returns:
-        The projection dict (``decision`` ``go`` / ``refused_budget`` / ``refused_deadline``).
+        The projection dict (``decision`` ``go`` / ``refused_budget`` / ``refused_deadline`` /
+        ``refused_upgrade``; ``upgrade``: the upgrade check's section unless ``upgrade_gate`` is off).
 
     Raises:
         ShardBadInputError / ShardRetryableError: the canary worker failed (see ``local_runner.run_canary``).
@@ -195,7 +202,7 @@ def decide(projection: dict[str, Any]) -> dict[str, Any]:
         ``{"decision": "go", "message", "parallelism", "cost_usd", "finish_seconds", "token_budget"}``.
 
     Raises:
-        AirflowFailException: the projection refused the run (message ``REFUSED (budget|deadline): ...``).
+        AirflowFailException: the projection refused the run (message ``REFUSED (budget|deadline|upgrade): ...``).
     """
     from airflow.sdk.exceptions import AirflowFailException
 

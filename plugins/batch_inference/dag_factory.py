@@ -185,7 +185,8 @@ def dag_doc(spec: DagSpec, runners: tuple[str, ...], alias: AssetAlias, deadline
         "where the shards will run (a subprocess for `local`" + (", a pod like the shard pods for "
         "`kubernetes`" if k8s else "") + "), writes `canary.json` and `projection.json` (worker-seconds, "
         "cost, finish time per parallelism) and refuses the run (`REFUSED ...`, no shard starts) over "
-        "`budget_usd` or past `deadline_hours`.",
+        "`budget_usd` or past `deadline_hours`, or when its outputs disagree with the rows a previous "
+        "model published (`upgrade_gate`).",
         "1c. `approve`: with `require_approval` on, waits for a person to approve the projection in the "
         "Airflow UI (Required Actions; Airflow's `ApprovalOperator`); Reject: no shard starts and the run "
         "fails as rejected. Off (default) or no projection: passes at once.",
@@ -367,6 +368,14 @@ DAG_SPECS = {
         description="Re-embed the corpus when the model Asset is updated (model from the event's extra).",
         schedule=[MODEL_ASSET],
         tags=["model-upgrade"],
+        params={"upgrade_gate": replace_field(
+            "upgrade_gate", default="on",
+            description="After the canary: compare the new model's outputs on the sample with the rows the "
+                        "previous model published for the same ids, and refuse the run (no shard starts) when "
+                        "they disagree beyond the thresholds below. on (this DAG's default): whenever the table "
+                        "has rows for the sample; auto: only when it was published under another result "
+                        "fingerprint; off: never.",
+        ).param()},
         model_from_asset=True,
         output_table="descriptions_embeddings_latest_model",
     ),

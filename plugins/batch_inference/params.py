@@ -58,6 +58,8 @@ ENGINES = engine_kinds()
 """The ``engine`` Param's allowed values: every :class:`~batch_contract.enums.EngineKind`."""
 SHARD_BY = ("rows", "tokens")
 PRICING = ("spot", "on_demand")
+UPGRADE_GATE_MODES = ("auto", "on", "off")
+"""``upgrade_gate`` values (see ``batch_inference.upgrade_gate``)."""
 DEFAULT_MAX_MAP_LENGTH = 1024
 """Airflow's default ``[core] max_map_length``: a mapped task may not expand wider than this; the
 default and the largest value of ``max_shards``."""
@@ -325,6 +327,22 @@ PARAM_FIELDS: Mapping[str, ParamField] = _fields(
     ParamField("canary_max_seconds", 120.0, "number", "Canary max seconds", "The canary starts no new "
                "slice of its sample after this many seconds of work (model load excluded).", "Execution",
                minimum=1.0, maximum=3600.0),
+    ParamField("upgrade_gate", "auto", "string", "Upgrade check", "After the canary: compare its outputs "
+               "with the rows the output table already holds for the same ids (a previous model's) and refuse "
+               "the run when they disagree beyond the thresholds below. auto: only when the table was "
+               "published under another result fingerprint (other model, engine config or dtype); on: also "
+               "under the same one; off: never. Needs the canary.", "Execution", enum=UPGRADE_GATE_MODES),
+    ParamField("upgrade_min_overlap", 0.3, "number", "Upgrade: min neighbour overlap", "Embeddings: the "
+               "least mean share of each sample row's k nearest neighbours (k = 10 from 101 rows) kept between "
+               "the old and the new vectors (1 = same neighbourhoods; random: about k / rows). Holds across "
+               "different embedding spaces.", "Execution", minimum=0.0, maximum=1.0),
+    ParamField("upgrade_min_cosine", None, "number", "Upgrade: min cosine p5", "Embeddings: the least 5th "
+               "percentile of cosine(new, old) per row. Meaningful only for a fine-tune or re-run of the same "
+               "model (same vector space); empty: reported, not checked.", "Execution", nullable=True,
+               minimum=-1.0, maximum=1.0),
+    ParamField("upgrade_min_agreement", 0.7, "number", "Upgrade: min agreement", "Labels: the least share of "
+               "rows with the same label; LLM outputs: the least agreement of the quality gate (mean JSON field "
+               "agreement, or mean text similarity for free text).", "Execution", minimum=0.0, maximum=1.0),
     ParamField("output_root", DEFAULT_OUTPUT_ROOT, "string", "Output root",
                "Where runs/<run_id>/ (manifest, part files, markers, report) is written; local path or "
                "gs://bucket/prefix. Must be reachable by every worker.", "Output", min_length=1,
@@ -459,6 +477,10 @@ class RunConfig:
     canary_fraction: float = _default("canary_fraction")
     canary_min_rows: int = _default("canary_min_rows")
     canary_max_seconds: float = _default("canary_max_seconds")
+    upgrade_gate: str = _default("upgrade_gate")
+    upgrade_min_overlap: float = _default("upgrade_min_overlap")
+    upgrade_min_cosine: float | None = _default("upgrade_min_cosine")
+    upgrade_min_agreement: float = _default("upgrade_min_agreement")
     output_root: str = _default("output_root")
     output_table: str = _default("output_table")
     publish_backend: str = _default("publish_backend")

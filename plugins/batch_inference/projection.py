@@ -42,7 +42,8 @@ from batch_inference.report.cost import worker_cost
 from batch_inference.report.prices import CostParams
 
 PROJECTION_SCHEMA_VERSION = 1
-DECISIONS = ("go", "refused_budget", "refused_deadline")
+DECISIONS = ("go", "refused_budget", "refused_deadline", "refused_upgrade")
+"""``refused_upgrade`` is set by the upgrade check (``batch_inference.upgrade_gate``), not by :func:`project`."""
 
 
 class RunRefused(RuntimeError):

@@ -11,8 +11,8 @@ Typical use: before a full run with ``quantization: fp8``, compare it with the b
 * validity of each side (rows dead-lettered, e.g. ``invalid_output``) and output tokens per row.
 
 ``agreement`` is the headline figure the gate compares with ``min_agreement``: the mean field agreement
-for JSON outputs, the mean text similarity for free text. The comparison functions are pure (no vLLM);
-:func:`run_quality_gate` drives two :class:`~batch_worker.engines.llm.LLMEngine` s one after the other.
+for JSON outputs, the mean text similarity for free text. The comparison functions are pure (no vLLM,
+:mod:`batch_contract.agreement`, shared with the upgrade canary); :func:`run_quality_gate` drives two :class:`~batch_worker.engines.llm.LLMEngine` s one after the other.
 
 The sample is deterministic: the first ``ceil(sample / shards)`` valid rows of every shard, in manifest
 order, cut to ``sample`` rows.
@@ -20,16 +20,20 @@ order, cut to ``sample`` rows.
 
 from __future__ import annotations
 
-import difflib
 import json
 import logging
 import math
-import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from batch_contract import storage
+from batch_contract.agreement import (
+    DEFAULT_MAX_VALIDITY_DROP,
+    RowResult,
+    compare,
+    gate_passed,
+    text_similarity,
+)
 from batch_contract.engine_config import ConfigError
 from batch_contract.enums import EngineKind
 from batch_contract.jsonutil import pretty_json
@@ -45,121 +49,8 @@ DEFAULT_SAMPLE = 500
 """Rows per comparison (the batch-inference guide's 500-row check)."""
 DEFAULT_MIN_AGREEMENT = 0.9
 """Default threshold on the report's ``agreement``."""
-DEFAULT_MAX_VALIDITY_DROP = 0.02
-"""The candidate may turn at most this fraction of rows more into dead letters than the baseline."""
-
-
-@dataclass(frozen=True)
-class RowResult:
-    """One row's outcome under one config.
-
-    Attributes:
-        valid: the row produced a result (not dead-lettered).
-        output_text: generated text (``""`` when not valid).
-        output_json: canonical JSON text when a schema is set and the output was valid, else ``None``.
-        output_tokens: generated tokens (0 when rejected before generation).
-        reason: dead-letter reason when not valid.
-    """
-
-    valid: bool
-    output_text: str = ""
-    output_json: str | None = None
-    output_tokens: int = 0
-    reason: str | None = None
-
-
-def text_similarity(a: str, b: str) -> float:
-    """``difflib.SequenceMatcher`` ratio of two texts, in [0, 1] (1.0 for two empty texts)."""
-    if a == b:
-        return 1.0
-    return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()
-
-
-def _fields(text: str | None) -> dict[str, Any]:
-    value = json.loads(text) if text is not None else None
-    return value if isinstance(value, dict) else {"(value)": value}
-
-
-def _quantile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
-
-
-def compare(baseline: Mapping[str, RowResult], candidate: Mapping[str, RowResult]) -> dict[str, Any]:
-    """Agreement figures of two configs' results on the same row ids.
-
-    Args:
-        baseline / candidate: row id -> :class:`RowResult`; ids missing on one side count as not valid.
-
-    Returns:
-        A JSON-able dict: ``rows``, ``rows_both_valid``, ``baseline_valid_rate``,
-        ``candidate_valid_rate``, ``exact_match_rate``, ``field_agreement`` ({field: rate}),
-        ``text_similarity_mean/p10/min``, ``agreement``, ``output_tokens_mean`` per side and up to five
-        ``examples`` of disagreeing rows. Rates are ``None`` when nothing could be compared.
-    """
-    ids = sorted(set(baseline) | set(candidate))
-    missing = RowResult(valid=False, reason="missing")
-    both = [i for i in ids if baseline.get(i, missing).valid and candidate.get(i, missing).valid]
-    json_mode = bool(both) and all(baseline[i].output_json is not None for i in both)
-    sims: list[float] = []
-    exact = 0
-    field_hits: dict[str, list[int]] = {}
-    examples: list[dict[str, Any]] = []
-    for rid in both:
-        b, c = baseline[rid], candidate[rid]
-        sims.append(text_similarity(b.output_text, c.output_text))
-        same = (b.output_json == c.output_json) if json_mode else (b.output_text == c.output_text)
-        exact += same
-        if json_mode:
-            fb, fc = _fields(b.output_json), _fields(c.output_json)
-            for name in set(fb) | set(fc):
-                field_hits.setdefault(name, []).append(int(name in fb and name in fc and fb[name] == fc[name]))
-        if not same and len(examples) < 5:
-            examples.append({"id": rid, "baseline": b.output_text[:300], "candidate": c.output_text[:300]})
-    field_agreement = {k: sum(v) / len(v) for k, v in sorted(field_hits.items())}
-    sim_mean = statistics.fmean(sims) if sims else None
-    if json_mode:
-        agreement = statistics.fmean(field_agreement.values()) if field_agreement else None
-    else:
-        agreement = sim_mean
-
-    def valid_rate(side: Mapping[str, RowResult]) -> float | None:
-        return sum(side.get(i, missing).valid for i in ids) / len(ids) if ids else None
-
-    def tokens_mean(side: Mapping[str, RowResult]) -> float | None:
-        values = [side[i].output_tokens for i in ids if i in side]
-        return statistics.fmean(values) if values else None
-
-    return {
-        "rows": len(ids),
-        "rows_both_valid": len(both),
-        "output_kind": "json" if json_mode else "text",
-        "baseline_valid_rate": valid_rate(baseline),
-        "candidate_valid_rate": valid_rate(candidate),
-        "exact_match_rate": exact / len(both) if both else None,
-        "field_agreement": field_agreement,
-        "text_similarity_mean": sim_mean,
-        "text_similarity_p10": _quantile(sims, 0.10),
-        "text_similarity_min": min(sims) if sims else None,
-        "agreement": agreement,
-        "baseline_output_tokens_mean": tokens_mean(baseline),
-        "candidate_output_tokens_mean": tokens_mean(candidate),
-        "examples": examples,
-    }
-
-
-def gate_passed(figures: Mapping[str, Any], min_agreement: float,
-                max_validity_drop: float = DEFAULT_MAX_VALIDITY_DROP) -> bool:
-    """True when ``agreement >= min_agreement`` and the candidate's valid-row rate is at most
-    ``max_validity_drop`` (a fraction of rows) below the baseline's."""
-    agreement = figures.get("agreement")
-    if agreement is None:
-        return False
-    base_valid = figures.get("baseline_valid_rate") or 0.0
-    cand_valid = figures.get("candidate_valid_rate") or 0.0
-    return agreement >= min_agreement and cand_valid >= base_valid - max_validity_drop - 1e-12
+# The comparison itself (RowResult, text_similarity, compare, gate_passed, DEFAULT_MAX_VALIDITY_DROP) lives in
+# batch_contract.agreement, shared with the upgrade canary on the Airflow side; re-exported here.
 
 
 def merged_engine(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -356,3 +247,7 @@ def cli_main(args: Any) -> int:
         log.error("quality gate did not pass: agreement %s < %s", report["agreement"], args.min_agreement)
         return int(ExitCode.BAD_INPUT)
     return int(ExitCode.OK)
+
+
+__all__ = ["DEFAULT_MAX_VALIDITY_DROP", "DEFAULT_MIN_AGREEMENT", "DEFAULT_SAMPLE", "RowResult", "compare",
+           "gate_passed", "merged_engine", "parse_overrides", "run_quality_gate", "sample_rows", "text_similarity"]

@@ -9,11 +9,13 @@ and pyiceberg are needed only by the backends that use them.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Protocol
 
 import duckdb
+import pyarrow as pa
 
 from batch_inference.publish.coverage import Coverage
 from batch_inference.publish.record import PublishRecord
@@ -37,6 +39,13 @@ class PublishBackend(Protocol):
     def read_record(self, previous: bool = False) -> PublishRecord | None:
         """The record of the live table (or of the rollback target when ``previous``); ``None`` when
         there is none or it was not written by publish."""
+        ...
+
+    def read_rows(self, ids: Sequence[str], columns: Sequence[str]) -> pa.Table | None:
+        """The live table's rows whose ``id`` is in ``ids``: a table with ``id`` (string) and those of
+        ``columns`` the live table has (embeddings as lists of float32, labels and LLM outputs as strings),
+        in no particular order; ``None`` when there is no live table. Reads only; used by the upgrade
+        canary to compare a new model's outputs with the published ones."""
         ...
 
     def coverage_db(self, work: Path) -> AbstractContextManager[duckdb.DuckDBPyConnection]:
@@ -66,9 +75,6 @@ class PublishBackend(Protocol):
         ``restored`` (nothing logged when ``None``)."""
         ...
 
-
-
-
 def backend_for(target: PublishTarget) -> PublishBackend:
     """A (not yet entered) backend instance for ``target``.
 
@@ -77,3 +83,22 @@ def backend_for(target: PublishTarget) -> PublishBackend:
     """
     module, cls = BACKEND_CLASSES[target.backend].split(":")
     return getattr(importlib.import_module(module), cls)(target)
+
+
+def read_published(target: PublishTarget, ids: Sequence[str],
+                   columns: Sequence[str]) -> tuple[PublishRecord | None, pa.Table | None]:
+    """The live table's publish record and its rows for ``ids`` (:meth:`PublishBackend.read_rows`).
+
+    A DuckDB target whose database file does not exist yet has no live table: ``(None, None)`` without
+    creating the file. A live table that publish did not write (no record) gives ``(None, None)`` too.
+
+    Raises:
+        ImportError: the backend's driver is not installed; the storage driver's errors as the backend's.
+    """
+    if target.backend == "duckdb" and not Path(target.duckdb_path or "").exists():
+        return None, None
+    with backend_for(target) as backend:
+        record = backend.read_record()
+        if record is None:
+            return None, None
+        return record, backend.read_rows(list(ids), list(columns))

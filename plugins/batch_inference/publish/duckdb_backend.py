@@ -7,11 +7,12 @@ directory when large), so the wide columns are read exactly once, by ``INSERT ..
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 from batch_contract.schemas import DEAD_LETTER_SCHEMA
 
 from batch_inference.publish.coverage import Coverage
@@ -219,6 +220,24 @@ class DuckDBBackend(SqlTableBackend):
     @contextmanager
     def coverage_db(self, work: Path) -> Iterator[duckdb.DuckDBPyConnection]:
         yield self.connection()
+
+    def read_rows(self, ids: Sequence[str], columns: Sequence[str]) -> pa.Table | None:
+        """The live table's rows for ``ids`` (see :class:`~batch_inference.publish.backend.PublishBackend`);
+        the ids are joined as a registered Arrow table, so any number of them is one query."""
+        con = self.connection()
+        if not self.table_exists():
+            return None
+        have = {r[0] for r in con.execute(
+            "SELECT column_name FROM duckdb_columns() WHERE database_name = current_database() "
+            "AND schema_name = $s AND table_name = $t", {"s": _schema(self.target), "t": self.target.name()},
+        ).fetchall()}
+        cols = ["id"] + [c for c in dict.fromkeys(columns) if c in have and c != "id"]
+        con.register("batch_inference_wanted_ids", pa.table({"id": pa.array(list(ids), pa.string())}))
+        try:
+            return con.sql(f"SELECT {', '.join(_dq(c) for c in cols)} FROM {self.target.qualified()} "
+                           "WHERE \"id\" IN (SELECT \"id\" FROM batch_inference_wanted_ids)").to_arrow_table()
+        finally:
+            con.unregister("batch_inference_wanted_ids")
 
     def load_staging(self, con: duckdb.DuckDBPyConnection, cov: Coverage, record: PublishRecord) -> None:
         _load_staging(con, self.target, cov, record)

@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,6 +179,20 @@ class IcebergBackend:
 
     def coverage_db(self, work: Path) -> AbstractContextManager[duckdb.DuckDBPyConnection]:
         return duckdb_backend.scratch_db(work)
+
+    def read_rows(self, ids: Sequence[str], columns: Sequence[str]) -> pa.Table | None:
+        """The current snapshot's rows for ``ids`` (see :class:`~batch_inference.publish.backend.PublishBackend`):
+        a scan with an ``id IN (...)`` filter (pyiceberg prunes data files by their id statistics)."""
+        from pyiceberg.expressions import In
+
+        table = self.table()
+        if table is None or table.current_snapshot() is None:
+            return None
+        have = {f.name for f in table.schema().fields}
+        cols = ["id"] + [c for c in dict.fromkeys(columns) if c in have and c != "id"]
+        if not ids:
+            return table.schema().as_arrow().empty_table().select(cols)
+        return table.scan(row_filter=In("id", set(ids)), selected_fields=tuple(cols)).to_arrow()
 
     def _stage(self, suffix: str, reader: pa.RecordBatchReader) -> _Staged:
         """Write the batches of ``reader`` as data files of ``<table><suffix>`` (created if missing; new

@@ -12,7 +12,7 @@ from __future__ import annotations
 import queue
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
@@ -262,6 +262,30 @@ class PostgresBackend(SqlTableBackend):
 
     def coverage_db(self, work: Path) -> AbstractContextManager[duckdb.DuckDBPyConnection]:
         return duckdb_backend.scratch_db(work)
+
+    def read_rows(self, ids: Sequence[str], columns: Sequence[str]) -> pa.Table | None:
+        """The live table's rows for ``ids`` (see :class:`~batch_inference.publish.backend.PublishBackend`):
+        one ``WHERE id = ANY(...)`` query; ``real[]`` and pgvector ``vector`` columns come back as lists of
+        float32 (``vector`` cast to ``real[]`` in the query)."""
+        conn = self.connection()
+        if not self.table_exists():
+            return None
+        types = dict(conn.execute(
+            "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+            "WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped", [self.target.qualified()],
+        ).fetchall())
+        cols = ["id"] + [c for c in dict.fromkeys(columns) if c in types and c != "id"]
+        select = sql.SQL(", ").join(
+            sql.SQL("{}::real[]").format(sql.Identifier(c)) if types[c].startswith("vector") else sql.Identifier(c)
+            for c in cols)
+        rows = conn.execute(sql.SQL("SELECT {} FROM {} WHERE {} = ANY(%s)").format(
+            select, _ident(self.target), sql.Identifier("id")), [list(ids)]).fetchall()
+        arrays = []
+        for i, c in enumerate(cols):
+            values = [r[i] for r in rows]
+            floats = types[c].startswith(("vector", "real[]"))
+            arrays.append(pa.array(values, pa.list_(pa.float32()) if floats else None))
+        return pa.Table.from_arrays(arrays, names=cols)
 
     def load_staging(self, con: duckdb.DuckDBPyConnection, cov: Coverage, record: PublishRecord) -> None:
         _load_staging(self.connection(), con, self.target, cov, record)

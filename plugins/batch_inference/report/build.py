@@ -269,6 +269,7 @@ def compute_report(data: RunData, *, dag_id: str, publish_summary: dict[str, Any
             projection, worker_seconds=worker_seconds, canary_worker_seconds=canary_worker_seconds,
             plan_created_at=manifest.created_at, last_shard_finished_at=timeline_of["last_shard_finished_at"],
             params=params),
+        "upgrade": (projection or {}).get("upgrade"),
     }
 
 

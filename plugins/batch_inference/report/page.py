@@ -96,6 +96,8 @@ def _projection_section(r: dict[str, Any]) -> str:
             ["finish (from run start)", seconds(pr["finish_seconds"]), seconds(ac["finish_seconds"]), err(er["finish_seconds"])]]
     note = (f'<p class="note">{escape(str(p.get("message") or ""))}; token budget {p.get("token_budget")} '
             "chosen by the canary.</p>")
+    if r.get("upgrade"):
+        note += f'<p class="note">{escape(str(r["upgrade"]["message"]))}</p>'
     return _table(["figure", "projected", "actual", "error"], rows, "projection") + note
 
 
