@@ -108,10 +108,10 @@ def test_exact_plan_never_costs_more_than_the_bucket_plan(lengths, budget, cap, 
     assert _cost(arr, exact, BATCH_OVERHEAD_TOKENS) <= _cost(arr, bucket, BATCH_OVERHEAD_TOKENS) + 1e-9
 
 
-@pytest.mark.parametrize("chunk_rows", [1000, 2500, 10_000])
-def test_short_rows_pad_to_their_own_length_whatever_the_chunk_size(chunk_rows) -> None:
+@pytest.mark.parametrize("chunk_rows", [2500, 10_000])
+def test_short_rows_pad_to_their_own_length_in_fewer_batches(chunk_rows) -> None:
     # short texts (package summaries of <= 160 characters): 4-40 tokens, most 10-20; the worker plans each
-    # chunk on its own, and chunks are small while throughput is still being measured
+    # chunk on its own (chunks grow to 60 s of throughput: thousands of short rows)
     rng = np.random.default_rng(2)
     lengths = np.clip(rng.lognormal(2.5, 0.35, size=10_000).astype(int), 3, 60)
     exact, bucket = [], []
@@ -124,4 +124,4 @@ def test_short_rows_pad_to_their_own_length_whatever_the_chunk_size(chunk_rows) 
         return sum(int(c[b.indices].sum()) for c, b in plan) / sum(b.padded_tokens for _, b in plan)
 
     assert efficiency(bucket) < 0.85 and efficiency(exact) >= 0.95
-    assert len(exact) <= 2 * len(bucket)  # and not by many more, smaller batches
+    assert len(exact) <= len(bucket)  # and no more batches than the buckets made

@@ -105,12 +105,19 @@ class BertShape:
                    layer_norm_eps=float(config.get("layer_norm_eps", 1e-12)))
 
 
+def _embedding(rows: int, dim: int) -> nn.Embedding:
+    """An embedding table left uninitialised (the checkpoint replaces it): ``nn.Embedding``'s own
+    ``normal_`` init on the meta device goes through PyTorch's Python reference ops, whose first use
+    imports sympy and the decomposition tables (about 1 s in a fresh process)."""
+    return nn.Embedding(rows, dim, _weight=torch.empty(rows, dim))
+
+
 class _Embeddings(nn.Module):
     def __init__(self, s: BertShape) -> None:
         super().__init__()
-        self.word_embeddings = nn.Embedding(s.vocab_size, s.hidden_size)
-        self.position_embeddings = nn.Embedding(s.max_position_embeddings, s.hidden_size)
-        self.token_type_embeddings = nn.Embedding(s.type_vocab_size, s.hidden_size)
+        self.word_embeddings = _embedding(s.vocab_size, s.hidden_size)
+        self.position_embeddings = _embedding(s.max_position_embeddings, s.hidden_size)
+        self.token_type_embeddings = _embedding(s.type_vocab_size, s.hidden_size)
         self.LayerNorm = nn.LayerNorm(s.hidden_size, eps=s.layer_norm_eps)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
