@@ -204,3 +204,25 @@ def test_copy_error_in_a_worker_fails_cleanly(pg_dsn: str, input_path: str, tmp_
     with pytest.raises(psycopg.Error):
         publish_run(bad.run_dir, target)
     assert _q(pg_dsn, "SELECT count(*), min(fingerprint) FROM nul_text")[0] == (400, "f" * 32)
+
+
+def test_read_rows_returns_the_published_rows_for_the_asked_ids(pg_dsn: str, input_path: str,  # noqa: F811
+                                                                tmp_path: Path) -> None:
+    """What the upgrade check reads (``read_published``): the live table's record and the rows of the asked
+    ids only (unknown ids left out), embeddings as float32 lists equal to the published ones, and
+    ``(None, None)`` before any publish."""
+    from batch_inference.publish.backend import read_published
+
+    target = PublishTarget(backend="postgres", table="t_read", schema="pub", dsn=pg_dsn)
+    assert read_published(target, ["x"], ["embedding"]) == (None, None)
+    layout = build_run(tmp_path / "out", "run-read", input_path, RunSpec(task="embedding", dim=16, shards=2))
+    publish_run(layout.run_dir, target)
+    with psycopg.connect(pg_dsn) as conn:
+        want = dict(conn.execute("SELECT id, embedding FROM pub.t_read ORDER BY id LIMIT 5").fetchall())
+    record, rows = read_published(target, [*want, "no-such-id"], ["embedding", "no_such_column"])
+    assert record is not None and record.run_id == "run-read"
+    assert rows.column_names == ["id", "embedding"] and rows.schema.field("embedding").type == pa.list_(pa.float32())
+    got = dict(zip(rows.column("id").to_pylist(), rows.column("embedding").to_pylist(), strict=True))
+    assert got.keys() == want.keys()
+    for rid, vec in want.items():
+        assert got[rid] == pytest.approx(vec, rel=1e-7)

@@ -52,10 +52,12 @@ BATCH_OVERHEAD_TOKENS = 200
 """What one more batch costs, in padded tokens, for the exact planner (:func:`plan_exact`): the fixed
 per-forward cost (Python dispatch of a dozen ops per layer, oneDNN primitive lookups, staging) over the
 cost of one padded token. Measured by ``make bench-encoder`` (``batch_overhead``: MiniLM bf16 forward
-passes over a grid of shapes, least squares of ``seconds = a x padded tokens + b``): 57.6 µs per padded
-token and 12.3 ms per batch, 214 tokens, on the 2-core EPYC development machine, quiet (2026-12-01).
-Smaller values split a chunk into more, fuller batches: the 10,000-row short corpus planned as one
-chunk takes 44 batches at 0.998 real/padded tokens at 64, 40 batches at 0.992 at 200."""
+passes over a grid of shapes, least squares of ``seconds = a x padded tokens + b``) on the 2-core EPYC
+development machine, quiet, 2026-12-01: 57.6 µs per padded token and 12.3 ms per batch (214 tokens),
+then 58.0 µs and 6.2 ms (108 tokens); 200 is near the upper of the two, as a new batch shape also pays
+for oneDNN primitive creation, which the benchmark's repeated shapes do not. The plans change little in
+that range: the 10,000-row short corpus planned as one chunk takes 44 batches at 0.998 real/padded
+tokens at 64, 40 batches at 0.992 at 200."""
 
 
 def _take(arr: np.ndarray, order: np.ndarray, start: int, token_budget: int, max_batch_rows: int,
