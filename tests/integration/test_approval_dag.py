@@ -22,6 +22,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from test_canary_dag import RUN_DAG, run_dag
 
 pytestmark = pytest.mark.integration
 
@@ -29,16 +30,6 @@ REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "data" / "sample" / "debian_descriptions_sample.parquet"
 DAG_ID = "batch_inference_backfill"
 
-RUN_DAG = textwrap.dedent("""
-    import json, sys
-    from airflow.dag_processing.dagbag import DagBag
-    dag_id, conf = sys.argv[1], json.loads(sys.argv[2])
-    bag = DagBag(dag_folder=sys.argv[3])
-    assert not bag.import_errors, bag.import_errors
-    dr = bag.dags[dag_id].test(run_conf=conf)
-    states = {ti.task_id + ("" if ti.map_index < 0 else f"[{ti.map_index}]"): str(ti.state) for ti in dr.get_task_instances()}
-    print("RESULT " + json.dumps({"state": str(dr.state), "run_id": dr.run_id, "tasks": states}))
-""")
 
 ANSWER = textwrap.dedent("""
     import json, sys, time
@@ -193,16 +184,13 @@ def test_a_rejected_run_starts_no_shard_and_the_gate_says_who_rejected_it(tmp_pa
 
 
 def test_with_no_projection_to_approve_nothing_waits(tmp_path: Path, airflow_env: dict[str, str]) -> None:
-    conf = _conf(tmp_path, canary=False)
-    proc = subprocess.run([sys.executable, "-c", RUN_DAG, DAG_ID, json.dumps(conf), str(REPO / "dags")],
-                          env=airflow_env, capture_output=True, text=True, timeout=900)
-    result = _result(proc.stdout, proc.stdout + proc.stderr)
-    assert result["state"].endswith("success"), (proc.stdout + proc.stderr)[-6000:]
+    result, out = run_dag(_conf(tmp_path, canary=False), airflow_env, DAG_ID)
+    assert result["state"].endswith("success"), out[-6000:]
     assert result["tasks"]["approve"].endswith("success")
-    assert "approval not asked: the canary was skipped (the canary Param is off)" in proc.stdout + proc.stderr
+    assert "approval not asked: the canary was skipped (the canary Param is off)" in out
     run_dir = tmp_path / "out" / "runs" / result["run_id"]
     assert not (run_dir / "approval.json").exists()
-    assert "Waiting for Human-in-the-loop input" not in proc.stdout + proc.stderr
+    assert "Waiting for Human-in-the-loop input" not in out
 
 
 def test_without_an_answer_the_scheduler_rejects_at_the_runs_deadline(tmp_path: Path,

@@ -48,8 +48,11 @@ def airflow_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return env
 
 
-def _run(conf: dict, env: dict[str, str]) -> tuple[dict, str]:
-    proc = subprocess.run([sys.executable, "-c", RUN_DAG, "batch_inference_backfill", json.dumps(conf), str(REPO / "dags")],
+def run_dag(conf: dict, env: dict[str, str], dag_id: str = "batch_inference_backfill") -> tuple[dict, str]:
+    """``dag.test()`` of ``dag_id`` with ``conf`` in a subprocess (Airflow home from ``env``): the run's
+    result (``state``, ``run_id``, ``tasks``: task id -> state) and the process's output. Shared by the
+    canary, approval and upgrade-check DAG tests."""
+    proc = subprocess.run([sys.executable, "-c", RUN_DAG, dag_id, json.dumps(conf), str(REPO / "dags")],
                           env=env, capture_output=True, text=True, timeout=900)
     out = proc.stdout + proc.stderr
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
@@ -68,7 +71,7 @@ def _conf(tmp_path: Path, **kw) -> dict:
 
 def test_a_run_over_budget_is_refused_before_the_fan_out_and_starts_no_shard(tmp_path: Path,
                                                                              airflow_env: dict[str, str]) -> None:
-    result, out = _run(_conf(tmp_path, budget_usd=0.0), airflow_env)
+    result, out = run_dag(_conf(tmp_path, budget_usd=0.0), airflow_env)
     assert result["state"].endswith("failed"), out[-4000:]
     tasks = result["tasks"]
     assert tasks["plan"].endswith("success") and tasks["canary"].endswith("failed")
@@ -87,7 +90,7 @@ def test_a_run_over_budget_is_refused_before_the_fan_out_and_starts_no_shard(tmp
 
 def test_a_run_within_budget_records_its_projection_and_publishes_every_row(tmp_path: Path,
                                                                             airflow_env: dict[str, str]) -> None:
-    result, out = _run(_conf(tmp_path, budget_usd=1000.0), airflow_env)
+    result, out = run_dag(_conf(tmp_path, budget_usd=1000.0), airflow_env)
     assert result["state"].endswith("success"), out[-6000:]
     run_dir = tmp_path / "out" / "runs" / result["run_id"]
     projection = json.loads((run_dir / "projection.json").read_text())

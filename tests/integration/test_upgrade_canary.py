@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import duckdb
 import numpy as np
 import pytest
 from batch_inference.params import default_model_path
-from test_canary_dag import REPO, RUN_DAG, SAMPLE, airflow_env  # noqa: F401 - the module's Airflow home fixture
+from test_canary_dag import REPO, SAMPLE, airflow_env, run_dag  # noqa: F401 - the module's Airflow home fixture
 
 pytestmark = pytest.mark.integration
 
@@ -32,15 +30,6 @@ def broken_model(dest: Path, seed: int = 0) -> Path:
     shuffled = {k: rng.permutation(v.reshape(-1)).reshape(v.shape) for k, v in tensors.items()}
     save_file(shuffled, str(dest / "model.safetensors"), metadata={"format": "pt"})
     return dest
-
-
-def _run_dag(dag_id: str, conf: dict, env: dict[str, str]) -> tuple[dict, str]:
-    proc = subprocess.run([sys.executable, "-c", RUN_DAG, dag_id, json.dumps(conf), str(REPO / "dags")],
-                          env=env, capture_output=True, text=True, timeout=900)
-    out = proc.stdout + proc.stderr
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, out[-6000:]
-    return json.loads(lines[-1][len("RESULT "):]), out
 
 
 def _conf(tmp_path: Path, **kw) -> dict:
@@ -63,7 +52,7 @@ def _live(tmp_path: Path) -> tuple[str, list]:
 
 
 def test_a_broken_model_is_refused_and_the_same_model_passes(tmp_path: Path, airflow_env: dict[str, str]) -> None:  # noqa: F811
-    first, out = _run_dag("batch_inference_backfill", _conf(tmp_path), airflow_env)
+    first, out = run_dag(_conf(tmp_path), airflow_env, "batch_inference_backfill")
     assert first["state"].endswith("success"), out[-6000:]
     first_dir = tmp_path / "out" / "runs" / first["run_id"]
     upgrade = json.loads((first_dir / "projection.json").read_text())["upgrade"]
@@ -72,7 +61,7 @@ def test_a_broken_model_is_refused_and_the_same_model_passes(tmp_path: Path, air
     assert published[0] == first["run_id"]
 
     broken = broken_model(tmp_path / "broken-minilm")
-    result, out = _run_dag("batch_inference_on_model_upgrade", _conf(tmp_path, model=str(broken)), airflow_env)
+    result, out = run_dag(_conf(tmp_path, model=str(broken)), airflow_env, "batch_inference_on_model_upgrade")
     assert result["state"].endswith("failed"), out[-4000:]
     tasks = result["tasks"]
     assert tasks["plan"].endswith("success") and tasks["canary"].endswith("failed"), tasks
@@ -90,7 +79,7 @@ def test_a_broken_model_is_refused_and_the_same_model_passes(tmp_path: Path, air
         assert not (run_dir / "shards" / shard / "_SUCCESS.json").exists()
     assert _live(tmp_path) == published, "the published table is unchanged"
 
-    again, out = _run_dag("batch_inference_on_model_upgrade", _conf(tmp_path), airflow_env)
+    again, out = run_dag(_conf(tmp_path), airflow_env, "batch_inference_on_model_upgrade")
     assert again["state"].endswith("success"), out[-6000:]
     again_dir = tmp_path / "out" / "runs" / again["run_id"]
     report = json.loads((again_dir / "report.json").read_text())
