@@ -37,8 +37,11 @@ fake_gcs = gcs_fixture.fake_gcs
 
 pytestmark = [pytest.mark.k8s, pytest.mark.integration]
 
-ROWS = 60
-ROWS_PER_SHARD = 20
+ROWS = 900
+ROWS_PER_SHARD = 300
+"""Shards of 300 rows: seconds of inference per pod on these CPUs, so a SIGTERM sent just after the
+worker starts lands mid-shard however fast the model loads (20-row shards finished inside the
+preemption's latency once the model loaded in 0.1 s)."""
 COSINE_TOLERANCE = 0.9999
 """docs/reliability.md: vectors of re-batched rows agree to cosine >= 0.9999 (fp32)."""
 PREEMPT_SHARDS = ("00001", "00002")
@@ -82,10 +85,10 @@ def _vectors(db: Path, table: str) -> dict[str, np.ndarray]:
 
 class Preempter(threading.Thread):
     """Preempts the first pod of :data:`PREEMPT_SHARDS` whose worker has started (its attempt record is
-    in storage, so its SIGTERM handler is installed), ``delay`` seconds later, once. One second lands in
-    the model load (over a second even on fast CPUs), so the worker is still far from done."""
+    in storage, so its SIGTERM handler is installed), ``delay`` seconds later, once. The worker then still
+    has its model load (0.1-1 s) and a 300-row shard (seconds) ahead of it, so it is far from done."""
 
-    def __init__(self, cluster, ledger: PodLedger, delay: float = 1.0) -> None:
+    def __init__(self, cluster, ledger: PodLedger, delay: float = 0.2) -> None:
         super().__init__(daemon=True)
         self.cluster, self.ledger, self.delay = cluster, ledger, delay
         self.preempted: list[tuple[str, str]] = []
@@ -192,7 +195,7 @@ def test_preempted_pod_is_relaunched_in_the_same_try(k8s_run) -> None:
     attempts = [a for a in report["attempts"]["list"] if a["shard_id"] == shard]
     assert [a["outcome"] for a in attempts] == ["preempted", "ok"], attempts
     # resume: the second attempt computed only what the first had not committed; at most one chunk
-    # (here the shard's only chunk, <= ROWS_PER_SHARD rows) re-done
+    # (<= ROWS_PER_SHARD rows) re-done
     assert report["attempts"]["rows_redone"] <= ROWS_PER_SHARD
     assert attempts[0]["rows_committed"] + attempts[1]["rows_committed"] == ROWS_PER_SHARD, attempts
     record(preemptions=report["attempts"]["preemptions"],

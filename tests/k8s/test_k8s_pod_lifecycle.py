@@ -148,9 +148,10 @@ def test_triggerer_restart_and_task_restart_reattach_to_the_same_pod(k8s_cluster
 
 
 def test_preempted_mid_shard_resumes_from_its_committed_chunks(k8s_cluster, fake_gcs, tmp_path) -> None:
-    """80 rows in 20-row chunks: the pod is preempted once its first chunk is committed; the worker
-    commits what it finished and exits 75; the operator relaunches in the same try; the new pod skips the
-    committed rows. Every id ends up in the parts exactly once, at most one chunk was done twice."""
+    """240 rows in 20-row chunks: the pod is preempted once its first chunk is committed (eleven chunks,
+    seconds of work, still ahead of it however fast the model loaded); the worker commits what it
+    finished and exits 75; the operator relaunches in the same try; the new pod skips the committed rows.
+    Every id ends up in the parts exactly once, at most one chunk was done twice."""
     import pyarrow.parquet as pq
     from batch_contract import storage
     from batch_contract.layout import PART_PREFIX, RunLayout
@@ -158,8 +159,8 @@ def test_preempted_mid_shard_resumes_from_its_committed_chunks(k8s_cluster, fake
     from k8s_live import NAMESPACE
 
     bucket = make_bucket(fake_gcs, "k8s-resume")
-    upload_rows(SAMPLE, 80, f"{bucket}/in.parquet", tmp_path)
-    run_dir = write_run(f"{bucket}/out", tmp_path / "input-80.parquet", run_id="resume",
+    upload_rows(SAMPLE, 240, f"{bucket}/in.parquet", tmp_path)
+    run_dir = write_run(f"{bucket}/out", tmp_path / "input-240.parquet", run_id="resume",
                         worker={"reuse": "off", "chunk_rows": 20})
     layout = RunLayout.from_run_dir(run_dir)
     ledger = PodLedger(k8s_cluster.api()).start()
@@ -193,6 +194,6 @@ def test_preempted_mid_shard_resumes_from_its_committed_chunks(k8s_cluster, fake
         if name.startswith(PART_PREFIX):
             fs, path = storage.arrow_filesystem(f"{layout.shard_dir('00000')}/{name}")
             ids += pq.read_table(path, filesystem=fs, columns=["id"]).column("id").to_pylist()
-    assert len(ids) == len(set(ids)) == 80                        # nothing lost, nothing duplicated
+    assert len(ids) == len(set(ids)) == 240                       # nothing lost, nothing duplicated
     record(mid_shard_rows_committed_before_preemption=interrupted.rows_committed,
            mid_shard_rows_redone=interrupted.rows_processed - interrupted.rows_committed)
