@@ -105,6 +105,9 @@ class CanaryResult:
         sample_tokens_real / sample_tokens_padded: their real and padded input tokens.
         shard_rows / shard_tokens: rows and real tokens committed per shard id (the projection compares
             them with the planner's ``est_tokens`` of the same shards to calibrate its estimate).
+        shard_rows_cached: sampled rows per shard id that the result cache already held (``reuse``):
+            left to the shard's reuse pass, not computed; the projection takes their share of the
+            shard's sample as the share of its remaining rows that costs nothing.
         model_load_seconds: engine load (weights, tokenizer, device copy).
         stage_seconds: the canary's own stage clock (``model_load``, ``input_read``, ``tokenize``,
             ``inference``, ``write``), the same stages a shard's marker sums.
@@ -112,11 +115,15 @@ class CanaryResult:
             non-warm-up trials (model load excluded).
         worker_seconds_per_token: (input_read + tokenize + inference + write) seconds per real token at
             the chosen settings in a full-size chunk: what a shard's marker will add up per token. The
-            engine seconds come from a fit of the trials, ``seconds = a x padded tokens + b x batches``,
-            applied to the batches a shard's chunk of this length distribution makes (the canary's small
-            slices make smaller batches than a shard's chunks, so their raw tokens/s is pessimistic).
+            engine seconds are the trials' measured seconds per token, corrected by a fit of the trials,
+            ``seconds = a x padded tokens + b x batches``, applied to the batches a shard's chunk of this
+            length distribution makes (the canary's small slices pad more and make smaller batches than
+            a shard's chunks); the correction is bounded, see ``engine_fit``.
         engine_fit: ``{"seconds_per_padded_token": a, "seconds_per_batch": b, "chunk_rows": rows,
-            "padded_per_token": ..., "batches_per_token": ...}`` of that fit.
+            "padded_per_token": ..., "batches_per_token": ...}`` of that fit; with measured trials also
+            ``measured_seconds_per_token`` (engine seconds per real token of the trials at the chosen
+            settings) and ``shape_factor``: the engine seconds per token above are that measurement x
+            the fit's full-chunk / trials ratio, bounded (``batch_worker.canary.SHAPE_FACTOR_BOUNDS``).
         peak_rss_bytes: the process's peak resident memory; peak_device_bytes: CUDA peak (None on CPU).
         padding_efficiency: real / padded tokens over the sample.
         strategy / trials / autotune_seconds: the search (see :data:`STRATEGIES`).
@@ -153,6 +160,7 @@ class CanaryResult:
     chosen: dict[str, int]
     shard_rows: dict[str, int] = field(default_factory=dict)
     shard_tokens: dict[str, int] = field(default_factory=dict)
+    shard_rows_cached: dict[str, int] = field(default_factory=dict)
     stage_seconds: dict[str, float] = field(default_factory=dict)
     trials: list[AutotuneTrial] = field(default_factory=list)
     engine_fit: dict[str, float] = field(default_factory=dict)

@@ -218,15 +218,17 @@ def _conf(args: argparse.Namespace) -> dict[str, Any]:
 
 def precheck(conf: dict[str, Any]) -> None:
     """Check the conf as the plan task will (:func:`resolve_run_config`) before starting Airflow, so a
-    bad flag fails in a second, not after Airflow's start-up. Skipped when a value holds Jinja.
+    bad flag fails in a second, not after Airflow's start-up, and reject keys that are not Params
+    (:func:`check_known_params`: a typo would be ignored). Skipped when a value holds Jinja.
 
     Raises:
         ConfigError: naming ``params.<field>``.
     """
+    from batch_inference.params import check_known_params, resolve_run_config
+
+    check_known_params(conf)
     if any(isinstance(v, str) and "{{" in v for v in conf.values()):
         return
-    from batch_inference.params import resolve_run_config
-
     previous = os.environ.get(ALLOWED_ROOTS_ENV)
     os.environ[ALLOWED_ROOTS_ENV] = run_allowed_roots(conf, dict(os.environ))
     try:

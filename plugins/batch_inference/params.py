@@ -615,6 +615,26 @@ def check_allowed_location(name: str, uri: str, roots: list[str] | None = None) 
                       "to allow it")
 
 
+def check_known_params(conf: Mapping[str, Any]) -> None:
+    """Reject conf keys that are not Params (:data:`PARAM_FIELDS`), naming the closest Param: a misspelt
+    guardrail (``budget`` for ``budget_usd``) would otherwise be dropped without a word and the run
+    would go ahead unguarded. Used where a person typed the conf (the CLI); :func:`resolve_run_config`
+    itself ignores other keys, since a DAG may declare Params of its own beside these.
+
+    Raises:
+        ConfigError: ``params.<key>: not a Param of this DAG ...`` for the first unknown key (sorted).
+    """
+    import difflib
+
+    for key in sorted(k for k in conf if k not in PARAM_FIELDS):
+        close = difflib.get_close_matches(str(key), list(PARAM_FIELDS), n=1, cutoff=0.5)
+        if not close:  # a prefix ("budget" for "budget_usd") is as telling as a near spelling
+            close = [name for name in PARAM_FIELDS if name.startswith(str(key)) or str(key).startswith(name)][:1]
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"params.{key}: not a Param of this DAG{hint}; the Params are listed by --help "
+                          "and in docs/configuration.md")
+
+
 def resolve_run_config(params: Mapping[str, Any]) -> RunConfig:
     """Build the :class:`RunConfig` from a run's params, re-checking what the form checks.
 

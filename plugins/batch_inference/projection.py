@@ -7,7 +7,10 @@ The model (every figure in seconds, tokens or USD):
 
 * **tokens per shard**: the planner's ``est_tokens`` (text bytes / 4) times a calibration factor, the
   canary's real tokens over the planner's estimate for the same rows (``est_tokens x canary rows /
-  shard rows`` of the sampled shards), minus the tokens the canary already committed in that shard;
+  shard rows`` of the sampled shards), minus the tokens the canary already committed in that shard,
+  times the share of the shard's sampled rows the result cache did not hold (``reuse``: cached rows
+  are copied, not computed; the sample is the shard's first rows, so the share holds for the rest of
+  the shard when its changes are spread over it);
 * **worker-seconds per shard**: the canary's ``model_load_seconds`` plus the remaining tokens times its
   ``worker_seconds_per_token`` (input read + tokenize + inference + write per real token at the chosen
   batch settings): the same stages a shard's marker adds up, which is what the report calls
@@ -110,14 +113,24 @@ def calibration(canary: CanaryResult, manifest: Manifest) -> float:
     return real / est if est > 0 and real > 0 else 1.0
 
 
+def uncached_share(canary: CanaryResult, shard_id: str) -> float:
+    """Share (0..1) of ``shard_id``'s sampled rows the result cache did not hold: 1.0 when the canary
+    found none of them cached or sampled nothing there."""
+    cached = canary.shard_rows_cached.get(shard_id, 0)
+    sampled = cached + canary.shard_rows.get(shard_id, 0)
+    return 1.0 - cached / sampled if sampled else 1.0
+
+
 def shard_loads(canary: CanaryResult, manifest: Manifest) -> Inputs:
-    """Per shard: rows and real tokens left after the canary, and worker-seconds at the canary's speed."""
+    """Per shard: rows and real tokens left to compute after the canary (cached rows left out, see
+    :func:`uncached_share`), and worker-seconds at the canary's speed."""
     cal = calibration(canary, manifest)
     loads = []
     for shard in manifest.shards:
         done_tokens = canary.shard_tokens.get(shard.shard_id, 0)
-        tokens = max(0.0, shard.est_tokens * cal - done_tokens)
-        rows = max(0, shard.rows - canary.shard_rows.get(shard.shard_id, 0))
+        share = uncached_share(canary, shard.shard_id)
+        tokens = max(0.0, shard.est_tokens * cal - done_tokens) * share
+        rows = round(max(0, shard.rows - canary.shard_rows.get(shard.shard_id, 0)) * share)
         seconds = canary.model_load_seconds + tokens * canary.worker_seconds_per_token
         loads.append(ShardLoad(shard.shard_id, rows, tokens, seconds))
     return Inputs(calibration=cal, loads=loads)

@@ -9,7 +9,18 @@ from batch_contract.manifest import InputFile, InputSpec, Manifest, Segment, Sha
 from batch_inference.projection import Limits, RunRefused, calibration, format_table, makespan, project
 from batch_inference.report.prices import cost_params_from_dict
 from batch_worker.autotune import BudgetSearch, stratified_order
-from batch_worker.canary import CanaryOptions, chunk_shape, fit_engine_time, prefix_segments, sample_quotas
+from batch_worker.canary import (
+    SHAPE_FACTOR_BOUNDS,
+    CanaryOptions,
+    anchored_seconds_per_token,
+    chunk_shape,
+    cpu_profile_name,
+    fit_engine_time,
+    prefix_segments,
+    sample_quotas,
+)
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 def _trial(budget: int, tps: float, oom: bool = False, warmup: bool = False) -> AutotuneTrial:
@@ -94,6 +105,36 @@ def test_engine_fit_and_chunk_shape() -> None:
     assert padded >= 1.0 and 0 < batches < 0.01
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(100, 50_000), st.integers(1, 40), st.floats(0.05, 5.0)), min_size=1, max_size=6),
+       st.floats(0.5, 1.0), st.floats(0.0, 0.01))
+def test_full_chunk_seconds_per_token_stay_near_what_the_trials_measured(points, real_share, batches_per_token) -> None:
+    """Whatever the trials' noise does to the fit, the projected engine seconds per real token are the
+    measured ones x a shape factor inside SHAPE_FACTOR_BOUNDS (a fit of four noisy trials once projected
+    2.5x the measured speed)."""
+    trials = [AutotuneTrial(8192, 256, rows=10, tokens_real=max(1, int(p * real_share)), tokens_padded=p,
+                            batches=n, seconds=sec) for p, n, sec in points]
+    a, b = fit_engine_time(trials)
+    fit = {"seconds_per_padded_token": a, "seconds_per_batch": b, "padded_per_token": 1.02,
+           "batches_per_token": batches_per_token}
+    got = anchored_seconds_per_token(fit, trials)
+    measured = sum(t.seconds for t in trials) / sum(t.tokens_real for t in trials)
+    low, high = SHAPE_FACTOR_BOUNDS
+    assert measured * low * (1 - 1e-9) <= got <= measured * high * (1 + 1e-9)
+    assert fit["measured_seconds_per_token"] == pytest.approx(measured)
+
+
+def test_anchoring_keeps_an_exact_fit_when_its_correction_is_plausible() -> None:
+    """Trials that follow seconds = a x padded + b x batches exactly: a full chunk that pads less and
+    batches less is projected by the fit itself (its factor is inside the bounds)."""
+    trials = [AutotuneTrial(8192, 256, rows=10, tokens_real=900, tokens_padded=1000, batches=2,
+                            seconds=0.001 * 1000 + 0.01 * 2)]
+    fit = {"seconds_per_padded_token": 0.001, "seconds_per_batch": 0.01, "padded_per_token": 1.0,
+           "batches_per_token": 0.0005}
+    assert anchored_seconds_per_token(fit, trials) == pytest.approx(0.001 + 0.01 * 0.0005)
+    assert anchored_seconds_per_token(fit, []) == pytest.approx(0.001 + 0.01 * 0.0005)
+
+
 def _canary(**kw) -> CanaryResult:
     base = dict(run_id="r", fingerprint="f", engine_kind="encoder", model_digest="d" * 64, device="cpu",
                 device_name="cpu", threads=1, sample_rows=200, sample_text_bytes=80_000, sample_tokens_real=20_000,
@@ -119,6 +160,18 @@ def test_canary_records_round_trip() -> None:
         _canary(strategy="guess")
 
 
+def test_cpu_profiles_are_kept_apart_by_host_features_and_threads() -> None:
+    """Two hosts that chose different budgets on one output_root must not share a profile."""
+    bf16 = {"cpu_model": "AMD EPYC", "cpu_flags": ["avx512f", "avx512_bf16", "avx2"], "bf16": True, "amx": False}
+    avx2 = {"cpu_model": "AMD EPYC", "cpu_flags": ["avx2"], "bf16": False, "amx": False}
+    amx = {"cpu_model": "Intel Xeon", "cpu_flags": ["avx512f", "avx512_bf16", "amx_bf16"], "bf16": True, "amx": True}
+    names = {cpu_profile_name(f, t) for f in (bf16, avx2, amx) for t in (1, 2)}
+    assert len(names) == 6
+    assert cpu_profile_name(bf16, 2) == cpu_profile_name(dict(bf16), 2) == "cpu AMD EPYC avx512-bf16 2t"
+    uris = {profile_uri("/o", "encoder", "ab" * 32, n) for n in names}
+    assert len(uris) == 6 and all(u.startswith("/o/profiles/encoder-abababababababab-cpu-") for u in uris)
+
+
 def _limits(**kw) -> Limits:
     base = dict(runner="local", cores=2, parallelism=2, max_gpus=4, deadline_hours=24.0)
     base.update(kw)
@@ -135,6 +188,25 @@ def test_projection_calibrates_tokens_and_sums_worker_seconds() -> None:
     assert p["decision"] == "go" and p["chosen"]["parallelism"] == 2
     assert p["finish_seconds"] == pytest.approx(10.0 + 5.0 + 11.0)  # canary wall + start-up + one shard
     assert "workers" in format_table(p) and "GO" in p["message"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 200), st.integers(0, 200)), min_size=2, max_size=2))
+def test_rows_the_result_cache_holds_are_not_priced(sampled) -> None:
+    """Per shard, the share of its sampled rows the cache held is taken off its remaining tokens: a fully
+    cached rerun projects only the model loads (it was priced as a fresh run and refused for budget)."""
+    m = _manifest([1000, 1000], est_per_row=100.0)
+    computed = {f"{k:05d}": n for k, (n, _) in enumerate(sampled)}
+    cached = {f"{k:05d}": c for k, (_, c) in enumerate(sampled)}
+    c = _canary(shard_rows=computed, shard_tokens={s: 100 * n for s, n in computed.items()}, shard_rows_cached=cached)
+    p = project(c, m, _limits(), cost_params_from_dict({"accelerator": "cpu"}), canary_wall_seconds=10.0)
+    expected = 0.0
+    for s, n in computed.items():
+        share = 1.0 - cached[s] / (n + cached[s]) if n + cached[s] else 1.0
+        expected += 2.0 + (100_000 - 100 * n) * share * 1e-4
+    assert p["fanout_worker_seconds"] == pytest.approx(expected, abs=2e-3)  # the projection rounds to ms
+    if all(n == 0 and cached[s] > 0 for s, n in computed.items()):
+        assert p["fanout_worker_seconds"] == pytest.approx(2 * 2.0)
 
 
 def test_projection_refuses_over_budget_and_says_what_would_fit() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,21 @@ def test_bad_values_are_refused_before_airflow_starts(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="params.model"):
         precheck(_conf(_args("--engine", "llm", "--output", str(tmp_path))))
     precheck(_conf(_args("--output", str(tmp_path))))
+
+
+
+@pytest.mark.parametrize(("key", "suggested"), [("budget", "budget_usd"), ("deadline", "deadline_hours"),
+                                                ("requre_approval", "require_approval"), ("tokenbudget", "token_budget"),
+                                                ("bogus_param", None)])
+def test_conf_keys_that_are_not_params_are_refused_with_the_nearest_param(tmp_path: Path, key, suggested) -> None:
+    """A misspelt guardrail must not be dropped silently (the run would go ahead without it)."""
+    conf = _conf(_args("--output", str(tmp_path), "--conf", json.dumps({key: 1})))
+    with pytest.raises(ConfigError, match=f"params.{key}: not a Param") as err:
+        precheck(conf)
+    assert (f"did you mean {suggested!r}" in str(err.value)) if suggested else "did you mean" not in str(err.value)
+    with_jinja = {**conf, "output_table": "t_{{ ds_nodash }}"}
+    with pytest.raises(ConfigError, match=f"params.{key}"):
+        precheck(with_jinja)
 
 
 FAILED_PLAN = """\

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from batch_contract import resultcache, storage
+from batch_contract import hostinfo, resultcache, storage
 from batch_contract.canary import AutotuneTrial, CanaryResult, TuningProfile, json_valid_rate, profile_uri
 from batch_contract.engine_config import CUDA_MIN_ROW_TOKENS
 from batch_contract.enums import DeadLetterReason, EngineKind
@@ -172,6 +172,7 @@ class Canary:
         self.reuse_on = reuse_enabled(self.engine, self.settings)
         self.shard_rows: dict[str, int] = {}
         self.shard_tokens: dict[str, int] = {}
+        self.shard_cached: dict[str, int] = {}
         self.outputs: list[pa.Table] = []
         self.json_valid = 0
         self.json_invalid = 0
@@ -214,6 +215,10 @@ class Canary:
         keys = pa.array(self.engine.reuse_keys(rows), resultcache.KEY_TYPE)
         found = resultcache.lookup(self.store.layout.output_root, self.fingerprint, keys)
         keep = pc.indices_nonzero(pc.invert(pc.is_valid(found.row_hit))).to_pylist()
+        kept = set(keep)
+        for i, owner in enumerate(owners):
+            if i not in kept:
+                self.shard_cached[owner] = self.shard_cached.get(owner, 0) + 1
         if len(keep) < len(rows):
             log.info("canary: %d sampled rows are in the result cache: left to their shards", len(rows) - len(keep))
         return rows.take(keep), [owners[i] for i in keep]
@@ -428,8 +433,8 @@ class Canary:
         per_token_other = sum(stages.get(s, 0.0) for s in ("input_read", "tokenize", "write")) / max(real, 1)
         budget, max_rows = self.settings_for(chosen)
         fit = self._engine_fit(measured, budget, max_rows, rows_m / engine_s if engine_s else 0.0)
-        infer_per_token = (fit["seconds_per_padded_token"] * fit["padded_per_token"]
-                           + fit["seconds_per_batch"] * fit["batches_per_token"])
+        at_chosen = [t for t in measured if (t.token_budget, t.max_batch_rows) == (budget, max_rows)]
+        infer_per_token = anchored_seconds_per_token(fit, at_chosen or measured)
         return CanaryResult(
             run_id=self.manifest.run_id, fingerprint=self.fingerprint, engine_kind=self.engine.kind.value,
             model_digest=self.loaded.model_digest, device=self.device, device_name=device_name, threads=threads,
@@ -443,6 +448,7 @@ class Canary:
             padding_efficiency=round(real / padded, 4) if padded else None,
             strategy=strategy, chosen=self._chosen(budget, max_rows),
             shard_rows=dict(sorted(self.shard_rows.items())), shard_tokens=dict(sorted(self.shard_tokens.items())),
+            shard_rows_cached=dict(sorted(self.shard_cached.items())),
             stage_seconds=stages, trials=trials, engine_fit=fit, autotune_seconds=round(autotune_s, 3),
             profile_uri=self._profile_uri(device_name), profile_reused=profile is not None,
             peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -509,6 +515,10 @@ class Canary:
 
     # -- profiles ---------------------------------------------------------------------------------------
     def _profile_uri(self, device_name: str) -> str:
+        if device_name.lower() == "cpu":
+            if not hasattr(self, "_cpu_profile_name"):  # once per canary: the read and the save agree
+                self._cpu_profile_name = cpu_profile_name(hostinfo.host_facts(), apply_thread_cap())
+            device_name = self._cpu_profile_name
         return profile_uri(self.store.layout.output_root, self.engine.kind.value, self.engine.model_digest(),
                            device_name)
 
@@ -534,6 +544,17 @@ class Canary:
         log.info("canary: saved tuning profile %s (%s)", uri, result.chosen)
 
 
+def cpu_profile_name(facts: dict[str, Any], threads: int) -> str:
+    """The device part of a CPU tuning profile's name: CPU model, matmul features and intra-op threads,
+    e.g. ``"cpu AMD EPYC avx512-bf16 2t"``. A GPU profile is keyed by the GPU's name alone; "cpu" alone
+    would let one host's choice pin every other's (on a shared ``output_root`` one 2-core EPYC chose
+    8,192 tokens per batch with AVX512-BF16 and another 2,048 with AVX2 only)."""
+    flags = set(facts.get("cpu_flags") or ())
+    features = ("amx" if facts.get("amx") else "avx512-bf16" if facts.get("bf16")
+                else "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "base")
+    return f"cpu {facts.get('cpu_model') or 'unknown'} {features} {int(threads)}t"
+
+
 def fit_engine_time(trials: list[AutotuneTrial]) -> tuple[float, float]:
     """Least-squares ``seconds = a x tokens_padded + b x batches`` over ``trials`` with ``a, b >= 0``
     (one of them 0 when the unconstrained fit makes it negative; ``(0.0, 0.0)`` without data).
@@ -552,6 +573,35 @@ def fit_engine_time(trials: list[AutotuneTrial]) -> tuple[float, float]:
             return float(a), float(b)
     tokens_only = float(y.sum() / max(x[:, 0].sum(), 1.0))
     return tokens_only, 0.0
+
+
+SHAPE_FACTOR_BOUNDS = (0.75, 1.25)
+"""How far a full chunk's batch shapes may move seconds per real token from what the canary measured on
+its slices (:func:`anchored_seconds_per_token`). Measured on CPU, a shard's length-sorted chunks pad
+0.97-0.98 where the slices padded 0.85-0.95, and a batch costs 37-214 padded tokens' time
+(``bench-encoder``'s ``batch_overhead``): a few to 15% in all. A fit that extrapolates further is noise:
+four 1-3 s trials on a loaded host fitted 0.27 s per batch and projected 2.5x the measured speed."""
+
+
+def anchored_seconds_per_token(fit: dict[str, float], measured: list[AutotuneTrial]) -> float:
+    """Engine seconds per real token in a shard's full chunk, anchored on the measurement: the trials'
+    (the caller passes those run at the chosen settings where there are any) measured seconds per real
+    token x the fit's shape factor (its prediction for the full chunk over
+    its prediction for the trials themselves), the factor bounded by :data:`SHAPE_FACTOR_BOUNDS`.
+    Without measured trials, the fit's own prediction (0.0 without a fit)."""
+    predicted = (fit["seconds_per_padded_token"] * fit["padded_per_token"]
+                 + fit["seconds_per_batch"] * fit["batches_per_token"])
+    real = sum(t.tokens_real for t in measured)
+    seconds = sum(t.seconds for t in measured)
+    on_trials = sum(fit["seconds_per_padded_token"] * t.tokens_padded + fit["seconds_per_batch"] * t.batches
+                    for t in measured)
+    if real <= 0 or seconds <= 0 or on_trials <= 0:
+        return predicted
+    low, high = SHAPE_FACTOR_BOUNDS
+    factor = min(max(predicted / (on_trials / real), low), high)
+    fit["measured_seconds_per_token"] = seconds / real
+    fit["shape_factor"] = factor
+    return seconds / real * factor
 
 
 def chunk_shape(lengths: np.ndarray, chunk_rows: int, token_budget: int, max_batch_rows: int,
