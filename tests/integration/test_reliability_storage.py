@@ -46,13 +46,28 @@ def _upload(local: Path, uri: str) -> None:
     storage.write_create_only(uri, local.read_bytes())
 
 
+COSINE_TOLERANCE = 0.9999
+"""docs/reliability.md: the same row through another process agrees to cosine >= 0.9999. Not bit for
+bit: each worker process races its CPU kernels on its first calls (``cpu_tuning.OnlineChoice``), and on
+a host where packed and stock linears run about as fast, two processes can pick differently (an AVX2
+host: vectors equal to 1e-7, not bitwise)."""
+
+
+def _assert_close(clean: dict, faulty: dict) -> None:
+    """Same ids; each vector at cosine >= :data:`COSINE_TOLERANCE` of the clean run's."""
+    assert sorted(clean) == sorted(faulty)
+    for rid, vec in clean.items():
+        a, b = np.asarray(vec, dtype=np.float64), np.asarray(faulty[rid], dtype=np.float64)
+        cosine = float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+        assert cosine >= COSINE_TOLERANCE, f"vector of {rid!r} differs from the clean run (cosine {cosine})"
+
+
 def _assert_same_outputs(clean: chaos_lib.ShardOutputs, faulty: chaos_lib.ShardOutputs) -> None:
     assert faulty.marker is not None, "the faulty run completed (marker written)"
     assert set(faulty.id_counts) == set(clean.id_counts) and len(clean.id_counts) == ROWS
     assert all(c == 1 for c in faulty.id_counts.values()), "an id committed twice"
     assert dict(faulty.dead_counts) == dict(clean.dead_counts), "same dead letters, once each"
-    for rid, vec in clean.vectors.items():
-        assert np.array_equal(vec, faulty.vectors[rid]), f"vector of {rid!r} differs from the clean run"
+    _assert_close(clean.vectors, faulty.vectors)
     assert faulty.marker.rows_ok == clean.marker.rows_ok
     assert faulty.marker.rows_dead_letter == clean.marker.rows_dead_letter
 
@@ -123,7 +138,7 @@ def test_main_job_on_gcs_through_faults_publishes_the_clean_table(fake_gcs, gcs_
     assert clean_summary["shards"] == faulty_summary["shards"] == 2
     assert clean_summary == faulty_summary
     assert clean_summary["rows_published"] == ROWS and clean_summary["rows_dead_letter"] == len(chaos_lib.BAD_ROWS)
-    assert faulty_table == clean_table, "the published table equals the clean run's, id for id, value for value"
+    _assert_close(clean_table, faulty_table)  # the published table: the clean run's ids, the same vectors
     assert stats.faults >= 5 and len(stats.by_kind) >= 3, dict(stats.by_kind)
 
 

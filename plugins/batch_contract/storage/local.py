@@ -55,8 +55,11 @@ class LocalBackend(StorageBackend):
         """The path named by ``uri`` (``file://`` stripped; not resolved).
 
         Raises:
-            StorageError: ``uri`` is a URI of another scheme.
+            StorageError: ``uri`` is a URI of another scheme, or holds a NUL byte (no file system path
+                can: the OS calls would raise ``ValueError``).
         """
+        if "\x00" in uri:
+            raise StorageError(f"{uri!r}: a path cannot contain a NUL byte")
         if uri.startswith(FILE_PREFIX):
             return Path(uri[len(FILE_PREFIX) :])
         if "://" in uri:
