@@ -34,6 +34,9 @@ STRATEGIES = ("candidates", "grow", "profile", "fixed")
 (read from a saved :class:`TuningProfile`, no search), ``fixed`` (the run set ``token_budget``, no
 search)."""
 
+SPEED_SOURCES = ("steady", "warmup", "none")
+"""Where :class:`CanaryResult`'s speed comes from (``speed_source``); ``none``: unknown, never a speed of zero."""
+
 
 @dataclass
 class AutotuneTrial:
@@ -112,7 +115,12 @@ class CanaryResult:
         stage_seconds: the canary's own stage clock (``model_load``, ``input_read``, ``tokenize``,
             ``inference``, ``write``), the same stages a shard's marker sums.
         steady_rows_per_s / steady_tokens_per_s: rows and real tokens per engine second over the
-            non-warm-up trials (model load excluded).
+            trials ``speed_source`` names (model load excluded).
+        speed_source: which trials the speed figures come from: ``steady`` (the non-warm-up trials),
+            ``warmup`` (the sample was too small for a slice after the warm-up: the warm-up's seconds
+            per token, which include the kernels' first calls, an upper bound), ``none`` (no trial
+            computed a row in measurable time: the speed is unknown, ``worker_seconds_per_token`` is 0.0
+            and the projection says so instead of pricing the run; see :data:`SPEED_SOURCES`).
         worker_seconds_per_token: (input_read + tokenize + inference + write) seconds per real token at
             the chosen settings in a full-size chunk: what a shard's marker will add up per token. The
             engine seconds are the trials' measured seconds per token, corrected by a fit of the trials,
@@ -172,9 +180,12 @@ class CanaryResult:
     llm: dict[str, Any] | None = None
     elapsed_seconds: float = 0.0
     created_at: str = ""
+    speed_source: str = "steady"
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
+        if self.speed_source not in SPEED_SOURCES:
+            raise ValueError(f"canary speed_source {self.speed_source!r} is not one of {SPEED_SOURCES}")
         if self.strategy not in STRATEGIES:
             raise ValueError(f"canary strategy {self.strategy!r} is not one of {STRATEGIES}")
         self.trials = [t if isinstance(t, AutotuneTrial) else AutotuneTrial(**t) for t in self.trials]
@@ -245,5 +256,5 @@ def profile_uri(output_root: str, engine_kind: str, model_digest: str, device_na
     return join_uri(output_root, PROFILES_DIR, name)
 
 
-__all__ = ["CANARY_NAME", "PROJECTION_NAME", "STRATEGIES", "AutotuneTrial", "CanaryResult", "TuningProfile",
+__all__ = ["CANARY_NAME", "PROJECTION_NAME", "SPEED_SOURCES", "STRATEGIES", "AutotuneTrial", "CanaryResult", "TuningProfile",
            "json_valid_rate", "profile_uri"]

@@ -38,7 +38,8 @@ from synthetic_runs import RunSpec, build_run, write_input
 from test_shard_pod import IMAGE, RUN_ID, Api
 
 COST = {"accelerator": "nvidia-l4", "gpu_hour_usd_spot": 3.6}  # $0.001 per worker-second
-START = datetime(2026, 12, 1, 5, 0, tzinfo=UTC)
+START = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=5)
+"""The DAG run's start: minutes ago, so the deadline counts from now (a fixed date expires a day later)."""
 
 
 def _run(tmp_path: Path, params: dict, *, markers: bool, seconds_per_shard: float = 50.0) -> str:

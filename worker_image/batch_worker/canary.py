@@ -423,7 +423,7 @@ class Canary:
 
     def _result(self, sample: Sample, trials: list[AutotuneTrial], strategy: str, chosen: int, device_name: str,
                 threads: int, autotune_s: float, profile: TuningProfile | None) -> CanaryResult:
-        measured = [t for t in trials if not t.warmup and t.rows]
+        measured, speed_source = speed_trials(trials)
         real = sum(t.tokens_real for t in trials)
         padded = sum(t.tokens_padded for t in trials)
         engine_s = sum(t.seconds for t in measured)
@@ -444,7 +444,7 @@ class Canary:
             model_load_seconds=round(stages.get("model_load", 0.0), 3),
             steady_rows_per_s=round(rows_m / engine_s, 3) if engine_s else 0.0,
             steady_tokens_per_s=round(tokens_m / engine_s, 3) if engine_s else 0.0,
-            worker_seconds_per_token=infer_per_token + per_token_other,
+            worker_seconds_per_token=infer_per_token + per_token_other if speed_source != "none" else 0.0,
             padding_efficiency=round(real / padded, 4) if padded else None,
             strategy=strategy, chosen=self._chosen(budget, max_rows),
             shard_rows=dict(sorted(self.shard_rows.items())), shard_tokens=dict(sorted(self.shard_tokens.items())),
@@ -453,7 +453,7 @@ class Canary:
             profile_uri=self._profile_uri(device_name), profile_reused=profile is not None,
             peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             peak_device_bytes=_peak_device_bytes(self.device), llm=self._llm_figures(),
-            elapsed_seconds=round(time.perf_counter() - self.t0, 3), created_at=utc_now(),
+            elapsed_seconds=round(time.perf_counter() - self.t0, 3), created_at=utc_now(), speed_source=speed_source,
         )
 
     def _chosen(self, budget: int, max_rows: int) -> dict[str, int]:
@@ -555,6 +555,21 @@ def cpu_profile_name(facts: dict[str, Any], threads: int) -> str:
     return f"cpu {facts.get('cpu_model') or 'unknown'} {features} {int(threads)}t"
 
 
+def speed_trials(trials: list[AutotuneTrial]) -> tuple[list[AutotuneTrial], str]:
+    """The trials the canary's speed is measured on, and where the speed comes from
+    (``CanaryResult.speed_source``): the non-warm-up trials that computed rows in measurable time
+    (``steady``); when the sample was too small for any slice after the warm-up (a few rows), the warm-up
+    itself (``warmup``: its first calls warm kernels and caches, so its seconds per token are an upper
+    bound, never a speed of zero); ``([], "none")`` when no trial computed a row's tokens in measurable
+    time."""
+    timed = [t for t in trials if t.rows and t.tokens_real > 0 and t.seconds > 0]
+    steady = [t for t in timed if not t.warmup]
+    if steady:
+        return steady, "steady"
+    warm = [t for t in timed if t.warmup]
+    return (warm, "warmup") if warm else ([], "none")
+
+
 def fit_engine_time(trials: list[AutotuneTrial]) -> tuple[float, float]:
     """Least-squares ``seconds = a x tokens_padded + b x batches`` over ``trials`` with ``a, b >= 0``
     (one of them 0 when the unconstrained fit makes it negative; ``(0.0, 0.0)`` without data).
@@ -587,19 +602,23 @@ def anchored_seconds_per_token(fit: dict[str, float], measured: list[AutotuneTri
     """Engine seconds per real token in a shard's full chunk, anchored on the measurement: the trials'
     (the caller passes those run at the chosen settings where there are any) measured seconds per real
     token x the fit's shape factor (its prediction for the full chunk over
-    its prediction for the trials themselves), the factor bounded by :data:`SHAPE_FACTOR_BOUNDS`.
-    Without measured trials, the fit's own prediction (0.0 without a fit)."""
+    its prediction for the trials themselves), the factor bounded by :data:`SHAPE_FACTOR_BOUNDS`; the
+    measurement unchanged when the fit predicts nothing for the trials (no batches counted). Without
+    measured trials, the fit's own prediction (0.0 without a fit)."""
     predicted = (fit["seconds_per_padded_token"] * fit["padded_per_token"]
                  + fit["seconds_per_batch"] * fit["batches_per_token"])
     real = sum(t.tokens_real for t in measured)
     seconds = sum(t.seconds for t in measured)
     on_trials = sum(fit["seconds_per_padded_token"] * t.tokens_padded + fit["seconds_per_batch"] * t.batches
                     for t in measured)
-    if real <= 0 or seconds <= 0 or on_trials <= 0:
+    if real <= 0 or seconds <= 0:
         return predicted
+    fit["measured_seconds_per_token"] = seconds / real
+    if on_trials <= 0:  # no fit (no batch counted): the measurement as it is
+        fit["shape_factor"] = 1.0
+        return seconds / real
     low, high = SHAPE_FACTOR_BOUNDS
     factor = min(max(predicted / (on_trials / real), low), high)
-    fit["measured_seconds_per_token"] = seconds / real
     fit["shape_factor"] = factor
     return seconds / real * factor
 
@@ -659,11 +678,12 @@ def run_canary(run_dir: str, options: CanaryOptions | None = None) -> CanaryResu
         storage.write_create_only(store.layout.canary_uri, result.to_json_bytes())
     except storage.AlreadyExistsError:
         return store.canary() or result
-    log.info("canary: %d rows in %.1f s (model load %.1f s): %.1f rows/s, %.0f tokens/s; chosen %s (%s)%s",
+    log.info("canary: %d rows in %.1f s (model load %.1f s): %.1f rows/s, %.0f tokens/s (speed from %s); "
+             "chosen %s (%s)%s",
              result.sample_rows, result.elapsed_seconds, result.model_load_seconds, result.steady_rows_per_s,
-             result.steady_tokens_per_s, result.chosen, result.strategy,
+             result.steady_tokens_per_s, result.speed_source, result.chosen, result.strategy,
              f"; llm {result.llm}" if result.llm else "")
     return result
 
 
-__all__ = ["CanaryOptions", "prefix_segments", "run_canary", "sample_quotas"]
+__all__ = ["CanaryOptions", "prefix_segments", "run_canary", "sample_quotas", "speed_trials"]
