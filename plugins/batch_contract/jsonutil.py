@@ -18,6 +18,16 @@ def sha256_hex(text: str | bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def pretty_json(obj: Any) -> bytes:
-    """Indented UTF-8 JSON bytes for objects humans read (manifest, markers, reports)."""
-    return (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode("utf-8")
+def pretty_json(obj: Any, *, sort_keys: bool = True) -> bytes:
+    """Indented UTF-8 JSON bytes for objects humans read (manifest, markers, reports).
+
+    ``sort_keys=False`` keeps every mapping's own order: the manifest, whose engine config may hold a
+    JSON schema whose property order is the order structured output generates the keys in.
+    """
+    return (json.dumps(obj, indent=2, sort_keys=sort_keys, default=str) + "\n").encode("utf-8")
+
+
+def ordered_json(obj: Any) -> str:
+    """Compact JSON in the object's own key order (not sorted): for hashing a value whose key order
+    means something (a JSON schema's ``properties``: structured output writes keys in that order)."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, default=str)

@@ -15,7 +15,7 @@ from typing import Any
 from batch_contract.engine_config import ConfigError, WorkerSettings
 from batch_contract.engines import EngineConfig, engine_config_from_dict
 from batch_contract.enums import InputFormat
-from batch_contract.jsonutil import canonical_json, pretty_json, sha256_hex
+from batch_contract.jsonutil import canonical_json, ordered_json, pretty_json, sha256_hex
 from batch_contract.version import SCHEMA_VERSION, check_schema_version
 
 
@@ -77,9 +77,15 @@ class InputSpec:
 def fingerprint_dict(config: EngineConfig) -> dict[str, Any]:
     """The part of ``config`` that decides outputs: its full ``to_dict()`` (every default filled in) minus
     the fields its class lists in ``NOT_IN_FINGERPRINT`` (scheduling, memory and padding settings that
-    change speed, never outputs, like :class:`WorkerSettings`)."""
+    change speed, never outputs, like :class:`WorkerSettings`). A ``json_schema`` is hashed as its
+    compact JSON text in its own key order (:func:`ordered_json`): structured output generates the keys
+    in the schema's order, so two schemas that differ only in order give different outputs and different
+    fingerprints (this changed the fingerprint of every run with a schema once)."""
     skip = getattr(type(config), "NOT_IN_FINGERPRINT", frozenset())
-    return {k: v for k, v in config.to_dict().items() if k not in skip}
+    out = {k: v for k, v in config.to_dict().items() if k not in skip}
+    if isinstance(out.get("json_schema"), dict):  # canonical JSON sorts keys: keep the schema's own order
+        out["json_schema"] = ordered_json(out["json_schema"])
+    return out
 
 
 def config_fingerprint(engine: Mapping[str, Any] | EngineConfig) -> str:
@@ -182,7 +188,9 @@ class Manifest:
         return asdict(self)
 
     def to_json_bytes(self) -> bytes:
-        return pretty_json(self.to_dict())
+        """Indented JSON in field order, mappings in their own order (not sorted: the engine config's
+        JSON schema keeps its property order, see :func:`fingerprint_dict`)."""
+        return pretty_json(self.to_dict(), sort_keys=False)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Manifest:

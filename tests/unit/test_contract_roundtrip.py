@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -27,9 +28,15 @@ from batch_contract.manifest import (
 from batch_contract.marker import STAGES, AttemptRecord, ShardMarker, ShardProgress
 from batch_contract.schemas import DEAD_LETTER_SCHEMA, parquet_write_options, part_schema
 from batch_contract.version import SCHEMA_VERSION
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 def _manifest(**engine) -> Manifest:
+    return _manifest_with_engine({"kind": "encoder", **engine})
+
+
+def _manifest_with_engine(engine: dict) -> Manifest:
     return Manifest(
         run_id="manual__2026-11-30T02:43:00+00:00",
         input=InputSpec(
@@ -37,7 +44,7 @@ def _manifest(**engine) -> Manifest:
             files=[InputFile(uri="/data/x.parquet", rows=10, row_group_rows=[6, 4], size_bytes=123)],
         ),
         shards=[ShardSpec("00000", [Segment(0, 0, 6)], est_tokens=500), ShardSpec("00001", [Segment(0, 6, 10)])],
-        engine={"kind": "encoder", **engine},
+        engine=engine,
         worker=WorkerSettings(chunk_rows=3),
         params={"table": "t"},
     )
@@ -60,10 +67,27 @@ def test_fingerprint_changes_with_engine_config_and_model_digest() -> None:
     assert result_fingerprint(a.config_fingerprint, "d1") == result_fingerprint(a.config_fingerprint, "d1")
 
 
+@settings(max_examples=50, deadline=None)
+@given(names=st.lists(st.text("abcdefgh_", min_size=1, max_size=6), min_size=2, max_size=5, unique=True))
+def test_a_json_schema_keeps_its_property_order_in_the_manifest_and_the_fingerprint(names: list[str]) -> None:
+    """Structured output generates keys in the schema's order: the manifest must not reorder them, and two
+    orders of the same properties must not share a fingerprint (cached rows of one are not the other's)."""
+    def engine(order: list[str]) -> dict:
+        return {"kind": "llm", "model_path": "/m", "user_template": "{{ text }}", "max_tokens": 32,
+                "json_schema": {"type": "object", "properties": {n: {"type": "string"} for n in order},
+                                "required": order}}
+
+    rev = list(reversed(names))
+    back = Manifest.from_json_bytes(_manifest_with_engine(engine(rev)).to_json_bytes())
+    assert list(back.engine["json_schema"]["properties"]) == rev
+    assert config_fingerprint(engine(names)) != config_fingerprint(engine(rev))
+    assert config_fingerprint(engine(names)) == config_fingerprint(engine(list(names)))
+
+
 def test_manifest_rejects_bad_engine_config_naming_the_field() -> None:
     with pytest.raises(ConfigError, match="engine.pooling"):
         _manifest(pooling="max")
-    with pytest.raises(ConfigError, match="unknown field"):
+    with pytest.raises(ConfigError, match=re.escape("engine: unknown field(s) ['poolin']")):
         engine_config_from_dict({"kind": "encoder", "poolin": "mean"})
     assert isinstance(engine_config_from_dict({"kind": "encoder"}), EncoderConfig)
 
@@ -123,9 +147,9 @@ def test_part_and_dead_letter_schemas_survive_parquet() -> None:
     assert pq.read_table(io.BytesIO(buf.getvalue())).schema.equals(schema)
     assert part_schema("classification").names[-2:] == ["label", "score"]
     assert "reason" in DEAD_LETTER_SCHEMA.names
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=re.escape("part_schema('embedding') needs embedding_dim")):
         part_schema("embedding")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^unknown task 'regression': expected embedding"):
         part_schema("regression")
 
 
@@ -160,9 +184,9 @@ def test_layout_uris_and_names() -> None:
     assert chunk_of(name) == 12 and chunk_of(f"{TEMP_MARK}{name}") is None and chunk_of("_SUCCESS.json") is None
     assert part_name("part-", 12) != name
     for bad in ("a/b", "..", "a b"):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=f"^run_id {re.escape(repr(bad))} is not a safe path segment"):
             validate_run_id(bad)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^shard id '7' is not five digits"):
         layout.shard_dir("7")
 
 
@@ -170,7 +194,7 @@ def test_storage_create_only_semantics(tmp_path: Path) -> None:
     uri = str(tmp_path / "s" / "part-00000-a.parquet")
     storage.write_create_only(uri, b"x")
     storage.write_create_only(uri, b"x")  # same content: a retried commit is a no-op
-    with pytest.raises(storage.AlreadyExistsError):
+    with pytest.raises(storage.AlreadyExistsError, match=f"^{re.escape(uri)} already exists with other content"):
         storage.write_create_only(uri, b"y")
     storage.write_replace(str(tmp_path / "s" / "_PROGRESS.json"), b"1")
     storage.write_replace(str(tmp_path / "s" / "_PROGRESS.json"), b"2")
