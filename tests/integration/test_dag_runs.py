@@ -8,15 +8,15 @@ each run's Airflow configuration (home, dags folder) away from the rest of the t
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import airflow_home
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.dagrun]
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "data" / "sample" / "debian_descriptions_sample.parquet"
@@ -99,21 +99,7 @@ CONSUMER_DAG = textwrap.dedent("""
 @pytest.fixture(scope="module")
 def airflow_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     home = tmp_path_factory.mktemp("airflow_home")
-    env = dict(os.environ)
-    env.update({
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(home / "plugins"),  # not plugins/: see batch_inference.cli
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "PYTHONPATH": os.pathsep.join([str(REPO / "plugins"), str(REPO / "worker_image")]),
-        "PATH": str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", ""),
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "BATCH_RENDER_DIR": str(home / "k8s"),
-    })
-    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True,
-                   capture_output=True, timeout=300)
-    return env
+    return airflow_home.airflow_env(home, {"BATCH_RENDER_DIR": str(home / "k8s")})
 
 
 def _run(script: str, args: list[str], env: dict[str, str]) -> tuple[dict, str]:
@@ -140,6 +126,19 @@ def _count(duckdb_path: str, table: str) -> int:
         return con.execute(f'SELECT count(*), count(DISTINCT id) FROM "{table}"').fetchone()
 
 
+def _check_vectors_against_reference(duckdb_path: str, table: str, sample_rows: int = 64) -> None:
+    """A sample of the published vectors (``sample_rows`` ids in a fixed pseudo-random order), joined with
+    the input texts by id, against sentence-transformers (:mod:`st_reference`)."""
+    import duckdb
+    import pyarrow.parquet as pq
+    from st_reference import check_published, texts_by_id
+
+    with duckdb.connect(duckdb_path, read_only=True) as con:
+        rows = con.execute(f'SELECT id, embedding FROM "{table}" ORDER BY md5(id) LIMIT {int(sample_rows)}').fetchall()
+    assert len(rows) == sample_rows
+    check_published(rows, texts_by_id(pq.read_table(SAMPLE)))
+
+
 def test_backfill_local_runner_end_to_end(tmp_path: Path, airflow_env: dict[str, str]) -> None:
     conf = _conf(tmp_path)
     result, out = _run(RUN_DAG, ["batch_inference_backfill", json.dumps(conf), str(REPO / "dags")], airflow_env)
@@ -151,6 +150,7 @@ def test_backfill_local_runner_end_to_end(tmp_path: Path, airflow_env: dict[str,
         marker = json.loads((run_dir / "shards" / shard / "_SUCCESS.json").read_text())
         assert marker["rows_ok"] + marker["rows_dead_letter"] == marker["rows_input"]
     assert _count(conf["duckdb_path"], "emb_test") == (200, 200)
+    _check_vectors_against_reference(conf["duckdb_path"], "emb_test")
     report = json.loads((run_dir / "report.json").read_text())
     assert report and (run_dir / "report.html").is_file()
     assert f"BATCH_INFERENCE_REPORT_JSON={run_dir}/report.json" in out
@@ -166,6 +166,7 @@ def test_backfill_local_runner_end_to_end(tmp_path: Path, airflow_env: dict[str,
     assert json.loads((run_dir2 / "report.json").read_text())["reuse"]["shards_carried"] == 2
     assert "2 shard(s) carried over, no worker started" in out
     assert _count(conf["duckdb_path"], "emb_test") == (200, 200)
+    _check_vectors_against_reference(conf["duckdb_path"], "emb_test")
 
 
 def test_empty_input_is_a_green_noop(tmp_path: Path, airflow_env: dict[str, str]) -> None:
@@ -217,11 +218,8 @@ def test_publish_emits_the_event_on_the_table_it_wrote(tmp_path: Path, airflow_e
     (dags / "batch_inference_dags.py").write_text((REPO / "dags" / "batch_inference_dags.py").read_text())
     (dags / "desc_emb_rest_consumer.py").write_text(CONSUMER_DAG)
     home = tmp_path / "home"
-    env = {**airflow_env, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-           "AIRFLOW__CORE__PLUGINS_FOLDER": str(home / "plugins"),
-           "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False"}
-    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True, capture_output=True,
-                   timeout=300)
+    env = airflow_home.airflow_env(home, {"AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+                                          "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False"})
     conf = _conf(tmp_path, output_table="desc_emb_rest", row_limit=40)
     result, out = _run(RUN_AND_READ_ASSET_EVENTS, ["batch_inference_backfill", json.dumps(conf), str(dags)], env)
     assert result["state"].endswith("success"), out[-6000:]

@@ -21,10 +21,11 @@ from batch_contract import storage
 from batch_contract.enums import ExitCode
 from batch_contract.layout import MARKER_NAME, PART_PREFIX, RunLayout
 from batch_contract.marker import ShardMarker
+from st_reference import check_published, texts_by_id
 
 fake_gcs, gcs_bucket = gcs_fixture.fake_gcs, gcs_fixture.gcs_bucket
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.dagrun]
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "data" / "sample" / "debian_descriptions_sample.parquet"
@@ -143,3 +144,5 @@ def test_backfill_dag_with_gcs_input_and_output(gcs_bucket: str, tmp_path: Path)
     assert MARKER_NAME in storage.list_names(layout.shard_dir("00000"))
     with duckdb.connect(str(tmp_path / "w.duckdb"), read_only=True) as con:
         assert con.execute("select count(*) from gcs_dag_emb").fetchone() == (30,)
+        published = con.execute("select id, embedding from gcs_dag_emb order by id").fetchall()
+    check_published(published, texts_by_id(pq.read_table(SAMPLE)))  # every row against sentence-transformers

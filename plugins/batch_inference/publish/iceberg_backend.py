@@ -2,7 +2,10 @@
 
 - Catalog: a pyiceberg ``SqlCatalog`` in a SQLite file beside the warehouse
   (``<warehouse>/../catalog.db``), or in PostgreSQL when the target has a ``dsn``. Namespace: the
-  target's schema, else ``default``.
+  target's schema, else ``default``. A ``gs://`` warehouse's files go through :class:`StorageFileIO`
+  (the catalog property ``py-io-impl``): the same GCS setup as every other ``gs://`` access of the
+  project (``STORAGE_EMULATOR_HOST``, ``BATCH_GCS_CREDENTIALS_JSON``, else Application Default
+  Credentials), see :func:`catalog_properties`.
 - Staging: coverage runs in a scratch DuckDB file; the de-duplicated results stream from it as Arrow
   record batches of :data:`BATCH_ROWS` rows into Parquet data files in the warehouse (pyiceberg's
   writer, files of at most :data:`TARGET_FILE_BYTES` of Arrow data, so memory stays bounded).
@@ -30,11 +33,13 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
+import pyarrow.fs as pafs
 from batch_contract import storage
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import NoSuchTableError
-from pyiceberg.io.pyarrow import _dataframe_to_data_files
+from pyiceberg.io import PY_IO_IMPL
+from pyiceberg.io.pyarrow import PyArrowFileIO, _dataframe_to_data_files
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table, Transaction
 from pyiceberg.table.snapshots import Snapshot
@@ -101,9 +106,33 @@ def warehouse_uri(target: PublishTarget) -> str:
     return path.as_uri()
 
 
+class StorageFileIO(PyArrowFileIO):
+    """pyiceberg's PyArrow FileIO whose ``gs://`` filesystem is :func:`batch_contract.storage.arrow_filesystem`'s.
+
+    pyiceberg's own ``GcsFileSystem`` knows only its ``gcs.*`` catalog properties: it ignores
+    ``STORAGE_EMULATOR_HOST`` and ``BATCH_GCS_CREDENTIALS_JSON`` and cannot be anonymous, so against the
+    emulator (or on a machine without Application Default Credentials) it retries the metadata server for
+    minutes. Every other scheme is PyArrowFileIO's.
+    """
+
+    def _initialize_fs(self, scheme: str, netloc: str | None = None) -> pafs.FileSystem:
+        if scheme in ("gs", "gcs"):
+            return storage.arrow_filesystem(f"gs://{netloc}")[0]
+        return super()._initialize_fs(scheme, netloc)
+
+
+def catalog_properties(target: PublishTarget) -> dict[str, str]:
+    """pyiceberg catalog properties of the target: ``uri`` (:func:`catalog_uri`), ``warehouse``
+    (:func:`warehouse_uri`) and, for a ``gs://`` warehouse, ``py-io-impl`` = :class:`StorageFileIO`."""
+    props = {"uri": catalog_uri(target), "warehouse": warehouse_uri(target)}
+    if storage.is_gcs(props["warehouse"]):
+        props[PY_IO_IMPL] = f"{StorageFileIO.__module__}.{StorageFileIO.__qualname__}"
+    return props
+
+
 def load_catalog(target: PublishTarget) -> Catalog:
     """The target's SQL catalog (its tables are created on first use)."""
-    return SqlCatalog("batch_inference", uri=catalog_uri(target), warehouse=warehouse_uri(target))
+    return SqlCatalog("batch_inference", **catalog_properties(target))
 
 
 def namespace(target: PublishTarget) -> str:
