@@ -61,3 +61,91 @@ def make_run(tmp_path: Path):
         return write_run(tmp_path, input_path, **kwargs)
 
     return _make
+
+
+# -- every report.json a test writes is checked against an independent reference ---------------------
+# (tests/report_reference.py: schema + rows, worker seconds and cost recomputed from the run's files)
+
+REPORT_CHECK_MARK = "no_report_check"
+_CHECKED_DIRS: list[Path] = []
+"""Function ``tmp_path`` directories already swept by :func:`check_reports_in_tmp_path`."""
+_SWEPT: set[tuple[str, int]] = set()
+"""``(path, mtime_ns)`` of reports the module sweep has already looked at."""
+_FAILED_MODULES = pytest.StashKey[set]()
+"""Stash key: node ids of the test modules with a failed test."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", f"{REPORT_CHECK_MARK}: skip the reference check of report.json files this test writes "
+        "(a test that writes a broken report on purpose)")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """Keep each phase's report on the item, so the report check can skip tests that already failed."""
+    rep = yield
+    setattr(item, f"_rep_{rep.when}", rep)
+    if rep.failed:
+        item.session.stash.setdefault(_FAILED_MODULES, set()).add(item.nodeid.split("::", 1)[0])
+    return rep
+
+
+def _check_all(paths: list[Path]) -> None:
+    import warnings
+
+    from report_reference import check_report, is_stale
+
+    failures = []
+    for path in paths:
+        if is_stale(path):
+            warnings.warn(f"{path}: run files changed after the report was written; not checked", stacklevel=2)
+            continue
+        try:
+            check_report(path)
+        except AssertionError as exc:
+            failures.append(str(exc))
+    if failures:
+        pytest.fail("report.json disagrees with the reference check (tests/report_reference.py):\n"
+                    + "\n".join(failures), pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def check_reports_in_tmp_path(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a test that uses ``tmp_path``, check every ``runs/<run_id>/report.json`` under it with
+    :func:`report_reference.check_report` (unless the test failed already or is marked
+    ``no_report_check``). Tests without ``tmp_path`` get none created."""
+    tmp = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+    if tmp is not None:
+        _CHECKED_DIRS.append(Path(tmp))
+    yield
+    call = getattr(request.node, "_rep_call", None)
+    if tmp is None or call is None or not call.passed or request.node.get_closest_marker(REPORT_CHECK_MARK):
+        return
+    from report_reference import find_reports
+
+    _check_all(find_reports(tmp))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def check_reports_in_shared_tmp(request: pytest.FixtureRequest,
+                                tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """After each test module, check the ``report.json`` files written into module- or session-scoped
+    temp directories (``tmp_path_factory.mktemp``): anywhere under this session's base temp directory
+    except the function ``tmp_path`` directories checked per test, each report once per version (path,
+    mtime). Skipped when a test of the module failed or when the module is marked ``no_report_check``
+    (those reports are then not checked by a later module's sweep either)."""
+    yield
+    module = request.node.nodeid.split("::", 1)[0]
+    skip = (module in request.session.stash.get(_FAILED_MODULES, set())
+            or request.node.get_closest_marker(REPORT_CHECK_MARK) is not None)
+    from report_reference import find_reports
+
+    found = []
+    for path in find_reports(tmp_path_factory.getbasetemp(), skip=_CHECKED_DIRS):
+        key = (str(path), path.stat().st_mtime_ns)
+        if key not in _SWEPT:
+            _SWEPT.add(key)
+            found.append(path)
+    if not skip:
+        _check_all(found)
