@@ -3,6 +3,7 @@
 #
 #   scripts/pg_test_cluster.sh start [DIR]   -> prints PG_TEST_DIR=... and PG_TEST_DSN=... (eval-able)
 #   scripts/pg_test_cluster.sh stop DIR      -> stops the cluster and removes DIR
+#   scripts/pg_test_cluster.sh install       -> only the package install below (make test runs it first)
 #
 # Installs Debian's `postgresql` package if no server binaries are found (non-interactive; needs root,
 # as in CI on a fresh machine). When run as root, initdb and the server run as the unprivileged
@@ -85,7 +86,8 @@ stop() {
 }
 
 case "${1:-}" in
+  install) ensure_installed ;;
   start) start "${2:-}" ;;
   stop) stop "${2:-}" ;;
-  *) echo "usage: $0 start [DIR] | stop DIR" >&2; exit 2 ;;
+  *) echo "usage: $0 install | start [DIR] | stop DIR" >&2; exit 2 ;;
 esac

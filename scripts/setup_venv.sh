@@ -1,17 +1,51 @@
 #!/usr/bin/env bash
 # Create (or update) .venv with the Airflow side, the encoder worker and the dev tools in one
 # environment: they resolve cleanly together; production keeps them in two images. Idempotent: a stamp
-# records the pyproject.toml it was installed from; a changed pyproject re-runs the install in place.
+# records the inputs it was installed from (pyproject.toml and this script); a change re-installs.
+# Without a .venv folder, the environment is built once per machine in the cache folder
+# (scripts/venv_cache.sh: keyed by those inputs and the Python version) and .venv links it; a second
+# checkout links the same one and only re-points the project's editable install (seconds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/venv_cache.sh
 VENV=${VENV:-.venv}
-stamp="$VENV/.installed-$(sha256sum pyproject.toml | cut -c1-16)"
-[ -f "$stamp" ] && exit 0
-[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-"$VENV/bin/pip" install -q --upgrade pip
-# CPU torch from this machine's local wheel first, so no resolve ever pulls a CUDA build.
-"$VENV/bin/pip" install -q torch==2.13.0
-"$VENV/bin/pip" install -q -e '.[airflow,worker,dev]'
-rm -f "$VENV"/.installed-*
-touch "$stamp"
+hash=$(cat pyproject.toml "$0" | sha256sum | cut -c1-16)
+stamp=".installed-$hash"
+key="main-$(python3 -c 'import sys; print("py%d%d" % sys.version_info[:2])')-$hash"
+
+install() {  # DIR: build the environment in DIR
+  local dir=$1
+  [ -x "$dir/bin/python" ] || python3 -m venv "$dir"
+  "$dir/bin/pip" install -q --upgrade pip
+  # CPU torch from this machine's local wheel first, so no resolve ever pulls a CUDA build.
+  "$dir/bin/pip" install -q torch==2.13.0
+  "$dir/bin/pip" install -q -e '.[airflow,worker,dev]'
+  rm -f "$dir"/.installed-*
+  touch "$dir/$stamp"
+}
+
+repoint() {  # the cached environment's editable install -> this checkout
+  local here; here=$(pwd -P)
+  [ "$(cat "$VENV/.checkout" 2>/dev/null)" = "$here" ] && return 0
+  "$VENV/bin/pip" install -q --no-deps -e .
+  echo "$here" >"$VENV/.checkout"
+}
+
+if { [ -L "$VENV" ] || [ ! -e "$VENV" ]; } && venv_cache_enabled; then
+  if ! venv_cache_link "$VENV" "$key"; then
+    cached=$(venv_cache_path "$key")
+    rm -rf "$cached"  # a build that did not finish
+    mkdir -p "$(dirname "$cached")"
+    install "$cached"
+    echo "$(pwd -P)" >"$cached/.checkout"
+    touch "$cached/.complete"
+    venv_cache_prune main-py "$key"
+    venv_cache_link "$VENV" "$key"
+    echo "environment ready: $VENV -> $cached"
+  fi
+  repoint
+  exit 0
+fi
+[ -f "$VENV/$stamp" ] && exit 0
+install "$VENV"
 echo "environment ready: $VENV"

@@ -15,16 +15,16 @@ default, Reject. With ``require_approval`` on but no projection (canary off) not
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import airflow_home
 import pytest
 from test_canary_dag import RUN_DAG, run_dag
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.dagrun]
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "data" / "sample" / "debian_descriptions_sample.parquet"
@@ -80,23 +80,10 @@ ANSWER = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def airflow_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    home = tmp_path_factory.mktemp("airflow_home_approval")
-    env = dict(os.environ)
-    env.update({
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(home / "plugins"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    return airflow_home.airflow_env(tmp_path_factory.mktemp("airflow_home_approval"), {
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "alice:admin",
         "AIRFLOW__API_AUTH__JWT_SECRET": "approval-test-secret",
-        "PYTHONPATH": os.pathsep.join([str(REPO / "plugins"), str(REPO / "worker_image")]),
-        "PATH": str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", ""),
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
     })
-    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True, capture_output=True,
-                   timeout=300)
-    return env
 
 
 def _conf(tmp_path: Path, **kw) -> dict:

@@ -17,13 +17,13 @@ One module-scoped Airflow home (SQLite) serves three scenarios that build on eac
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import airflow_home
 import pytest
 from batch_contract import storage
 from batch_contract.layout import PART_PREFIX, RunLayout, chunk_of, join_uri
@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import chaos_lib  # noqa: E402
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.dagrun]
 
 ROWS = 300  # > min_chunk_rows (256): the adaptive chunker makes two chunks (256 + 44)
 TABLE = "reliability_emb"
@@ -60,22 +60,11 @@ RUN_DAG = textwrap.dedent("""
 @pytest.fixture(scope="module")
 def airflow(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     home = tmp_path_factory.mktemp("airflow_reliability")
-    env = dict(os.environ)
-    env.update({
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(home / "plugins"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "PYTHONPATH": os.pathsep.join([str(REPO / "plugins"), str(REPO / "worker_image")]),
-        "PATH": str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", ""),
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
+    env = airflow_home.airflow_env(home, {
         "OMP_NUM_THREADS": "1",
         "BATCH_WORKER_COMMAND": f"{sys.executable} {REPO / 'bench' / 'chaos_lib.py'} kill-once "
                                 f"--flag-dir {home / 'kills'} --after-commits 2 --signal KILL --",
     })
-    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True,
-                   capture_output=True, timeout=600)
     inputs = home / "inputs"
     chaos_lib.make_chaos_input(inputs / "run1.parquet", ROWS - len(chaos_lib.BAD_ROWS), seed=1, max_chars=200)
     chaos_lib.make_chaos_input(inputs / "run2.parquet", 20, seed=2, max_chars=200)

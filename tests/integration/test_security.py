@@ -15,12 +15,12 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import airflow_home
 import pytest
 from batch_contract.engine_config import ConfigError
 from batch_contract.layout import RunLayout
@@ -169,28 +169,18 @@ def _files_containing(root: Path, needles: list[str]) -> dict[str, list[str]]:
     return hits
 
 
+@pytest.mark.dagrun
 def test_planted_credentials_never_reach_logs_manifests_or_reports(tmp_path: Path, pg_dsn: str) -> None:  # noqa: F811
     home = tmp_path / "airflow_home"
     dsn_with_password = pg_dsn.replace("postgresql://postgres@", f"postgresql://postgres:{FAKE_PG_PASSWORD}@", 1)
     assert FAKE_PG_PASSWORD in dsn_with_password, f"unexpected DSN shape {pg_dsn}"
-    env = dict(os.environ)
-    env.update({
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(home / "plugins"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "PYTHONPATH": os.pathsep.join([str(REPO / "plugins"), str(REPO / "worker_image")]),
-        "PATH": str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", ""),
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
+    env = airflow_home.airflow_env(home, {
         "OMP_NUM_THREADS": "1",
         "BATCH_GCS_CREDENTIALS_JSON": FAKE_SERVICE_ACCOUNT,
         "MY_SERVICE_TOKEN": FAKE_ENV_SECRET,
         "AIRFLOW_CONN_BI_SECRET_PG": dsn_with_password,
     })
     env.pop("STORAGE_EMULATOR_HOST", None)
-    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True,
-                   capture_output=True, timeout=600)
     src = tmp_path / "in" / "rows.parquet"
     chaos_lib.make_chaos_input(src, 12, seed=4, max_chars=200)
     out = tmp_path / "out"

@@ -14,7 +14,7 @@ import pytest
 from batch_inference.params import default_model_path
 from test_canary_dag import REPO, SAMPLE, airflow_env, run_dag  # noqa: F401 - the module's Airflow home fixture
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.dagrun]
 
 TABLE = "emb_upgrade"
 
