@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import re
 import time
 import uuid
 
@@ -40,7 +41,7 @@ def test_create_only_read_exists_delete(root: str) -> None:
     assert storage.exists(uri)
     assert storage.read_bytes(uri) == b"first"
     storage.write_create_only(uri, b"first")  # same bytes: a retried commit, success
-    with pytest.raises(storage.AlreadyExistsError):
+    with pytest.raises(storage.AlreadyExistsError, match=f"^{re.escape(uri)} already exists with other content"):
         storage.write_create_only(uri, b"other")
     assert storage.read_bytes(uri) == b"first"
     storage.delete(uri)
@@ -90,7 +91,7 @@ def test_copy_is_create_only_and_content_tag_follows_the_bytes(root: str) -> Non
     assert storage.read_bytes(dst) == b"abcd"
     other = f"{root}/runs/r1/other.parquet"
     storage.write_create_only(other, b"wxyz")
-    with pytest.raises(storage.AlreadyExistsError):
+    with pytest.raises(storage.AlreadyExistsError, match=f"^{re.escape(dst)} already exists with other content"):
         storage.copy(other, dst)
     storage.write_replace(src, b"abce")  # same size, new bytes
     assert storage.content_tag(src) != tag
@@ -108,7 +109,7 @@ def test_gcs_second_commit_gets_412_and_changes_nothing(gcs_bucket: str) -> None
     generation = blob.generation
     with pytest.raises(PreconditionFailed):  # the server itself enforces create-only
         blob.upload_from_string(b"overwrite", if_generation_match=0)
-    with pytest.raises(storage.AlreadyExistsError):
+    with pytest.raises(storage.AlreadyExistsError, match=f"^{re.escape(uri)} already exists with other content"):
         storage.write_create_only(uri, b'{"status": "other"}')
     storage.write_create_only(uri, b'{"status": "succeeded"}')
     blob.reload()

@@ -94,7 +94,8 @@ def test_noop_rollback_and_quoted_reserved_names(pg_dsn: str, input_path: str, t
 def test_missing_rows_never_reach_postgres(pg_dsn: str, input_path: str, tmp_path: Path) -> None:  # noqa: F811
     target = PublishTarget(backend="postgres", table="gaps", dsn=pg_dsn)
     layout = build_run(tmp_path / "out", "run1", input_path, RunSpec(drop_rows={3, 4}))
-    with pytest.raises(CoverageError) as err:
+    with pytest.raises(CoverageError, match=r"^run run1: 2 of 402 input row\(s\) have neither a result nor a "
+                                            r"dead letter") as err:
         publish_run(layout.run_dir, target)
     assert err.value.missing == 2
     assert _q(pg_dsn, "SELECT to_regclass('public.gaps') IS NULL, to_regclass('public.gaps__staging') IS NULL")[0] \

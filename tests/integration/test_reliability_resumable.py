@@ -15,6 +15,7 @@ last test runs the emulator's own behaviour to show that it never leaves a corru
 from __future__ import annotations
 
 import os
+import re
 import urllib.request
 from collections.abc import Callable, Iterator
 from urllib.parse import quote
@@ -130,7 +131,7 @@ def test_other_writer_before_us_is_already_exists(make_proxy, fake_gcs, gcs_buck
     uri = f"{gcs_bucket}/p/part-{size_label}-{other}.parquet"
     _other_writer(fake_gcs, uri, theirs)()
     proxy = make_proxy(gcs_resumable=True)
-    with pytest.raises(storage.AlreadyExistsError):
+    with pytest.raises(storage.AlreadyExistsError, match=f"^{re.escape(uri)} already exists with other content"):
         storage.write_create_only(uri, data)
     assert [s for s, _ in proxy.uploads] == ["initiate"]
     assert proxy.uploads[0][1] == "412"
@@ -148,7 +149,7 @@ def test_other_writer_during_our_upload_is_already_exists(make_proxy, fake_gcs, 
     if drop_final:
         script.append(ScriptedFault("final"))
     proxy = make_proxy(script=script, gcs_resumable=True)
-    with pytest.raises(storage.AlreadyExistsError):
+    with pytest.raises(storage.AlreadyExistsError, match=f"^{re.escape(uri)} already exists with other content"):
         storage.write_create_only(uri, data)
     assert [o for s, o in proxy.uploads if s == "final"][-1] == "412"
     assert _commits(proxy) == []
@@ -171,6 +172,7 @@ def test_emulator_duplicate_chunk_never_leaves_a_corrupt_object(make_proxy, fake
     data = os.urandom(SIZES["multi_chunk"])
     uri = f"{gcs_bucket}/p/part-emulator.parquet"
     make_proxy(script=[ScriptedFault("middle", nth=2)], gcs_resumable=False)
-    with pytest.raises(storage.StorageError, match="checksum mismatch"):
+    with pytest.raises(storage.StorageError,
+                       match=f"^{re.escape(uri)}: " + re.escape("create-only upload (checksum mismatch) failed")):
         storage.write_create_only(uri, data)
     assert not storage.exists(uri)

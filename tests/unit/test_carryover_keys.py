@@ -8,6 +8,7 @@ and every committed file are intact.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -82,15 +83,16 @@ def test_any_change_of_a_segment_changes_the_key(raw: list[tuple[int, int, int]]
 
 
 def test_model_identity_needs_bytes_pinned() -> None:
-    with pytest.raises(ValueError):
+    needs_pin = "^model identity needs a model digest or an image pinned by digest"
+    with pytest.raises(ValueError, match=needs_pin):
         model_identity(image="repo:latest", model_path="/m")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=needs_pin):
         model_identity()
 
 
 def test_index_uri_refuses_non_keys() -> None:
     for bad in ("../../etc/passwd", "A" * 40, "a" * 39):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=f"^shard input key {re.escape(repr(bad))} is not 40 lowercase hex"):
             index_uri("/out", bad)
 
 
@@ -137,5 +139,5 @@ def test_local_copy_is_create_only(tmp_path: Path) -> None:
     assert dst.read_bytes() == b"xyz"
     other = tmp_path / "c"
     other.write_bytes(b"different")
-    with pytest.raises(storage.AlreadyExistsError):
+    with pytest.raises(storage.AlreadyExistsError, match=f"^{re.escape(str(dst))} already exists with other content"):
         storage.copy(str(other), str(dst))

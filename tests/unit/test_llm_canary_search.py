@@ -66,7 +66,7 @@ def test_json_valid_rate() -> None:
     assert json_valid_rate(38, 0) == 1.0 and json_valid_rate(0, 12) == 0.0
     assert json_valid_rate(2, 1) == pytest.approx(0.6667)
     assert json_valid_rate(0, 0) is None
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^row counts must be >= 0, got valid=-1, invalid=3"):
         json_valid_rate(-1, 3)
     trial = _llm_trial(16, 400.0)
     assert trial.output_tokens_per_s == 400.0 and AutotuneTrial(1, 1).output_tokens_per_s == 0.0

@@ -34,22 +34,24 @@ def tokenizer():
 
 
 @pytest.mark.parametrize(
-    "template",
+    ("template", "reason"),
     [
-        "{{ text.upper() }}",
-        "{{ text.__class__ }}",
-        "{{ text.__class__.__mro__[1].__subclasses__() }}",
-        "{{ cycler.__init__.__globals__ }}",
-        "{{ self._TemplateReference__context }}",
-        "{{ range(10) | list }}",
-        "{{ 'a' * 1000000 }}",
-        "{{ 9 ** 999999 }}",
-        "{{ missing_field }}",
+        ("{{ text.upper() }}", r"^SecurityError: Undefined is not safely callable"),
+        ("{{ text.__class__ }}", r"^SecurityError: access to attribute '__class__' of 'str' object is unsafe"),
+        ("{{ text.__class__.__mro__[1].__subclasses__() }}",
+         r"^SecurityError: access to attribute '__class__' of 'str' object is unsafe"),
+        ("{{ cycler.__init__.__globals__ }}", r"^SecurityError: access to attribute '__init__' of 'type' object"),
+        ("{{ self._TemplateReference__context }}",
+         r"^SecurityError: access to attribute '_TemplateReference__context' of 'TemplateReference' object"),
+        ("{{ range(10) | list }}", r"^SecurityError: <function safe_range at 0x[0-9a-f]+> is not safely callable"),
+        ("{{ 'a' * 1000000 }}", r"^SecurityError: repetition builds more than 100000 items"),
+        ("{{ 9 ** 999999 }}", r"^SecurityError: exponent 999999 is above the template limit 64"),
+        ("{{ missing_field }}", r"^UndefinedError: 'missing_field' is undefined"),
     ],
 )
-def test_sandbox_refuses_escapes_and_undefined_names(template):
+def test_sandbox_refuses_escapes_and_undefined_names(template, reason):
     renderer = PromptRenderer(_config(user_template=template, use_chat_template=False))
-    with pytest.raises(RowRenderError):
+    with pytest.raises(RowRenderError, match=reason):
         renderer.user_message(row_context({"title": "t"}, "1", "hello"))
 
 

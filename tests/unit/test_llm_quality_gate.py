@@ -61,7 +61,7 @@ def test_overrides_are_validated():
     assert merged_engine(base, {"quantization": "fp8"})["quantization"] == "fp8"
     with pytest.raises(ConfigError, match="engine.quantization"):
         merged_engine(base, {"quantization": "int3"})
-    with pytest.raises(ConfigError, match="kind"):
+    with pytest.raises(ConfigError, match="^quality-gate: engine overrides must keep kind 'llm'"):
         merged_engine(base, {"kind": "encoder"})
     with pytest.raises(ConfigError, match="--candidate-engine: not JSON"):
         parse_overrides("{quantization: fp8}", "--candidate-engine")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from batch_contract.enums import ExitCode
 from batch_inference.pod_outcome import (
@@ -81,7 +83,7 @@ def test_preemption_count_prefers_the_event_then_the_pod() -> None:
     assert preemptions_of(annotated, {PREEMPTIONS_EVENT_KEY: 5}) == 5
     assert preemptions_of(None, {PREEMPTIONS_EVENT_KEY: 2}) == 2
     assert preemptions_of(pod(code=75)) == 0 and preemptions_of(None, {}) == 0
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=f"^{re.escape(PREEMPTIONS_ANNOTATION)}: '-1' is negative"):
         preemptions_of(pod(code=75, annotations={PREEMPTIONS_ANNOTATION: "-1"}))
 
 

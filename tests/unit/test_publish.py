@@ -5,6 +5,7 @@ real ids from the bundled Debian sample."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import duckdb
@@ -107,14 +108,15 @@ def test_every_row_dead_lettered_never_swaps_in_an_empty_table(pub: Published, t
     good = build_run(tmp_path / "out", "good", path, RunSpec(shards=1))
     publish_run(good.run_dir, pub.target())
     bad = build_run(tmp_path / "out", "bad", path, RunSpec(shards=1, dead_rows={0, 1, 2}))
-    with pytest.raises(CoverageError, match="none of its 3 input row"):
+    with pytest.raises(CoverageError, match=r"^run bad: none of its 3 input row\(s\) has a result"):
         publish_run(bad.run_dir, pub.target())
     assert pub.query("SELECT count(*) FROM emb")[0][0] == 3
 
 
 def test_missing_rows_fail_with_count_and_sample(pub: Published, tmp_path: Path, input_path: str, real_ids: list[str]) -> None:
     layout = build_run(tmp_path / "out", "run1", input_path, RunSpec(drop_rows={10, 11, 12, 300}))
-    with pytest.raises(CoverageError) as err:
+    with pytest.raises(CoverageError, match=r"^run run1: 4 of 302 input row\(s\) have neither a result nor a "
+                                            r"dead letter") as err:
         publish_run(layout.run_dir, pub.target())
     assert err.value.missing == 4
     assert set(err.value.sample) == {real_ids[10], real_ids[11], real_ids[12], f"{input_path}#300"}
@@ -124,7 +126,8 @@ def test_missing_rows_fail_with_count_and_sample(pub: Published, tmp_path: Path,
 
 def test_min_success_ratio_allows_missing_rows(pub: Published, tmp_path: Path, input_path: str) -> None:
     layout = build_run(tmp_path / "out", "run1", input_path, RunSpec(drop_rows={10, 11, 12}))
-    with pytest.raises(CoverageError):
+    with pytest.raises(CoverageError, match=r"^run run1: 3 of 302 input row\(s\) have neither .* "
+                                            r"< min_success_ratio 0\.995\)"):
         publish_run(layout.run_dir, pub.target(), min_success_ratio=0.995)
     summary = publish_run(layout.run_dir, pub.target(), min_success_ratio=0.99)
     assert summary["rows_missing"] == 3
@@ -193,7 +196,8 @@ def test_repeated_id_with_a_lost_row_counts_as_missing(tmp_path: Path, input_pat
     """Coverage counts rows: row 301 repeats row 3's id; dropping it (no result, no dead letter) is a
     missing row even though the id itself has a result."""
     layout = build_run(tmp_path / "out", "run1", input_path, RunSpec(shards=2, chunk_rows=64, drop_rows={301}))
-    with pytest.raises(CoverageError) as err:
+    with pytest.raises(CoverageError, match=r"^run run1: 1 of 302 input row\(s\) have neither a result nor a "
+                                            r"dead letter") as err:
         publish_run(layout.run_dir, _target(tmp_path))
     assert err.value.missing == 1
 
@@ -204,7 +208,8 @@ def test_ids_outside_manifest_are_refused(tmp_path: Path, input_path: str) -> No
     foreign = table.slice(0, 1).set_column(0, "id", pa.array(["not-in-input"], pa.string()))
     pq.write_table(foreign.cast(part_schema("embedding", 8)),
                    storage.local_path(layout.shard_dir("00001")) / part_name(PART_PREFIX, 99))
-    with pytest.raises(CoverageError) as err:
+    with pytest.raises(CoverageError, match=re.escape("run run1: 1 result/dead-letter id(s) are not in the "
+                                                      "manifest's input rows (sample: ['not-in-input'])")) as err:
         publish_run(layout.run_dir, _target(tmp_path))
     assert err.value.unexpected == 1 and err.value.sample == ["not-in-input"]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -36,38 +37,51 @@ def test_run_dirs_under_the_roots_are_read(roots: list[str]) -> None:
     assert guarded_layout(f"{BUCKET}/deeper/runs/r1/", roots).run_id == "r1"
 
 
-@pytest.mark.parametrize("run_dir", [
-    "/etc/runs/r1",                                   # another directory
-    "{allowed}/../outside/runs/r1",                   # climbs out with ..
-    "{allowed}/runs/..",                              # run id ..
-    "{allowed}/runs/../../outside/runs/x/..",         # run id .. after a climb
-    "{allowed}/escape/runs/r1",                       # a symlink inside the root pointing outside
-    "{allowed}/runs/r1/shards",                       # not <root>/runs/<run_id>
-    "{allowed}/runs/a%2F..%2F..%2Fetc",               # encoded slashes stay in the run id: unsafe
-    "{allowed}/runs/r1\x00",
-    "file:///etc/runs/r1",
-    "gs://other-bucket/runs/r1",                      # another bucket
-    "gs://bkt/prefix-other/runs/r1",                  # a sibling prefix, not a sub-prefix
-    "gs://bkt/prefix/../secret/runs/r1",              # .. collapsed in gs:// too
-    "s3://bkt/prefix/runs/r1",                        # no backend for the scheme
-    "",
-    "runs/r1",
+_OUTSIDE = " is outside the allowed roots"
+_NOT_SAFE = " is not a safe path segment"
+_NOT_FORM = " is not of the form <output_root>/runs/<run_id>"
+
+
+# reason: a regex the refusal must match; {allowed} stands for the allowed local root (regex-escaped)
+@pytest.mark.parametrize(("run_dir", "reason"), [
+    ("/etc/runs/r1", r"^params\.run_dir: '/etc/runs/r1'" + _OUTSIDE),  # another directory
+    ("{allowed}/../outside/runs/r1",                                    # climbs out with ..
+     r"^params\.run_dir: '{allowed}/\.\./outside/runs/r1' \(resolved '[^']*/outside/runs/r1'\)" + _OUTSIDE),
+    ("{allowed}/runs/..", r"^run_id '\.\.'" + _NOT_SAFE),              # run id ..
+    ("{allowed}/runs/../../outside/runs/x/..",                          # run id .. after a climb
+     r"^run dir '{allowed}/runs/\.\./\.\./outside/runs/x/\.\.'" + _NOT_FORM),
+    ("{allowed}/escape/runs/r1",                                        # a symlink inside the root pointing outside
+     r"^params\.run_dir: '{allowed}/escape/runs/r1' \(resolved '[^']*/outside/runs/r1'\)" + _OUTSIDE),
+    ("{allowed}/runs/r1/shards", r"^run dir '{allowed}/runs/r1/shards'" + _NOT_FORM),  # not <root>/runs/<run_id>
+    ("{allowed}/runs/a%2F..%2F..%2Fetc",                                # encoded slashes stay in the run id: unsafe
+     r"^run_id 'a%2F\.\.%2F\.\.%2Fetc'" + _NOT_SAFE),
+    ("{allowed}/runs/r1\x00", r"^run dir '{allowed}/runs/r1\\x00' is not a path"),
+    ("file:///etc/runs/r1", r"^params\.run_dir: 'file:///etc/runs/r1' \(resolved '/etc/runs/r1'\)" + _OUTSIDE),
+    ("gs://other-bucket/runs/r1", r"^params\.run_dir: 'gs://other-bucket/runs/r1'" + _OUTSIDE),  # another bucket
+    ("gs://bkt/prefix-other/runs/r1",                                   # a sibling prefix, not a sub-prefix
+     r"^params\.run_dir: 'gs://bkt/prefix-other/runs/r1'" + _OUTSIDE),
+    ("gs://bkt/prefix/../secret/runs/r1",                               # .. collapsed in gs:// too
+     r"^params\.run_dir: 'gs://bkt/prefix/\.\./secret/runs/r1' \(resolved 'gs://bkt/secret/runs/r1'\)" + _OUTSIDE),
+    ("s3://bkt/prefix/runs/r1",                                         # no backend for the scheme
+     r"^params\.run_dir: s3://bkt/prefix/runs/r1: no storage backend for scheme 's3'"),
+    ("", r"^run dir '' is not a path"),
+    ("runs/r1", r"^params\.run_dir: '/runs/r1'" + _OUTSIDE),          # relative: checked as <output_root ''>/runs/r1
 ])
-def test_traversal_and_other_roots_are_refused(roots: list[str], run_dir: str) -> None:
-    with pytest.raises(PathRefused):
+def test_traversal_and_other_roots_are_refused(roots: list[str], run_dir: str, reason: str) -> None:
+    with pytest.raises(PathRefused, match=reason.format(allowed=re.escape(roots[0]))):
         guarded_layout(run_dir.format(allowed=roots[0]), roots)
 
 
 def test_default_roots_come_from_the_allow_list(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BATCH_INFERENCE_ALLOWED_ROOTS", f"{tmp_path},{BUCKET}")
     assert guarded_layout(f"{tmp_path}/runs/r1").run_id == "r1"
-    with pytest.raises(PathRefused):
+    with pytest.raises(PathRefused, match=r"^params\.run_dir: '/var/runs/r1' is outside the allowed roots"):
         guarded_layout("/var/runs/r1")
 
 
 @pytest.mark.parametrize("shard", ["../00001", "0001", "00001/..", "%2e%2e", "000001", "", "0000a"])
 def test_shard_ids_must_be_five_digits(shard: str) -> None:
-    with pytest.raises(PathRefused):
+    with pytest.raises(PathRefused, match=f"^shard id {re.escape(repr(shard))} is not five digits"):
         guarded_shard_id(shard)
     assert guarded_shard_id("00042") == "00042"
 
@@ -105,7 +119,7 @@ def test_lazy_app_builds_once_on_first_call() -> None:
     asyncio.run(app({"type": "http"}, 1, 2))
     asyncio.run(app({"type": "http"}, 3, 4))
     assert calls == [("http", 1, 2), ("http", 3, 4)] and len(_FACTORY_CALLS) == 1
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^LazyApp target 'no_colon' is not 'module:function'"):
         LazyApp("no_colon")
 
 

@@ -3,6 +3,8 @@ label agreement; properties over random inputs (hypothesis) and a few exact case
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from batch_contract.agreement import (
@@ -91,7 +93,7 @@ def test_neighbours_are_nearest_first_and_exclude_the_row_itself() -> None:
     x = np.asarray([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.6, 0.4]])
     nn = nearest_neighbours(x, 2)
     assert nn[0].tolist() == [1, 3] and all(i not in row for i, row in enumerate(nn))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=re.escape("k=4 neighbours need 1 <= k <= n - 1 (n=4)")):
         nearest_neighbours(x, 4)
 
 
@@ -102,11 +104,11 @@ def test_neighbour_k_shrinks_on_small_samples() -> None:
 
 
 def test_mismatched_rows_are_an_error() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^embedding figures need the same rows on both sides, got 30 and 31"):
         embedding_figures(np.ones((30, 4)), np.ones((31, 4)))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=re.escape("cosine per row needs equal shapes, got (3, 4) and (3, 5)")):
         cosine_per_row(np.ones((3, 4)), np.ones((3, 5)))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^label agreement needs the same rows on both sides, got 1 and 0"):
         label_agreement(["a"], [])
 
 

@@ -51,9 +51,9 @@ def test_min_fill_splits_sparse_length_ranges() -> None:
 
 def test_bad_arguments_raise() -> None:
     assert plan_batches([], 64, 4) == []
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^row lengths must be >= 1 token, got 0"):
         plan_batches([0, 3], 64, 4)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^token_budget, max_batch_rows and pad_to_multiple_of must be >= 1"):
         plan_batches([3], 0, 4)
 
 
