@@ -41,6 +41,18 @@ def _check_few_shot(value: Any) -> None:
                f"engine.few_shot[{i}]", "must be an object with exactly the string keys 'user' and 'assistant'")
 
 
+def _parse_json_schema(text: str) -> Any:
+    """``engine.json_schema`` given as JSON text: the parsed value, keys in the text's order.
+
+    Raises:
+        ConfigError: the text is not JSON (the message names the field and the position).
+    """
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"engine.json_schema: is a string but not JSON text ({exc})") from None
+
+
 def _check_json_schema(value: Any) -> None:
     if value is None:
         return
@@ -126,10 +138,14 @@ class LLMConfig:
     the biggest cost lever; a row that hits it has ``finish_reason == "length"``."""
     stop: list[str] = field(default_factory=list)
     """Stop strings; generation ends before the first one (it is not included in the output)."""
-    json_schema: dict[str, Any] | None = None
+    json_schema: dict[str, Any] | str | None = None
     """JSON Schema of the output. Set: generation is constrained through vLLM structured outputs and
     every output is parsed and validated against it (invalid -> dead letter ``invalid_output`` with the
-    reason); results carry the canonical JSON in ``output_json``. ``None``: free text."""
+    reason); results carry the canonical JSON in ``output_json``. ``None``: free text. Structured output
+    writes the keys in the schema's ``properties`` order; a string holding the schema's JSON text is
+    parsed here (an object afterwards) and keeps the order of the text, which a run's conf does not
+    always keep: Airflow stores ``dag_run.conf`` as JSONB on a PostgreSQL metadata database, and JSONB
+    reorders object keys."""
     constrain_output: bool = True
     """With ``json_schema``: constrain decoding to the schema (vLLM structured outputs, compact JSON with
     no free whitespace). ``False``: generate freely and only validate afterwards (for models or backends
@@ -171,6 +187,8 @@ class LLMConfig:
         _check(_is_int(self.max_tokens) and 1 <= self.max_tokens < self.max_model_len, "engine.max_tokens",
                f"{self.max_tokens!r} is not an integer in 1..max_model_len-1 ({self.max_model_len - 1})")
         _check_str_list(self.stop, "engine.stop")
+        if isinstance(self.json_schema, str):
+            object.__setattr__(self, "json_schema", _parse_json_schema(self.json_schema))
         _check_json_schema(self.json_schema)
         _check(isinstance(self.constrain_output, bool), "engine.constrain_output", "must be a boolean")
 

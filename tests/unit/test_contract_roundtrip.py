@@ -82,6 +82,10 @@ def test_a_json_schema_keeps_its_property_order_in_the_manifest_and_the_fingerpr
     assert list(back.engine["json_schema"]["properties"]) == rev
     assert config_fingerprint(engine(names)) != config_fingerprint(engine(rev))
     assert config_fingerprint(engine(names)) == config_fingerprint(engine(list(names)))
+    as_text = {**engine(rev), "json_schema": json.dumps(engine(rev)["json_schema"])}  # JSONB-proof form
+    config = engine_config_from_dict(as_text)
+    assert list(config.json_schema["properties"]) == rev
+    assert config_fingerprint(as_text) == config_fingerprint(engine(rev))
 
 
 def test_manifest_rejects_bad_engine_config_naming_the_field() -> None:
