@@ -149,3 +149,18 @@ def check_reports_in_shared_tmp(request: pytest.FixtureRequest,
             found.append(path)
     if not skip:
         _check_all(found)
+
+
+# -- the slow test files first, so pytest-xdist's workers end together ---------------------------------
+
+SLOW_FIRST_MARKS = ("dagrun",)
+"""Test files with a test carrying one of these marks are collected first. pytest-xdist (``--dist
+loadfile``) hands files to workers in collection order, so the longest files (real DAG runs, 1-4
+minutes each) start at once and the short ones fill the gaps: longest first, not alphabetical, which
+ended the main pass with four DAG-run files running on after everything else."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    slow = {item.nodeid.split("::", 1)[0] for item in items
+            if any(item.get_closest_marker(m) for m in SLOW_FIRST_MARKS)}
+    items.sort(key=lambda item: item.nodeid.split("::", 1)[0] not in slow)  # stable: file order kept
