@@ -74,11 +74,9 @@ What is checked
    per-million figures. Input tokens per marker are ``tokens_prompt`` when non-zero, else
    ``tokens_real``; output tokens are ``tokens_output``.
 
-Known gap, not failed here (see ``Reference.canary_seconds``): a run with a pre-flight canary has rows
-the canary computed and committed into the shards; the canary's seconds are in ``canary.json`` only, so
-the report's ``worker_seconds`` / ``cost_usd`` leave them out (``projection.actual.cost_usd`` and the
-budget check ``canary_task.spent_usd`` include them). The reference follows the documented formula
-(markers only).
+A run with a pre-flight canary has rows the canary computed and committed into the shards, whose
+markers count only their own work: the canary's stage seconds (``canary.json``, idle excluded) are the
+stage ``canary`` of ``stage_seconds`` and count in ``worker_seconds`` and every cost figure above.
 
 Not checked here: the padding counterfactual, token-length histogram, throughput, utilisation,
 timeline times, attempt outcomes, history and projection (other tests pin those).
@@ -146,8 +144,7 @@ class Reference:
     price_origin: str = ""
     checked_files: bool = False
     canary_seconds: float = 0.0
-    """The pre-flight canary's stage seconds, idle excluded (``canary.json``), for information: the
-    report's ``worker_seconds`` and ``cost_usd`` do not include them (only ``projection.actual`` does)."""
+    """The pre-flight canary's stage seconds, idle excluded (``canary.json``): the stage ``canary``."""
 
 
 def _close(a: Any, b: float | None, rel: float = REL_TOL, abs_tol: float = ABS_TOL) -> bool:
@@ -332,6 +329,8 @@ def recompute(run_dir: Path, report: dict[str, Any], *, cost_params: dict[str, A
     if (run_dir / "canary.json").is_file():
         canary = _read_json(run_dir / "canary.json").get("stage_seconds") or {}
         ref.canary_seconds = sum(float(v) for k, v in canary.items() if k != "idle")
+        if ref.canary_seconds > 0:
+            ref.stage_seconds["canary"] = ref.canary_seconds
     ref.worker_seconds = sum(ref.stage_seconds.values())
 
     publish = report.get("publish") or None

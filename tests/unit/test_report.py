@@ -368,3 +368,27 @@ def test_shards_on_one_host_name_it_once(tmp_path):
     assert all(s["host"] is None for s in r["shards"])
     html = Path(layout.report_html_uri).read_text()
     assert "Host: AMD EPYC" in html and "<th>host</th>" not in html
+
+
+def test_the_canary_is_a_priced_stage(tmp_path):
+    """The canary's rows are committed into the shards, whose markers count only their own work: its
+    stage seconds (idle excluded) are the stage ``canary`` in worker seconds and every cost figure."""
+    from batch_contract.canary import CanaryResult
+    from batch_contract.storage import write_create_only
+
+    layout = make_run(tmp_path)
+    canary = CanaryResult(
+        run_id=layout.run_id, fingerprint="f", engine_kind="encoder", model_digest="d" * 64, device="cpu",
+        device_name="cpu", threads=2, sample_rows=4, sample_text_bytes=400, sample_tokens_real=40,
+        sample_tokens_padded=44, model_load_seconds=6.0, steady_rows_per_s=10.0, steady_tokens_per_s=100.0,
+        worker_seconds_per_token=0.01, padding_efficiency=0.9, strategy="fixed",
+        chosen={"token_budget": 256, "max_batch_rows": 256},
+        stage_seconds={"model_load": 6.0, "inference": 3.0, "write": 1.0, "idle": 50.0})
+    write_create_only(layout.canary_uri, canary.to_json_bytes())
+    r = build_report(layout.run_dir, dag_id=DAG_ID, publish_summary=PUBLISH, cost_params=COST)
+    assert r["stage_seconds"]["canary"] == pytest.approx(10.0)           # idle left out
+    assert r["worker_seconds"] == pytest.approx(140.0) and r["gpu_seconds"] == pytest.approx(280.0)
+    # (130 + 10) s x 2 GPUs x $1.80/h + publish 20 s x $0.36/h
+    assert r["cost_usd"] == pytest.approx(0.14 + 0.002)
+    assert r["cost"]["by_stage_usd"]["canary"] == pytest.approx(0.01)
+    validate_report(r)

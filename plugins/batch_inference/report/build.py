@@ -153,7 +153,10 @@ def compute_report(data: RunData, *, dag_id: str, publish_summary: dict[str, Any
         history: other runs' key figures (``history.recent_runs``), oldest first.
         generated_at: ISO-8601 UTC timestamp of this report.
         projection: the canary's ``projection.json`` (``None``: the run had no canary).
-        canary_worker_seconds: the canary's own stage seconds (model load included).
+        canary_worker_seconds: the canary's own stage seconds (model load included): its rows are
+            committed into the shards, whose markers count only their own work, so the report adds them
+            as the stage ``canary`` (in ``worker_seconds``, ``gpu_seconds`` and every cost figure, as the
+            in-run budget check ``canary_task.spent_usd`` prices the run).
     """
     layout, manifest = data.layout, data.manifest
     markers = [data.markers[s.shard_id] for s in manifest.shards if s.shard_id in data.markers]
@@ -161,6 +164,8 @@ def compute_report(data: RunData, *, dag_id: str, publish_summary: dict[str, Any
     publish_seconds = float(publish.get("publish_seconds", 0.0)) if publish else 0.0
 
     worker_stages = agg.sum_stages(markers)
+    if canary_worker_seconds > 0:
+        worker_stages["canary"] = float(canary_worker_seconds)
     stage_seconds = {**worker_stages, "publish": publish_seconds}
     worker_seconds = sum(worker_stages.values())
     by_stage_usd = cost_by_stage(worker_stages, publish_seconds, params)
@@ -266,7 +271,8 @@ def compute_report(data: RunData, *, dag_id: str, publish_summary: dict[str, Any
         "publish": publish,
         "history": history,
         "projection": projection_section(
-            projection, worker_seconds=worker_seconds, canary_worker_seconds=canary_worker_seconds,
+            projection, worker_seconds=worker_seconds - canary_worker_seconds,
+            canary_worker_seconds=canary_worker_seconds,
             plan_created_at=manifest.created_at, last_shard_finished_at=timeline_of["last_shard_finished_at"],
             params=params),
         "upgrade": (projection or {}).get("upgrade"),
@@ -274,13 +280,14 @@ def compute_report(data: RunData, *, dag_id: str, publish_summary: dict[str, Any
 
 
 def _projection_inputs(run_dir: str) -> tuple[dict[str, Any] | None, float]:
-    """The run's ``projection.json`` and the canary's stage seconds (``(None, 0.0)`` without a canary)."""
+    """The run's ``projection.json`` (``None`` without one) and the canary's stage seconds, idle excluded
+    (``canary.json``; 0.0 without a canary)."""
     from batch_contract.runstore import RunStore
 
     from batch_inference.canary_task import read_projection
 
     projection = read_projection(run_dir)
-    canary = RunStore.open(run_dir).canary() if projection else None
+    canary = RunStore.open(run_dir).canary()
     seconds = sum(v for k, v in canary.stage_seconds.items() if k != "idle") if canary else 0.0
     return projection, float(seconds)
 
