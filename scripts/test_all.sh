@@ -17,6 +17,9 @@ PY=${VENV:-.venv}/bin/python
 JOBS=${TEST_JOBS:-4}
 SERIAL=${TEST_SERIAL:-0}
 T0=$(date +%s)
+# Idle OpenMP threads sleep at once instead of spinning: the stages run several torch processes (test
+# workers, shard workers, vLLM) on 2 cores, and spinning threads of one burn the CPU the others wait for.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 
 stage() {  # NAME CMD...: run CMD, output to build/ci/NAME.log (and to stdout when foreground)
   local name=$1; shift
