@@ -12,7 +12,8 @@
 # Cache root: $BATCH_CACHE_DIR (default ~/.cache/airflow-batch-inference). BATCH_VENV_CACHE=0 turns the
 # cache off (VENV is then a plain folder, as before). An existing plain VENV folder is never replaced.
 # A cached environment holds the project as an editable install; the caller re-points it at this
-# checkout (`pip install --no-deps -e .`, seconds), so the newest checkout set up is the one it imports.
+# checkout (`pip install --no-deps -e .`, seconds), so the newest checkout set up is the one it imports
+# (make run and the tests put their own plugins/ and worker_image/ first on the path; docs/testing.md).
 BATCH_CACHE_DIR=${BATCH_CACHE_DIR:-$HOME/.cache/airflow-batch-inference}
 
 venv_cache_enabled() { [ "${BATCH_VENV_CACHE:-1}" != 0 ]; }
