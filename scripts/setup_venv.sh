@@ -6,10 +6,11 @@
 # (scripts/venv_cache.sh: keyed by those inputs and the Python version) and .venv links it; a second
 # checkout links the same one and only re-points the project's editable install (seconds).
 set -euo pipefail
+self="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
 cd "$(dirname "$0")/.."
 . scripts/venv_cache.sh
 VENV=${VENV:-.venv}
-hash=$(cat pyproject.toml "$0" | sha256sum | cut -c1-16)
+hash=$(cat pyproject.toml "$self" | sha256sum | cut -c1-16)
 stamp=".installed-$hash"
 key="main-$(python3 -c 'import sys; print("py%d%d" % sys.version_info[:2])')-$hash"
 
@@ -25,9 +26,10 @@ install() {  # DIR: build the environment in DIR
 }
 
 if venv_cache_wanted "$VENV"; then
-  venv_cache_setup "$VENV" "$key" main-py install
+  venv_cache_setup "$VENV" "$key" install
   exit 0
 fi
+venv_cache_unlink "$VENV"
 [ -f "$VENV/$stamp" ] && exit 0
 install "$VENV"
 echo "environment ready: $VENV"

@@ -4,9 +4,11 @@
 # the next commit) links it instead of installing for minutes. A fresh machine still builds everything.
 #
 #   venv_cache_wanted VENV                  -> 0 when VENV should link a cached environment
-#   venv_cache_setup VENV KEY PREFIX BUILD  -> link the environment cached for KEY, building it first
-#                                              with the function BUILD (its folder as argument) when
-#                                              missing; older PREFIX-* environments are removed
+#   venv_cache_setup VENV KEY BUILD         -> link the environment cached for KEY (NAME-HASH), building
+#                                              it first with the function BUILD (its folder as argument)
+#                                              when missing, one build at a time (flock); the other
+#                                              NAME-* environments are removed
+#   venv_cache_unlink VENV                  -> VENV back to a plain folder to build in place (no cache)
 # Call venv_cache_setup as a plain command (not in `if`, `&&` or `||`), so `set -e` stops a failed build.
 #
 # Cache root: $BATCH_CACHE_DIR (default ~/.cache/airflow-batch-inference). BATCH_VENV_CACHE=0 turns the
@@ -41,26 +43,35 @@ venv_cache_repoint() {  # VENV: the cached environment's editable install -> thi
   echo "$here" >"$venv/.checkout"
 }
 
-venv_cache_setup() {  # VENV KEY PREFIX BUILD
-  local venv=$1 key=$2 prefix=$3 build=$4 cached
+venv_cache_unlink() {  # VENV: a link to a cached environment is removed (the cache itself is kept)
+  if [ -L "$1" ]; then rm -f "$1"; fi
+}
+
+venv_cache_setup() {  # VENV KEY BUILD
+  local venv=$1 key=$2 build=$3 cached
   cached=$(venv_cache_path "$key")
+  mkdir -p "$(dirname "$cached")"
+  exec 8>"$cached.lock"
+  flock 8  # a second setup of the same KEY waits, then finds it complete
   if [ ! -f "$cached/.complete" ]; then
     rm -rf "$cached"  # a build that did not finish
     mkdir -p "$(dirname "$cached")"
     "$build" "$cached"
     pwd -P >"$cached/.checkout"
     touch "$cached/.complete"
-    venv_cache_prune "$prefix" "$key"
+    venv_cache_prune "${key%-*}" "$key"
     echo "environment ready: $venv -> $cached"
   fi
   venv_cache_link "$venv" "$key"
   venv_cache_repoint "$venv"
+  exec 8>&-
 }
 
-venv_cache_prune() {  # NAME_PREFIX KEEP_KEY: drop older environments of this kind (each is GBs)
-  local prefix=$1 keep=$2 d
-  for d in "$BATCH_CACHE_DIR/venvs/$prefix"-*; do
-    [ -d "$d" ] && [ "$(basename "$d")" != "$keep" ] && rm -rf "$d"
+venv_cache_prune() {  # NAME KEEP_KEY: drop the other NAME-<hash> environments (each is GBs)
+  local name=$1 keep=$2 d
+  for d in "$BATCH_CACHE_DIR/venvs/$name"-*; do
+    case "$d" in *.lock) continue ;; esac
+    [ -d "$d" ] && [ "$(basename "$d")" != "$keep" ] && rm -rf "$d" "$d.lock"
   done
   return 0
 }

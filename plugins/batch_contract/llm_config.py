@@ -48,9 +48,11 @@ def _parse_json_schema(text: str) -> Any:
         ConfigError: the text is not JSON (the message names the field and the position).
     """
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"engine.json_schema: is a string but not JSON text ({exc})") from None
+        value = json.loads(text)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, over-long integers, deep nesting
+        raise ConfigError(f"engine.json_schema: is a string but not JSON text ({type(exc).__name__})") from None
+    _check(isinstance(value, dict), "engine.json_schema", "is a string whose JSON text is not an object")
+    return value
 
 
 def _check_json_schema(value: Any) -> None:
@@ -59,8 +61,8 @@ def _check_json_schema(value: Any) -> None:
     _check(isinstance(value, dict) and value, "engine.json_schema",
            "must be a non-empty JSON Schema object (e.g. {'type': 'object', 'properties': {...}})")
     try:
-        json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+        json.dumps(value, allow_nan=False, ensure_ascii=False).encode("utf-8")
+    except (TypeError, ValueError, RecursionError) as exc:  # UnicodeEncodeError (a lone surrogate) too
         raise ConfigError(f"engine.json_schema: is not plain JSON ({exc})") from None
     schema_type = value.get("type")
     _check(schema_type is None or isinstance(schema_type, str | list), "engine.json_schema",

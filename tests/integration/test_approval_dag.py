@@ -20,7 +20,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-import airflow_home
+import airflow_test_home
 import pytest
 from test_canary_dag import RUN_DAG, run_dag
 
@@ -80,7 +80,7 @@ ANSWER = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def airflow_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    return airflow_home.airflow_env(tmp_path_factory.mktemp("airflow_home_approval"), {
+    return airflow_test_home.airflow_env(tmp_path_factory.mktemp("airflow_home_approval"), {
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "alice:admin",
         "AIRFLOW__API_AUTH__JWT_SECRET": "approval-test-secret",
     })

@@ -9,7 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-import airflow_home
+import airflow_test_home
 import pytest
 
 pytestmark = [pytest.mark.integration, pytest.mark.dagrun]
@@ -31,7 +31,7 @@ RUN_DAG = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def airflow_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    return airflow_home.airflow_env(tmp_path_factory.mktemp("airflow_home_canary"))
+    return airflow_test_home.airflow_env(tmp_path_factory.mktemp("airflow_home_canary"))
 
 
 def run_dag(conf: dict, env: dict[str, str], dag_id: str = "batch_inference_backfill") -> tuple[dict, str]:

@@ -13,7 +13,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-import airflow_home
+import airflow_test_home
 import pytest
 
 pytestmark = [pytest.mark.integration, pytest.mark.dagrun]
@@ -99,7 +99,7 @@ CONSUMER_DAG = textwrap.dedent("""
 @pytest.fixture(scope="module")
 def airflow_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     home = tmp_path_factory.mktemp("airflow_home")
-    return airflow_home.airflow_env(home, {"BATCH_RENDER_DIR": str(home / "k8s")})
+    return airflow_test_home.airflow_env(home, {"BATCH_RENDER_DIR": str(home / "k8s")})
 
 
 def _run(script: str, args: list[str], env: dict[str, str]) -> tuple[dict, str]:
@@ -218,7 +218,7 @@ def test_publish_emits_the_event_on_the_table_it_wrote(tmp_path: Path, airflow_e
     (dags / "batch_inference_dags.py").write_text((REPO / "dags" / "batch_inference_dags.py").read_text())
     (dags / "desc_emb_rest_consumer.py").write_text(CONSUMER_DAG)
     home = tmp_path / "home"
-    env = airflow_home.airflow_env(home, {"AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+    env = airflow_test_home.airflow_env(home, {"AIRFLOW__CORE__DAGS_FOLDER": str(dags),
                                           "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False"})
     conf = _conf(tmp_path, output_table="desc_emb_rest", row_limit=40)
     result, out = _run(RUN_AND_READ_ASSET_EVENTS, ["batch_inference_backfill", json.dumps(conf), str(dags)], env)

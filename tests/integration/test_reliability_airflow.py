@@ -23,7 +23,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-import airflow_home
+import airflow_test_home
 import pytest
 from batch_contract import storage
 from batch_contract.layout import PART_PREFIX, RunLayout, chunk_of, join_uri
@@ -60,7 +60,7 @@ RUN_DAG = textwrap.dedent("""
 @pytest.fixture(scope="module")
 def airflow(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     home = tmp_path_factory.mktemp("airflow_reliability")
-    env = airflow_home.airflow_env(home, {
+    env = airflow_test_home.airflow_env(home, {
         "OMP_NUM_THREADS": "1",
         "BATCH_WORKER_COMMAND": f"{sys.executable} {REPO / 'bench' / 'chaos_lib.py'} kill-once "
                                 f"--flag-dir {home / 'kills'} --after-commits 2 --signal KILL --",

@@ -20,7 +20,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-import airflow_home
+import airflow_test_home
 import pytest
 from batch_contract.engine_config import ConfigError
 from batch_contract.layout import RunLayout
@@ -174,7 +174,7 @@ def test_planted_credentials_never_reach_logs_manifests_or_reports(tmp_path: Pat
     home = tmp_path / "airflow_home"
     dsn_with_password = pg_dsn.replace("postgresql://postgres@", f"postgresql://postgres:{FAKE_PG_PASSWORD}@", 1)
     assert FAKE_PG_PASSWORD in dsn_with_password, f"unexpected DSN shape {pg_dsn}"
-    env = airflow_home.airflow_env(home, {
+    env = airflow_test_home.airflow_env(home, {
         "OMP_NUM_THREADS": "1",
         "BATCH_GCS_CREDENTIALS_JSON": FAKE_SERVICE_ACCOUNT,
         "MY_SERVICE_TOKEN": FAKE_ENV_SECRET,

@@ -59,6 +59,12 @@ def test_round_trip_through_json():
         ({"json_schema": "{}"}, "engine.json_schema"),
         ({"json_schema": {"type": 3}}, "engine.json_schema"),
         ({"json_schema": {"type": "number", "maximum": float("inf")}}, "engine.json_schema"),
+        ({"json_schema": "null"}, "engine.json_schema"),                  # text: not an object
+        ({"json_schema": "[1, 2]"}, "engine.json_schema"),
+        ({"json_schema": '{"type": "object"'}, "engine.json_schema"),     # truncated
+        ({"json_schema": '{"maximum": ' + "9" * 5000 + "}"}, "engine.json_schema"),  # over-long integer
+        ({"json_schema": "[" * 100_000 + "]" * 100_000}, "engine.json_schema"),       # nesting
+        ({"json_schema": '{"description": "\\ud800"}'}, "engine.json_schema"),      # lone surrogate
         ({"constrain_output": 1}, "engine.constrain_output"),
         ({"speculative_model": "draft"}, "unknown field"),
     ],
