@@ -9,6 +9,7 @@ Kept out of ``conftest.py`` because several directories have a ``conftest.py`` a
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,13 @@ from batch_contract.rows import count_jsonl_rows
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_PARQUET = REPO_ROOT / "data" / "sample" / "debian_descriptions_sample.parquet"
+WORKER_ENV = {
+    "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "plugins"), str(REPO_ROOT / "worker_image")]),
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+}
+"""What a worker or DAG subprocess started by a test needs on top of ``os.environ``: the project on
+``PYTHONPATH`` and the model hubs offline."""
 
 
 def _input_file(path: Path, fmt: str) -> InputFile:

@@ -21,6 +21,7 @@ from batch_contract import storage
 from batch_contract.enums import ExitCode
 from batch_contract.layout import MARKER_NAME, PART_PREFIX, RunLayout
 from batch_contract.marker import ShardMarker
+from run_helpers import WORKER_ENV
 from st_reference import check_published, texts_by_id
 
 fake_gcs, gcs_bucket = gcs_fixture.fake_gcs, gcs_fixture.gcs_bucket
@@ -29,11 +30,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.dagrun]
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "data" / "sample" / "debian_descriptions_sample.parquet"
-WORKER_ENV = {
-    "PYTHONPATH": os.pathsep.join([str(REPO / "plugins"), str(REPO / "worker_image")]),
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-}
 
 
 def upload_sample(bucket_uri: str) -> str:

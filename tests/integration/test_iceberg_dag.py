@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 from batch_contract import storage
 from pg_fixture import pg_dsn  # noqa: F401  (module-scoped server fixture)
+from run_helpers import WORKER_ENV
 from st_reference import check_published, texts_by_id
 
 fake_gcs, gcs_bucket = gcs_fixture.fake_gcs, gcs_fixture.gcs_bucket
@@ -33,11 +34,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.dagrun]
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "data" / "sample" / "debian_descriptions_sample.parquet"
-WORKER_ENV = {
-    "PYTHONPATH": os.pathsep.join([str(REPO / "plugins"), str(REPO / "worker_image")]),
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-}
 CONN_ID = "iceberg_catalog_test"
 TABLE = "emb_iceberg"
 ROWS = 200
