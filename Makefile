@@ -33,6 +33,18 @@ test-fast: venv lint
 	$(PY) -m pytest tests/unit tests/dags tests/integration -q -m "not dagrun" --ignore=tests/integration/llm \
 		-n $(or $(TEST_JOBS),4) --dist loadfile --durations=10 -p no:cacheprovider
 
+# The attack suite (tests/security; docs/security.md): each test is one attack through the real path it
+# uses (a DAG run with a hostile conf, a symlinked input tree, a hostile template, a wrong-type connection,
+# an HTTP client against the UI), passing only when refused, with planted secrets searched for in every
+# log, XCom, storage object and page. Last line: one JSON object (attacks_tried, attacks_refused,
+# secrets_found_in_outputs, per class).
+.PHONY: test-security
+test-security: venv
+	@bash scripts/pg_test_cluster.sh install
+	@rm -f build/security/summary.json
+	$(PY) -m pytest tests/security -q -p no:cacheprovider -n $(or $(TEST_JOBS),2) --dist loadfile --durations=5
+	@$(PY) -c "import json; print(json.dumps(json.load(open('build/security/summary.json'))))"
+
 # The Batch inference page (plugins/batch_inference/ui) in headless Chromium against `airflow standalone`
 # started by the tests (tests/ui, ~4 min); screenshots in build/ui/. Installs Debian's chromium +
 # chromium-driver and Selenium when missing. Last line: one JSON object (pages, screenshots, refusals).

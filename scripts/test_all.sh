@@ -45,12 +45,14 @@ system_packages() {  # apt installs first and one at a time (dpkg takes one clie
 main_pass() {
   local workers=(-n "$JOBS" --dist loadfile)
   [ "$SERIAL" = 1 ] && workers=()
-  "$PY" -m pytest tests -q --durations=25 --ignore=tests/k8s -p no:cacheprovider "${workers[@]}"
+  "$PY" -m pytest tests -q --durations=25 --ignore=tests/k8s --ignore=tests/security -p no:cacheprovider \
+    "${workers[@]}"
 }
 
 stage system-packages system_packages || exit 1
 if [ "$SERIAL" = 1 ]; then
   stage main main_pass
+  stage security make --no-print-directory -o venv test-security
   stage k8s-build "$PY" -m scripts.k8s.cluster build && stage k8s make --no-print-directory -o venv test-k8s
   stage venv-llm make --no-print-directory venv-llm && stage llm make --no-print-directory -o venv-llm test-llm
   stage ui make --no-print-directory -o venv test-ui
@@ -58,6 +60,7 @@ else
   { stage k8s-build "$PY" -m scripts.k8s.cluster build && stage k8s make --no-print-directory -o venv test-k8s; } &
   { stage venv-llm make --no-print-directory venv-llm && stage llm make --no-print-directory -o venv-llm test-llm; } &
   stage main main_pass
+  stage security make --no-print-directory -o venv test-security
   stage ui make --no-print-directory -o venv test-ui
   wait
 fi

@@ -1,6 +1,7 @@
 """Run layout: where every object of a run lives, as URIs (local path, ``file://`` or ``gs://``).
 
 ```
+<output_root>/runs/<dag_id>/<run_id>/manifest.json  (a run of a DAG; <output_root>/runs/<run_id>/ without one)
 <output_root>/runs/<run_id>/manifest.json
 <output_root>/runs/<run_id>/shards/<shard_id>/part-<chunk>-<uuid>.parquet      committed chunks
 <output_root>/runs/<run_id>/shards/<shard_id>/dead-letter-<chunk>-<uuid>.parquet rejected rows
@@ -22,7 +23,10 @@ import re
 import uuid
 from dataclasses import dataclass
 
-RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,199}$")
+RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:+-]{0,199}")
+"""A run id: one safe path segment (matched whole with ``fullmatch``: no trailing newline slips in)."""
+DAG_ID_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,249}")
+"""A DAG id as Airflow allows it (letters, digits, ``_.-``; at most 250 characters), matched whole."""
 SHARD_ID_PATTERN = re.compile(r"^[0-9]{5}$")
 PART_PREFIX = "part-"
 DEAD_LETTER_PREFIX = "dead-letter-"
@@ -55,11 +59,18 @@ def validate_run_id(run_id: str) -> str:
 
     Airflow run ids such as ``manual__2026-11-30T02:43:00+00:00`` pass; ``/``, ``..`` and spaces do not.
     """
-    if not RUN_ID_PATTERN.match(run_id) or ".." in run_id:
+    if not isinstance(run_id, str) or not RUN_ID_PATTERN.fullmatch(run_id) or ".." in run_id:
         raise ValueError(
             f"run_id {run_id!r} is not a safe path segment: use letters, digits and _.:+- only"
         )
     return run_id
+
+
+def validate_dag_id(dag_id: str) -> str:
+    """Return ``dag_id`` if it is a DAG id Airflow accepts and a safe path segment, else raise ``ValueError``."""
+    if not isinstance(dag_id, str) or not DAG_ID_PATTERN.fullmatch(dag_id) or ".." in dag_id or dag_id == "runs":
+        raise ValueError(f"dag_id {dag_id!r} is not a safe path segment: use letters, digits and _.- only")
+    return dag_id
 
 
 def part_name(kind_prefix: str, chunk: int, reused: bool = False) -> str:
@@ -93,30 +104,53 @@ def chunk_of(name: str) -> int | None:
 class RunLayout:
     """URIs of one run's objects under ``output_root``.
 
+    A DAG's runs live in a directory of their own, ``<output_root>/runs/<dag_id>/<run_id>``, so two DAGs
+    sharing an output root never share a run directory even when their run ids are equal (a backfill
+    that reuses another DAG's run id plans afresh instead of reusing that DAG's manifest). A run without
+    a DAG (a benchmark, the worker's tests) lives in ``<output_root>/runs/<run_id>``.
+
     Args:
         output_root: local directory, ``file://`` URI or ``gs://bucket/prefix``.
         run_id: the Airflow run id (validated by :func:`validate_run_id`).
+        dag_id: the DAG whose run it is (validated by :func:`validate_dag_id`), or ``None``.
+
+    Raises:
+        ValueError: an unsafe run id or DAG id.
     """
 
     output_root: str
     run_id: str
+    dag_id: str | None = None
 
     def __post_init__(self) -> None:
         validate_run_id(self.run_id)
+        if self.dag_id is not None:
+            validate_dag_id(self.dag_id)
 
     @classmethod
     def from_run_dir(cls, run_dir: str) -> RunLayout:
-        """Inverse of :attr:`run_dir`: ``<root>/runs/<run_id>`` -> layout."""
-        trimmed = run_dir.rstrip("/")
-        head, _, run_id = trimmed.rpartition("/")
-        root, _, runs = head.rpartition("/")
-        if runs != "runs" or not run_id:
-            raise ValueError(f"run dir {run_dir!r} is not of the form <output_root>/runs/<run_id>")
-        return cls(output_root=root or "/", run_id=run_id)
+        """Inverse of :attr:`run_dir`: ``<root>/runs/<dag_id>/<run_id>`` or ``<root>/runs/<run_id>``.
+
+        Raises:
+            ValueError: ``run_dir`` has neither form, or its ids are unsafe.
+        """
+        parts = run_dir.rstrip("/").split("/")
+        if len(parts) >= 3 and parts[-2] == "runs" and parts[-1]:
+            return cls(output_root="/".join(parts[:-2]) or "/", run_id=parts[-1])
+        if len(parts) >= 4 and parts[-3] == "runs" and parts[-1] and parts[-2]:
+            return cls(output_root="/".join(parts[:-3]) or "/", run_id=parts[-1], dag_id=parts[-2])
+        raise ValueError(f"run dir {run_dir!r} is not of the form <output_root>/runs/<dag_id>/<run_id>")
+
+    @property
+    def runs_dir(self) -> str:
+        """The directory holding this run's directory and its sibling runs (of the same DAG, if any)."""
+        if self.dag_id is None:
+            return join_uri(self.output_root, "runs")
+        return join_uri(self.output_root, "runs", self.dag_id)
 
     @property
     def run_dir(self) -> str:
-        return join_uri(self.output_root, "runs", self.run_id)
+        return join_uri(self.runs_dir, self.run_id)
 
     @property
     def manifest_uri(self) -> str:

@@ -104,7 +104,7 @@ def dags_test(dag_id: str, conf: dict[str, Any], env: dict[str, str], log_path: 
     watcher = None
     if emit is not None and conf.get("output_root"):
         watcher = ProgressWatcher(str(conf["output_root"]), lambda: parsed.run_id, emit,
-                                  interval=progress_interval).start()
+                                  interval=progress_interval, dag_id=dag_id).start()
     try:
         with open(log_path, "w") as log_fh:
             proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

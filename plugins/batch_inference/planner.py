@@ -81,8 +81,10 @@ class PlanRequest:
             ``gs://``).
         id_column / text_column: column names; the id column must be string or integer, the text column
             string (or binary: the worker repairs invalid UTF-8).
-        output_root: where ``runs/<run_id>/`` lives.
+        output_root: where ``runs/<dag_id>/<run_id>/`` lives.
         run_id: the Airflow run id.
+        dag_id: the DAG whose run it is (the run directory is namespaced by it); ``None``: a run of no
+            DAG (``runs/<run_id>/``).
         engine: engine config dict (validated by the manifest).
         worker: worker settings dict (validated by the manifest).
         rows_per_shard: target rows per shard before the ``max_map_length`` cap (rows); default the
@@ -107,6 +109,7 @@ class PlanRequest:
     max_map_length: int = DEFAULT_MAX_MAP_LENGTH
     row_limit: int | None = None
     params: dict[str, Any] = field(default_factory=dict)
+    dag_id: str | None = None
 
     def __post_init__(self) -> None:
         if self.rows_per_shard < 1:
@@ -500,7 +503,7 @@ def plan(request: PlanRequest) -> tuple[Manifest, list[dict[str, Any]]]:
         PlanError / ConfigError: bad input, columns or settings (the message names the field or column).
         batch_contract.storage.StorageError: storage unreachable.
     """
-    layout = RunLayout(request.output_root, request.run_id)
+    layout = RunLayout(request.output_root, request.run_id, request.dag_id)
     if storage.exists(layout.manifest_uri):
         existing = Manifest.from_json_bytes(storage.read_bytes(layout.manifest_uri))
         manifest = _reuse(existing, request, layout.manifest_uri)

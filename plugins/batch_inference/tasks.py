@@ -53,8 +53,9 @@ def run_config(context: Mapping[str, Any], overrides: Mapping[str, Any] | None =
     return resolve_run_config(params)
 
 
-def run_dir_of(cfg: RunConfig, run_id: str) -> str:
-    return RunLayout(cfg.output_root, run_id).run_dir
+def run_dir_of(cfg: RunConfig, run_id: str, dag_id: str) -> str:
+    """``<output_root>/runs/<dag_id>/<run_id>`` (:class:`batch_contract.layout.RunLayout`)."""
+    return RunLayout(cfg.output_root, run_id, dag_id).run_dir
 
 
 def run_config_of(manifest: Manifest) -> RunConfig:
@@ -142,18 +143,19 @@ def _plan(context: Mapping[str, Any], *, model_from_asset: bool) -> list[dict[st
         overrides["model"] = model
     cfg = run_config(context, overrides)
     run_id = context["run_id"]
+    dag_id = context["dag"].dag_id
     request = PlanRequest(
         input_uri=cfg.input_uri, id_column=cfg.id_column, text_column=cfg.text_column,
         output_root=cfg.output_root, run_id=run_id, engine=cfg.engine_dict(),
         worker={"token_budget": cfg.token_budget, "reuse": cfg.reuse}, rows_per_shard=cfg.rows_per_shard,
         shard_by=cfg.shard_by, max_map_length=cfg.max_shards, row_limit=cfg.row_limit or None,
-        params={**cfg.to_dict(), "dag_id": context["dag"].dag_id},
+        params={**cfg.to_dict(), "dag_id": dag_id}, dag_id=dag_id,
     )
     manifest, refs = plan(request)
     log.info("run %s: %d rows in %d shards -> %s", run_id, manifest.rows, len(refs),
-             RunLayout(cfg.output_root, run_id).manifest_uri)
-    refs = carry_over_task(cfg, manifest, run_dir_of(cfg, run_id), refs)
-    context["ti"].xcom_push(key="run_dir", value=run_dir_of(cfg, run_id))
+             RunLayout(cfg.output_root, run_id, dag_id).manifest_uri)
+    refs = carry_over_task(cfg, manifest, run_dir_of(cfg, run_id, dag_id), refs)
+    context["ti"].xcom_push(key="run_dir", value=run_dir_of(cfg, run_id, dag_id))
     return refs
 
 

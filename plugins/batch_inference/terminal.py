@@ -155,15 +155,17 @@ class ProgressWatcher:
     """Polls a run's progress every ``interval`` seconds on a daemon thread and prints what changed.
 
     Args:
-        output_root: the run's output root (``<output_root>/runs/<run_id>``).
+        output_root: the run's output root (``<output_root>/runs/<dag_id>/<run_id>``).
         run_id: callable returning the run id ("" until known).
+        dag_id: the DAG being run.
         emit: prints one line.
         interval: seconds between polls.
     """
 
     def __init__(self, output_root: str, run_id: Callable[[], str], emit: Callable[[str], None],
-                 interval: float = 5.0) -> None:
+                 interval: float = 5.0, *, dag_id: str | None = None) -> None:
         self.output_root = output_root
+        self.dag_id = dag_id
         self.run_id = run_id
         self.emit = emit
         self.interval = interval
@@ -195,7 +197,7 @@ class ProgressWatcher:
             run_id = self.run_id()
             if not run_id:
                 return None
-            store = RunStore(RunLayout(self.output_root, run_id))
+            store = RunStore(RunLayout(self.output_root, run_id, self.dag_id))
             try:
                 self._shards = [s.shard_id for s in store.manifest.shards]
             except FileNotFoundError:

@@ -6,23 +6,23 @@ import json
 from typing import Any
 
 from batch_contract import storage
-from batch_contract.layout import join_uri
+from batch_contract.layout import RunLayout, join_uri
 
 MAX_RUNS_SCANNED = 200
 """Run directories read at most (the last ones by name), to bound the listing cost on big roots."""
 
 
 def recent_runs(output_root: str, dag_id: str, exclude_run_id: str, limit: int = 20) -> list[dict[str, Any]]:
-    """Key figures of the latest ``limit`` other runs of ``dag_id`` under ``<output_root>/runs/``.
+    """Key figures of the latest ``limit`` other runs of ``dag_id`` under ``<output_root>/runs/<dag_id>/``.
 
-    Reads ``<output_root>/runs/*/report.json``; runs without a report, with another ``dag_id`` or an
+    Reads ``<output_root>/runs/<dag_id>/*/report.json``; runs without a report, with another ``dag_id`` or an
     unreadable report are skipped.
 
     Returns:
         Oldest first: ``[{"run_id", "generated_at", "rows_published", "cost_usd",
         "cost_per_million_rows_usd"}]``.
     """
-    runs_dir = join_uri(output_root, "runs")
+    runs_dir = RunLayout(output_root, exclude_run_id, dag_id).runs_dir
     found = []
     for run_id in storage.list_names(runs_dir)[-MAX_RUNS_SCANNED:]:
         if run_id == exclude_run_id:
