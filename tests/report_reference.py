@@ -266,9 +266,10 @@ def recompute(run_dir: Path, report: dict[str, Any], *, cost_params: dict[str, A
     if report.get("run_id") != run_dir.name:
         problems.append(f"run_id: report {report.get('run_id')!r} != run directory {run_dir.name!r}")
     uris = report.get("uris") or {}
-    if not str(uris.get("report_json", "")).endswith(f"/runs/{run_dir.name}/report.json"):
+    tail = run_dir.as_posix()[run_dir.as_posix().rindex("/runs/"):]  # /runs/[<dag_id>/]<run_id>
+    if not str(uris.get("report_json", "")).endswith(f"{tail}/report.json"):
         problems.append(f"uris.report_json: {uris.get('report_json')!r} is not this run's report.json")
-    if not str(uris.get("run_dir", "")).rstrip("/").endswith(f"/runs/{run_dir.name}"):
+    if not str(uris.get("run_dir", "")).rstrip("/").endswith(tail):
         problems.append(f"uris.run_dir: {uris.get('run_dir')!r} is not this run's directory")
     missing = [s["shard_id"] for s in specs if s["shard_id"] not in markers]
     for key, value in (("shards_total", len(specs)), ("shards_complete", len(markers)),
@@ -490,7 +491,7 @@ def is_stale(report_path: str | os.PathLike[str]) -> bool:
 
 
 def find_reports(root: str | os.PathLike[str], skip: Iterable[Path] = ()) -> list[Path]:
-    """Every ``runs/<run_id>/report.json`` under ``root`` (directories in ``skip`` not entered)."""
+    """Every ``runs/[<dag_id>/]<run_id>/report.json`` under ``root`` (directories in ``skip`` not entered)."""
     skipped = {os.path.realpath(p) for p in skip}
     found = []
     for dirpath, dirnames, filenames in os.walk(root):
@@ -498,6 +499,7 @@ def find_reports(root: str | os.PathLike[str], skip: Iterable[Path] = ()) -> lis
             dirnames[:] = []
             continue
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        if "report.json" in filenames and os.path.basename(os.path.dirname(dirpath)) == "runs":
+        parents = Path(dirpath).parts[-3:-1]  # runs/<run_id> or runs/<dag_id>/<run_id>
+        if "report.json" in filenames and "runs" in parents:
             found.append(Path(dirpath) / "report.json")
     return sorted(found)

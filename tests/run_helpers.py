@@ -9,6 +9,7 @@ Kept out of ``conftest.py`` because several directories have a ``conftest.py`` a
 
 from __future__ import annotations
 
+import glob
 import os
 from pathlib import Path
 from typing import Any
@@ -82,3 +83,11 @@ def write_run(
     layout = RunLayout(output_root=str(root), run_id=run_id)
     storage.write_replace(layout.manifest_uri, manifest.to_json_bytes())
     return layout.run_dir
+
+
+def dag_run_dir(output_root: str | Path, run_id: str) -> Path:
+    """The run directory of DAG run ``run_id`` under ``output_root`` (``runs/<dag_id>/<run_id>``, the DAG
+    found on disk); fails unless exactly one DAG has a run of that id there."""
+    found = sorted(Path(output_root).glob(f"runs/*/{glob.escape(run_id)}"))
+    assert len(found) == 1, f"expected one runs/<dag_id>/{run_id} under {output_root}, found {found}"
+    return found[0]

@@ -219,16 +219,17 @@ def _conf(args: argparse.Namespace) -> dict[str, Any]:
 def precheck(conf: dict[str, Any]) -> None:
     """Check the conf as the plan task will (:func:`resolve_run_config`) before starting Airflow, so a
     bad flag fails in a second, not after Airflow's start-up, and reject keys that are not Params
-    (:func:`check_known_params`: a typo would be ignored). Skipped when a value holds Jinja.
+    (:func:`check_known_params`: a typo would be ignored), and refuse Jinja in a value (a conf is never
+    rendered: :mod:`batch_inference.templating`).
 
     Raises:
         ConfigError: naming ``params.<field>``.
     """
     from batch_inference.params import check_known_params, resolve_run_config
+    from batch_inference.templating import resolve_templates
 
     check_known_params(conf)
-    if any(isinstance(v, str) and "{{" in v for v in conf.values()):
-        return
+    resolve_templates(conf, {}, {})  # a run's own value is never a template: refuse Jinja at once
     previous = os.environ.get(ALLOWED_ROOTS_ENV)
     os.environ[ALLOWED_ROOTS_ENV] = run_allowed_roots(conf, dict(os.environ))
     try:

@@ -42,20 +42,37 @@ from airflow.sdk import (
     TriggerRule,
     task,
 )
+from batch_contract.engine_config import ConfigError
 
 from batch_inference.approval import ProjectionApprovalOperator
 from batch_inference.assets import MODEL_ASSET, published_alias, table_asset
 from batch_inference.params import REPO_ROOT, RUNNERS, base_params, param_default, replace_field
 from batch_inference.pod_spec import K8sSettings
 from batch_inference.sensors import ShardMarkerSensor
+from batch_inference.templating import has_jinja
 
 __all__ = ["DAG_SPECS", "MODEL_ASSET", "DagSpec", "build_all", "build_dag", "enabled_runners", "output_asset"]
 
 START_DATE = datetime(2026, 1, 1)
 BASE_TAGS = ["batch-inference", "gpu", "offline"]
 NIGHTLY_ROOT = str(REPO_ROOT / "data" / "nightly")
-"""Default root of the nightly partitions ``<root>/dt=YYYY-MM-DD/``; Airflow Variable
-``batch_inference_nightly_root`` overrides it."""
+"""Default root of the nightly partitions ``<root>/dt=YYYY-MM-DD/``; ``BATCH_NIGHTLY_ROOT`` overrides it."""
+NIGHTLY_ROOT_ENV = "BATCH_NIGHTLY_ROOT"
+
+
+def nightly_root(environ: Mapping[str, str] | None = None) -> str:
+    """Root of the nightly partitions, read when the DAG file is parsed: ``BATCH_NIGHTLY_ROOT`` or
+    :data:`NIGHTLY_ROOT`. A deployment setting, not a Variable: the default template of ``input_uri``
+    sees only the schedule's dates (:mod:`batch_inference.templating`).
+
+    Raises:
+        ConfigError: the root holds Jinja syntax (it would become part of the template).
+    """
+    env = os.environ if environ is None else environ
+    root = env.get(NIGHTLY_ROOT_ENV, "").strip() or NIGHTLY_ROOT
+    if has_jinja(root):
+        raise ConfigError(f"{NIGHTLY_ROOT_ENV}: a storage root, not a template")
+    return root.rstrip("/")
 RUNNERS_ENV = "BATCH_INFERENCE_RUNNERS"
 """Comma-separated runners the DAGs are built with (``local``, ``kubernetes``), read at parse time."""
 DEADLINE_CALLBACK_ENV = "BATCH_INFERENCE_DEADLINE_CALLBACK"
@@ -351,7 +368,7 @@ DAG_SPECS = {
         tags=["nightly"],
         params={"input_uri": replace_field(
             "input_uri",
-            default="{{ var.value.get('batch_inference_nightly_root', '" + NIGHTLY_ROOT + "') }}/dt={{ ds }}",
+            default=nightly_root() + "/dt={{ ds }}",
             title="Input URI (templated)",
             description="The day's partition: rendered with the run's logical date ({{ ds }}).",
         ).param()},

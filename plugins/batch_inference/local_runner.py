@@ -124,7 +124,9 @@ def worker_command() -> list[str]:
 
 
 def _lock_dir(run_dir: str) -> Path:
-    path = Path(tempfile.gettempdir()) / "batch-inference-slots" / RunLayout.from_run_dir(run_dir).run_id
+    layout = RunLayout.from_run_dir(run_dir)  # one slot set per run of a DAG (two DAGs may share a run id)
+    name = f"{layout.dag_id}.{layout.run_id}" if layout.dag_id else layout.run_id
+    path = Path(tempfile.gettempdir()) / "batch-inference-slots" / name
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -40,6 +40,8 @@ from batch_inference.publish.target import (
 if TYPE_CHECKING:
     from airflow.sdk import Param
 
+    from batch_inference.policy import DagPolicy
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 """Repository root (``plugins/batch_inference/params.py`` -> two levels up)."""
 SAMPLE_INPUT = str(REPO_ROOT / "data" / "sample" / "debian_descriptions_sample.parquet")
@@ -53,6 +55,8 @@ ALLOWED_ROOTS_ENV = "BATCH_INFERENCE_ALLOWED_ROOTS"
 """Comma-separated local directories and/or ``gs://bucket[/prefix]`` under which ``input_uri``,
 ``output_root`` and ``duckdb_path`` must lie (see :func:`allowed_roots`)."""
 PATH_FIELDS = ("input_uri", "output_root", "duckdb_path")
+POLICY_SETTING_HINT = "BATCH_INFERENCE_POLICY or BATCH_INFERENCE_ALLOWED_ROOTS; docs/security.md"
+"""Where an out-of-bounds message points (the settings, never their values)."""
 RUNNERS = ("local", "kubernetes")
 ENGINES = engine_kinds()
 """The ``engine`` Param's allowed values: every :class:`~batch_contract.enums.EngineKind`."""
@@ -269,8 +273,8 @@ def _fields(*fields: ParamField) -> Mapping[str, ParamField]:
 
 PARAM_FIELDS: Mapping[str, ParamField] = _fields(
     ParamField("input_uri", SAMPLE_INPUT, "string", "Input URI",
-               "Parquet/JSONL file, directory or glob; local path, file:// or gs://. Jinja "
-               "(e.g. {{ ds }}) is rendered with the run's context.", "Input", min_length=1, required=True),
+               "Parquet/JSONL file, directory or glob; local path, file:// or gs://. A concrete "
+               "value: only a DAG's own default may be a template of the schedule's dates ({{ ds }}).", "Input", min_length=1, required=True),
     ParamField("id_column", "id", "string", "Id column", "Stable row id column (string or integer).",
                "Input", min_length=1, max_length=200, required=True),
     ParamField("text_column", "text", "string", "Text column", "Input text column (string).",
@@ -412,7 +416,8 @@ def base_params(*, input_uri: str | None = None, runner: str | None = None,
     built from :data:`PARAM_FIELDS`.
 
     Args:
-        input_uri: default input (may hold Jinja such as ``{{ ds }}``; the plan task renders it);
+        input_uri: default input (may hold Jinja of the schedule's dates such as ``{{ ds }}``; the plan
+            task renders it: :mod:`batch_inference.templating`);
             ``None``: the table's default.
         runner: default runner, ``local`` or ``kubernetes``; ``None``: the table's default.
         output_table: default output table; ``None``: the table's default.
@@ -558,12 +563,12 @@ def allowed_roots(environ: Mapping[str, str] | None = None) -> list[str]:
     return _add_roots([], entries)
 
 
-def _add_roots(roots: list[str], entries: Iterable[str]) -> list[str]:
+def _add_roots(roots: list[str], entries: Iterable[str], where: str = ALLOWED_ROOTS_ENV) -> list[str]:
     """Append each entry, normalised, to ``roots`` unless already there; returns ``roots``.
 
     Raises:
-        ConfigError: an entry has a scheme no storage backend serves, or is malformed for its scheme
-            (``gs://`` without a bucket).
+        ConfigError: ``<where>: ...``: an entry has a scheme no storage backend serves, or is malformed
+            for its scheme (``gs://`` without a bucket).
     """
     from batch_contract import storage  # pyarrow: imported at run time only, not when a DAG file parses
 
@@ -571,10 +576,19 @@ def _add_roots(roots: list[str], entries: Iterable[str]) -> list[str]:
         try:
             root = storage.normalize(entry)
         except storage.StorageError as exc:
-            raise ConfigError(f"{ALLOWED_ROOTS_ENV}: {exc}") from None
+            raise ConfigError(f"{where}: {exc}") from None
         if root not in roots:
             roots.append(root)
     return roots
+
+
+def normalize_roots(entries: Iterable[str], where: str) -> list[str]:
+    """``entries`` normalised (:func:`batch_contract.storage.normalize`), duplicates dropped, order kept.
+
+    Raises:
+        ConfigError: ``<where>: ...``: an entry has a scheme no storage backend serves or is malformed.
+    """
+    return _add_roots([], entries, where)
 
 
 def allowed_roots_value(extra: Iterable[str], environ: Mapping[str, str] | None = None) -> str:
@@ -588,7 +602,8 @@ def allowed_roots_value(extra: Iterable[str], environ: Mapping[str, str] | None 
     return ",".join(_add_roots(allowed_roots(environ), extra))
 
 
-def check_allowed_location(name: str, uri: str, roots: list[str] | None = None) -> None:
+def check_allowed_location(name: str, uri: str, roots: Iterable[str] | None = None,
+                           setting: str = "the storage roots this DAG may use") -> None:
     """Raise unless ``uri`` lies under one of ``roots`` (default :func:`allowed_roots`).
 
     The check is the storage backend's (:func:`batch_contract.storage.is_under`): local paths are
@@ -596,13 +611,16 @@ def check_allowed_location(name: str, uri: str, roots: list[str] | None = None) 
     with ``.``/``..`` segments collapsed (whichever way the storage reads them, the object stays under
     the root).
 
+    The message names ``uri`` and ``setting`` (which deployment setting bounds it), never the roots
+    themselves: a trigger-form user learns nothing about the storage other DAGs may use.
+
     Raises:
-        ConfigError: ``params.<name>: ... outside the allowed roots [...]``, or ``uri`` has a scheme no
+        ConfigError: ``params.<name>: ... is outside <setting> ...``, or ``uri`` has a scheme no
             storage backend serves or is malformed for its scheme.
     """
     from batch_contract import storage  # pyarrow: imported at run time only, not when a DAG file parses
 
-    roots = allowed_roots() if roots is None else roots
+    roots = allowed_roots() if roots is None else list(roots)
     try:
         location = storage.normalize(uri)
         if any(storage.is_under(uri, root) for root in roots):
@@ -610,9 +628,8 @@ def check_allowed_location(name: str, uri: str, roots: list[str] | None = None) 
     except storage.StorageError as exc:
         raise ConfigError(f"params.{name}: {exc}") from None
     shown = f"{uri!r}" if location == uri else f"{uri!r} (resolved {location!r})"
-    raise ConfigError(f"params.{name}: {shown} is outside the allowed roots {roots}; set "
-                      f"{ALLOWED_ROOTS_ENV} (comma-separated directories and/or gs://bucket[/prefix]) "
-                      "to allow it")
+    raise ConfigError(f"params.{name}: {shown} is outside {setting}; a deployment setting "
+                      f"({POLICY_SETTING_HINT}) allows more")
 
 
 def check_known_params(conf: Mapping[str, Any]) -> None:
@@ -635,7 +652,7 @@ def check_known_params(conf: Mapping[str, Any]) -> None:
                           "and in docs/configuration.md")
 
 
-def resolve_run_config(params: Mapping[str, Any]) -> RunConfig:
+def resolve_run_config(params: Mapping[str, Any], policy: DagPolicy | None = None) -> RunConfig:
     """Build the :class:`RunConfig` from a run's params, re-checking what the form checks.
 
     Keys that are not Params are ignored; a Param left out takes its :data:`PARAM_FIELDS` default,
@@ -644,10 +661,12 @@ def resolve_run_config(params: Mapping[str, Any]) -> RunConfig:
     is expected is an error, never coerced. Then the checks the form cannot make: the table name is one
     the publish step accepts, the kubernetes runner (unless ``dry_run``) needs input and output on
     shared storage (a storage backend whose ``shared`` is true: ``gs://``), the llm engine needs a
-    model, and the path fields lie under :func:`allowed_roots`.
+    model, and every Param stays inside the deployment's bounds (:func:`check_policy`).
 
     Args:
         params: the run's params (``context["params"]``, a ``dag_run.conf``-like mapping).
+        policy: the DAG's deployment settings (:func:`batch_inference.policy.policy_for`); ``None``: the
+            defaults (:func:`batch_inference.policy.policy_for` of no DAG).
 
     Returns:
         The validated config.
@@ -686,9 +705,70 @@ def resolve_run_config(params: Mapping[str, Any]) -> RunConfig:
                  "(a SQLite catalog file must be local)")
     if cfg.engine == EngineKind.LLM.value:
         _require(bool(cfg.model), "model", "the llm engine needs a model directory")
-    roots = allowed_roots()
-    for name in PATH_FIELDS:
-        check_allowed_location(name, getattr(cfg, name), roots)
+    from batch_inference.policy import policy_for
+
+    return check_policy(cfg, policy_for(None) if policy is None else policy)
+
+
+def _input_in_outputs(cfg: RunConfig, policy: DagPolicy) -> bool:
+    """Whether ``input_uri`` lies in what runs write (``runs/`` and ``cache/`` of an output root): run
+    outputs are read back only through the published table, never as another run's input."""
+    from batch_contract import storage
+    from batch_contract.layout import join_uri
+
+    for root in (*policy.output_roots, cfg.output_root):
+        for area in ("runs", "cache"):
+            try:
+                if storage.is_under(cfg.input_uri, join_uri(root, area)):
+                    return True
+            except storage.StorageError:
+                continue
+    return False
+
+
+def _ceiling(name: str, value: float | None, ceiling: float | None, setting: str) -> None:
+    if ceiling is not None and value is not None and value > ceiling:
+        raise ConfigError(f"params.{name}: {_shown(value)} is above this DAG's ceiling (deployment setting "
+                          f"{setting})")
+
+
+def check_policy(cfg: RunConfig, policy: DagPolicy) -> RunConfig:
+    """``cfg`` checked against the DAG's deployment settings, with a run that names no budget given
+    ``policy.max_budget_usd``.
+
+    Paths: ``input_uri`` under ``input_roots`` and not in an output root's ``runs/`` or ``cache/``;
+    ``output_root`` and ``duckdb_path`` under ``output_roots``. Connections: ``postgres_conn_id`` (postgres
+    backend) and ``iceberg_catalog_conn_id`` (iceberg backend) among the allowed ids. Ceilings:
+    ``token_budget``, ``engine_options.max_tokens``, ``budget_usd``, ``deadline_hours``, ``parallelism``
+    and ``max_gpus``. No message names an allowed value.
+
+    Raises:
+        ConfigError: ``params.<field>: ...`` for the first value outside the bounds.
+    """
+    check_allowed_location("input_uri", cfg.input_uri, policy.input_roots, "the input roots of this DAG")
+    for name in ("output_root", "duckdb_path"):
+        check_allowed_location(name, getattr(cfg, name), policy.output_roots, "the output roots of this DAG")
+    _require(not _input_in_outputs(cfg, policy), "input_uri",
+             "lies in the runs/ or cache/ of an output root: read earlier results through their published "
+             "table, not their run files")
+    if cfg.publish_backend == "postgres":
+        _require(cfg.postgres_conn_id in policy.postgres_conn_ids, "postgres_conn_id",
+                 f"{_shown(cfg.postgres_conn_id)} is not a connection this DAG may publish through "
+                 "(deployment setting postgres_conn_ids)")
+    if cfg.publish_backend == "iceberg" and cfg.iceberg_catalog_conn_id is not None:
+        _require(cfg.iceberg_catalog_conn_id in policy.iceberg_catalog_conn_ids, "iceberg_catalog_conn_id",
+                 f"{_shown(cfg.iceberg_catalog_conn_id)} is not a connection this DAG may publish through "
+                 "(deployment setting iceberg_catalog_conn_ids)")
+    _ceiling("token_budget", cfg.token_budget, policy.max_token_budget, "max_token_budget")
+    max_tokens = cfg.engine_options.get("max_tokens")
+    if isinstance(max_tokens, int | float) and not isinstance(max_tokens, bool):
+        _ceiling("engine_options.max_tokens", max_tokens, policy.max_max_tokens, "max_max_tokens")
+    _ceiling("budget_usd", cfg.budget_usd, policy.max_budget_usd, "max_budget_usd")
+    _ceiling("deadline_hours", cfg.deadline_hours, policy.max_deadline_hours, "max_deadline_hours")
+    _ceiling("parallelism", cfg.parallelism, policy.max_parallelism, "max_parallelism")
+    _ceiling("max_gpus", cfg.max_gpus, policy.max_parallelism, "max_parallelism")
+    if cfg.budget_usd is None and policy.max_budget_usd is not None:
+        return replace(cfg, budget_usd=policy.max_budget_usd)
     return cfg
 
 

@@ -24,6 +24,7 @@ from batch_contract.manifest import Manifest
 
 from batch_inference.params import REPO_ROOT, RunConfig, resolve_run_config
 from batch_inference.planner import PlanRequest, manifest_for, plan
+from batch_inference.policy import policy_for
 
 log = logging.getLogger(__name__)
 
@@ -32,25 +33,20 @@ REPORT_LINE_PREFIX = "BATCH_INFERENCE_REPORT_JSON="
 RENDER_DIR = os.environ.get("BATCH_RENDER_DIR", str(REPO_ROOT / "build" / "k8s"))
 
 
-def render_param(value: Any, context: Mapping[str, Any]) -> Any:
-    """Render Jinja in a string param (e.g. ``data/dt={{ ds }}``) with the task's context."""
-    if isinstance(value, str) and "{{" in value:
-        return context["task"].render_template(value, context)
-    return value
-
-
 def run_config(context: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> RunConfig:
-    """The run's validated config: params (rendered) updated with ``overrides``.
+    """The run's validated config: params updated with ``overrides``, the DAG's own default templates
+    rendered with the schedule's dates only (:mod:`batch_inference.templating`; a run's own value is never
+    rendered), checked against the DAG's deployment settings (:func:`batch_inference.policy.policy_for`).
 
     Raises:
-        ConfigError: naming ``params.<field>``.
+        ConfigError: naming ``params.<field>`` (or ``BATCH_INFERENCE_POLICY`` for a broken policy file).
     """
+    from batch_inference.templating import dag_defaults, resolve_templates
+
     params = dict(context["params"])
     params.update(overrides or {})
-    for name in ("input_uri", "output_root", "duckdb_path", "output_table"):
-        if name in params:
-            params[name] = render_param(params[name], context)
-    return resolve_run_config(params)
+    params = resolve_templates(params, dag_defaults(context["dag"]), context)
+    return resolve_run_config(params, policy_for(context["dag"].dag_id))
 
 
 def run_dir_of(cfg: RunConfig, run_id: str, dag_id: str) -> str:
@@ -144,10 +140,12 @@ def _plan(context: Mapping[str, Any], *, model_from_asset: bool) -> list[dict[st
     cfg = run_config(context, overrides)
     run_id = context["run_id"]
     dag_id = context["dag"].dag_id
+    policy = policy_for(dag_id)
     request = PlanRequest(
         input_uri=cfg.input_uri, id_column=cfg.id_column, text_column=cfg.text_column,
         output_root=cfg.output_root, run_id=run_id, engine=cfg.engine_dict(),
-        worker={"token_budget": cfg.token_budget, "reuse": cfg.reuse}, rows_per_shard=cfg.rows_per_shard,
+        worker={"token_budget": cfg.token_budget, "reuse": cfg.reuse, **policy.worker_limits()},
+        input_roots=list(policy.input_roots), rows_per_shard=cfg.rows_per_shard,
         shard_by=cfg.shard_by, max_map_length=cfg.max_shards, row_limit=cfg.row_limit or None,
         params={**cfg.to_dict(), "dag_id": dag_id}, dag_id=dag_id,
     )

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import airflow_test_home
 import pytest
+from run_helpers import dag_run_dir
 from test_canary_dag import RUN_DAG, run_dag
 
 pytestmark = [pytest.mark.integration, pytest.mark.dagrun]
@@ -131,7 +132,7 @@ def test_an_approved_run_shows_the_projection_then_runs_every_shard_and_publishe
     assert result["state"].endswith("success"), out[-6000:]
     assert request["state"] == "awaiting_input" and request["options"] == ["Approve", "Reject"]
     assert request["defaults"] == ["Reject"], "no answer by the deadline rejects"
-    run_dir = tmp_path / "out" / "runs" / result["run_id"]
+    run_dir = dag_run_dir(tmp_path / "out", result["run_id"])
     projection = json.loads((run_dir / "projection.json").read_text())
     chosen = projection["chosen"]
     assert request["subject"].startswith(f"Approve batch run {result['run_id']}: ${chosen['cost_usd']:.4g} (spot)")
@@ -161,7 +162,7 @@ def test_a_rejected_run_starts_no_shard_and_the_gate_says_who_rejected_it(tmp_pa
     assert tasks["choose_runner"].endswith("skipped")
     assert all(v.endswith("skipped") for k, v in tasks.items() if k.startswith("infer_local")), tasks
     assert tasks["wait_for_shards"].endswith("failed") and not tasks.get("publish", "").endswith("success")
-    run_dir = tmp_path / "out" / "runs" / result["run_id"]
+    run_dir = dag_run_dir(tmp_path / "out", result["run_id"])
     assert _shards_started(run_dir) == [], "no shard worker started"
     assert not list(run_dir.glob("shards/*/_SUCCESS.json"))
     approval = json.loads((run_dir / "approval.json").read_text())
@@ -175,7 +176,7 @@ def test_with_no_projection_to_approve_nothing_waits(tmp_path: Path, airflow_env
     assert result["state"].endswith("success"), out[-6000:]
     assert result["tasks"]["approve"].endswith("success")
     assert "approval not asked: the canary was skipped (the canary Param is off)" in out
-    run_dir = tmp_path / "out" / "runs" / result["run_id"]
+    run_dir = dag_run_dir(tmp_path / "out", result["run_id"])
     assert not (run_dir / "approval.json").exists()
     assert "Waiting for Human-in-the-loop input" not in out
 
@@ -187,7 +188,7 @@ def test_without_an_answer_the_scheduler_rejects_at_the_runs_deadline(tmp_path: 
     assert result["state"].endswith("failed"), out[-6000:]
     tasks = result["tasks"]
     assert tasks["approve"].endswith("success") and tasks["choose_runner"].endswith("skipped")
-    run_dir = tmp_path / "out" / "runs" / result["run_id"]
+    run_dir = dag_run_dir(tmp_path / "out", result["run_id"])
     assert _shards_started(run_dir) == []
     approval = json.loads((run_dir / "approval.json").read_text())
     assert approval["decision"] == "rejected" and approval["timed_out"] is True and approval["responded_by"] is None

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import airflow_test_home
 import pytest
+from run_helpers import dag_run_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.dagrun]
 
@@ -63,7 +64,7 @@ def test_a_run_over_budget_is_refused_before_the_fan_out_and_starts_no_shard(tmp
     assert tasks["plan"].endswith("success") and tasks["canary"].endswith("failed")
     assert not any(k.startswith("infer_local") and v.endswith("success") for k, v in tasks.items()), tasks
     assert not tasks.get("publish", "").endswith("success")
-    run_dir = tmp_path / "out" / "runs" / result["run_id"]
+    run_dir = dag_run_dir(tmp_path / "out", result["run_id"])
     projection = json.loads((run_dir / "projection.json").read_text())
     assert projection["decision"] == "refused_budget" and projection["cost_usd"] > 0
     assert "REFUSED (budget)" in out and "budget_usd=0" in out
@@ -78,7 +79,7 @@ def test_a_run_within_budget_records_its_projection_and_publishes_every_row(tmp_
                                                                             airflow_env: dict[str, str]) -> None:
     result, out = run_dag(_conf(tmp_path, budget_usd=1000.0), airflow_env)
     assert result["state"].endswith("success"), out[-6000:]
-    run_dir = tmp_path / "out" / "runs" / result["run_id"]
+    run_dir = dag_run_dir(tmp_path / "out", result["run_id"])
     projection = json.loads((run_dir / "projection.json").read_text())
     assert projection["decision"] == "go" and projection["options"]
     assert result["tasks"]["approve"].endswith("success"), "require_approval off (default): passes at once"

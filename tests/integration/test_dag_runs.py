@@ -15,6 +15,7 @@ from pathlib import Path
 
 import airflow_test_home
 import pytest
+from run_helpers import dag_run_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.dagrun]
 
@@ -123,7 +124,7 @@ def _count(duckdb_path: str, table: str) -> int:
     import duckdb
 
     with duckdb.connect(duckdb_path, read_only=True) as con:
-        return con.execute(f'SELECT count(*), count(DISTINCT id) FROM "{table}"').fetchone()
+        return con.execute(f'SELECT count(*), count(DISTINCT id) FROM "batch_inference"."{table}"').fetchone()
 
 
 def _check_vectors_against_reference(duckdb_path: str, table: str, sample_rows: int = 64) -> None:
@@ -134,7 +135,7 @@ def _check_vectors_against_reference(duckdb_path: str, table: str, sample_rows: 
     from st_reference import check_published, texts_by_id
 
     with duckdb.connect(duckdb_path, read_only=True) as con:
-        rows = con.execute(f'SELECT id, embedding FROM "{table}" ORDER BY md5(id) LIMIT {int(sample_rows)}').fetchall()
+        rows = con.execute(f'SELECT id, embedding FROM "batch_inference"."{table}" ORDER BY md5(id) LIMIT {int(sample_rows)}').fetchall()
     assert len(rows) == sample_rows
     check_published(rows, texts_by_id(pq.read_table(SAMPLE)))
 
@@ -143,7 +144,7 @@ def test_backfill_local_runner_end_to_end(tmp_path: Path, airflow_env: dict[str,
     conf = _conf(tmp_path)
     result, out = _run(RUN_DAG, ["batch_inference_backfill", json.dumps(conf), str(REPO / "dags")], airflow_env)
     assert result["state"].endswith("success"), out[-6000:]
-    run_dir = Path(conf["output_root"]) / "runs" / result["run_id"]
+    run_dir = dag_run_dir(Path(conf["output_root"]), result["run_id"])
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert [s["shard_id"] for s in manifest["shards"]] == ["00000", "00001"]
     for shard in ("00000", "00001"):
@@ -158,7 +159,7 @@ def test_backfill_local_runner_end_to_end(tmp_path: Path, airflow_env: dict[str,
     # The same input again: the plan task carries both shards over; no worker task runs at all.
     again, out = _run(RUN_DAG, ["batch_inference_backfill", json.dumps(conf), str(REPO / "dags")], airflow_env)
     assert again["state"].endswith("success"), out[-6000:]
-    run_dir2 = Path(conf["output_root"]) / "runs" / again["run_id"]
+    run_dir2 = dag_run_dir(Path(conf["output_root"]), again["run_id"])
     for shard in ("00000", "00001"):
         marker = json.loads((run_dir2 / "shards" / shard / "_SUCCESS.json").read_text())
         assert marker["engine"]["carried_from"].endswith(f"#{shard}") and marker["rows_reused"] == marker["rows_ok"]
@@ -174,7 +175,7 @@ def test_empty_input_is_a_green_noop(tmp_path: Path, airflow_env: dict[str, str]
     conf = _conf(tmp_path, input_uri=str(tmp_path / "empty"))
     result, out = _run(RUN_DAG, ["batch_inference_backfill", json.dumps(conf), str(REPO / "dags")], airflow_env)
     assert result["state"].endswith("success"), out[-6000:]
-    run_dir = Path(conf["output_root"]) / "runs" / result["run_id"]
+    run_dir = dag_run_dir(Path(conf["output_root"]), result["run_id"])
     assert json.loads((run_dir / "manifest.json").read_text())["shards"] == []
     assert not (run_dir / "shards").exists()
     assert (run_dir / "report.json").is_file()
@@ -192,7 +193,7 @@ def test_dry_run_renders_valid_pod_manifests(tmp_path: Path, airflow_env: dict[s
     assert len(files) == 3
     for path in files:
         kubernetes_validate.validate(yaml.safe_load(path.read_text()), "1.33", strict=True)
-    run_dir = Path(conf["output_root"]) / "runs" / result["run_id"]
+    run_dir = dag_run_dir(Path(conf["output_root"]), result["run_id"])
     assert not (run_dir / "shards").exists()  # nothing ran
 
 
@@ -203,7 +204,7 @@ def test_asset_triggered_run_reads_the_model_from_the_event(tmp_path: Path, airf
     conf = _conf(tmp_path, row_limit=60, rows_per_shard=100, model=None)
     result, out = _run(RUN_ASSET_TRIGGERED, [json.dumps(conf), str(REPO / "dags"), model], airflow_env)
     assert result["state"].endswith("success"), out[-6000:]
-    run_dir = Path(conf["output_root"]) / "runs" / result["run_id"]
+    run_dir = dag_run_dir(Path(conf["output_root"]), result["run_id"])
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["engine"]["model_path"] == model
     assert "model_version='v-test'" in out

@@ -107,8 +107,8 @@ def _table_ids(duckdb_path: str, table: str) -> tuple[int, int, set[str]]:
     import duckdb
 
     with duckdb.connect(duckdb_path, read_only=True) as con:
-        n, distinct = con.execute(f'SELECT count(*), count(DISTINCT id) FROM "{table}"').fetchone()
-        runs = {r[0] for r in con.execute(f'SELECT DISTINCT run_id FROM "{table}__publish_log"').fetchall()}
+        n, distinct = con.execute(f'SELECT count(*), count(DISTINCT id) FROM "batch_inference"."{table}"').fetchone()
+        runs = {r[0] for r in con.execute(f'SELECT DISTINCT run_id FROM "batch_inference"."{table}__publish_log"').fetchall()}
     return n, distinct, runs
 
 
@@ -118,7 +118,7 @@ def run1(airflow: dict) -> dict:
     proc, result = _dag_test(airflow, conf)
     assert proc.returncode == 0 and result and result["state"].endswith("success"), (proc.stdout + proc.stderr)[-6000:]
     return {"conf": conf, "run_id": result["run_id"], "log": proc.stdout + proc.stderr,
-            "layout": RunLayout(conf["output_root"], result["run_id"])}
+            "layout": RunLayout(conf["output_root"], result["run_id"], "batch_inference_backfill")}
 
 
 def test_killed_shard_task_is_retried_and_resumes_where_it_stopped(airflow: dict, run1: dict) -> None:
@@ -173,7 +173,7 @@ def test_publish_killed_after_staging_keeps_old_table_and_rerun_completes(airflo
     conf = _conf(airflow, "run2.parquet")
     proc, result = _dag_test(airflow, conf, crash=True, env={"BATCH_WORKER_COMMAND": ""})  # no worker kill
     assert proc.returncode == -9 and result is None, "the DAG process died inside publish"
-    runs_dir = Path(conf["output_root"]) / "runs"
+    runs_dir = Path(conf["output_root"]) / "runs" / "batch_inference_backfill"
     run2_id = next(p.name for p in runs_dir.iterdir() if p.name != run1["run_id"])
     # the crash came after staging: staging exists, the live table is still run 1's
     import duckdb
@@ -187,7 +187,7 @@ def test_publish_killed_after_staging_keeps_old_table_and_rerun_completes(airflo
     n, distinct, runs = _table_ids(db, TABLE)
     assert (n, distinct) == (20, 20) and run2_id in runs
     with duckdb.connect(db, read_only=True) as con:
-        prev = con.execute(f'SELECT count(*) FROM "{TABLE}__previous"').fetchone()[0]
+        prev = con.execute(f'SELECT count(*) FROM "batch_inference"."{TABLE}__previous"').fetchone()[0]
         tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
     assert prev == before[0], "run 1 kept as the previous table for rollback"
     assert f"{TABLE}__staging" not in tables

@@ -12,6 +12,7 @@ import duckdb
 import numpy as np
 import pytest
 from batch_inference.params import default_model_path
+from run_helpers import dag_run_dir
 from test_canary_dag import REPO, SAMPLE, airflow_env, run_dag  # noqa: F401 - the module's Airflow home fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.dagrun]
@@ -44,8 +45,9 @@ def _conf(tmp_path: Path, **kw) -> dict:
 def _live(tmp_path: Path) -> tuple[str, list]:
     con = duckdb.connect(str(tmp_path / "out" / "warehouse.duckdb"), read_only=True)
     try:
-        comment = con.execute("SELECT comment FROM duckdb_tables() WHERE table_name = ?", [TABLE]).fetchall()[0][0]
-        rows = con.execute(f'SELECT id, embedding FROM "{TABLE}" ORDER BY id LIMIT 3').fetchall()
+        comment = con.execute("SELECT comment FROM duckdb_tables() WHERE schema_name = 'batch_inference' "
+                              "AND table_name = ?", [TABLE]).fetchall()[0][0]
+        rows = con.execute(f'SELECT id, embedding FROM "batch_inference"."{TABLE}" ORDER BY id LIMIT 3').fetchall()
     finally:
         con.close()
     return json.loads(comment)["run_id"], rows
@@ -54,7 +56,7 @@ def _live(tmp_path: Path) -> tuple[str, list]:
 def test_a_broken_model_is_refused_and_the_same_model_passes(tmp_path: Path, airflow_env: dict[str, str]) -> None:  # noqa: F811
     first, out = run_dag(_conf(tmp_path), airflow_env, "batch_inference_backfill")
     assert first["state"].endswith("success"), out[-6000:]
-    first_dir = tmp_path / "out" / "runs" / first["run_id"]
+    first_dir = dag_run_dir(tmp_path / "out", first["run_id"])
     upgrade = json.loads((first_dir / "projection.json").read_text())["upgrade"]
     assert upgrade["decision"] == "passed" and "no previous publish" in upgrade["message"]
     published = _live(tmp_path)
@@ -66,7 +68,7 @@ def test_a_broken_model_is_refused_and_the_same_model_passes(tmp_path: Path, air
     tasks = result["tasks"]
     assert tasks["plan"].endswith("success") and tasks["canary"].endswith("failed"), tasks
     assert not any(k.startswith("infer_local") and v.endswith("success") for k, v in tasks.items()), tasks
-    run_dir = tmp_path / "out" / "runs" / result["run_id"]
+    run_dir = dag_run_dir(tmp_path / "out", result["run_id"])
     projection = json.loads((run_dir / "projection.json").read_text())
     assert projection["decision"] == "refused_upgrade", projection.get("message")
     assert projection["message"].startswith("REFUSED (upgrade): ")
@@ -81,7 +83,7 @@ def test_a_broken_model_is_refused_and_the_same_model_passes(tmp_path: Path, air
 
     again, out = run_dag(_conf(tmp_path), airflow_env, "batch_inference_on_model_upgrade")
     assert again["state"].endswith("success"), out[-6000:]
-    again_dir = tmp_path / "out" / "runs" / again["run_id"]
+    again_dir = dag_run_dir(tmp_path / "out", again["run_id"])
     report = json.loads((again_dir / "report.json").read_text())
     assert "upgrade check passed: 120 canary rows" in (again_dir / "report.html").read_text()
     up = report["upgrade"]

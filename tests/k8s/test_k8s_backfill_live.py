@@ -77,7 +77,7 @@ def _reference(input_uri: str, tmp: Path) -> dict[str, np.ndarray]:
 
 def _vectors(db: Path, table: str) -> dict[str, np.ndarray]:
     with duckdb.connect(str(db), read_only=True) as con:
-        rows = con.execute(f"select id, embedding from {table}").fetchall()
+        rows = con.execute(f"select id, embedding from batch_inference.{table}").fetchall()
     ids = [str(r[0]) for r in rows]
     assert len(ids) == len(set(ids)), "an id published twice"
     return {i: np.asarray(v, dtype=np.float32) for i, (_, v) in zip(ids, rows, strict=True)}

@@ -77,7 +77,7 @@ def _run(setup, k8s_cluster, fake_gcs, name: str, conf: dict) -> dict:
     run_label = label_value(out.run_id)
     return {"code": code, "run_id": out.run_id, "log": (tmp / f"{name}.log").read_text(errors="replace"),
             "ledger": ledger, "run_label": run_label, "report_uri": report_uri, "seconds": seconds,
-            "run_dir": RunLayout(full["output_root"], out.run_id).run_dir}
+            "run_dir": RunLayout(full["output_root"], out.run_id, "batch_inference_backfill").run_dir}
 
 
 def _split(run: dict) -> tuple[list, list]:

@@ -103,8 +103,8 @@ def test_exit_1_uses_the_normal_retries(setup, k8s_cluster, fake_gcs) -> None:
 
     def crash_then_heal(ledger: PodLedger, input_uri: str) -> None:
         deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and not storage.list_glob(f"{input_uri.rsplit('/', 1)[0]}/out/runs",
-                                                                    "*/manifest.json"):
+        runs = f"{input_uri.rsplit('/', 1)[0]}/out/runs/batch_inference_backfill"
+        while time.monotonic() < deadline and not storage.list_glob(runs, "*/manifest.json"):
             time.sleep(0.2)
         original["bytes"] = storage.read_bytes(input_uri)
         storage.delete(input_uri)                                # planned, then the input vanishes

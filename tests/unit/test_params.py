@@ -74,17 +74,6 @@ def test_kubernetes_runner_needs_shared_storage() -> None:
     assert cfg.runner == "kubernetes"
 
 
-def test_input_uri_is_rendered_with_the_logical_date() -> None:
-    from airflow.sdk import DAG, BaseOperator
-    from batch_inference.tasks import render_param
-
-    with DAG("render_test", schedule=None):
-        op = BaseOperator(task_id="t")
-    context = {"task": op, "ds": "2026-11-29"}
-    assert render_param("/data/nightly/dt={{ ds }}", context) == "/data/nightly/dt=2026-11-29"
-    assert render_param("/plain/path", context) == "/plain/path"
-
-
 class _Event:
     def __init__(self, extra: dict) -> None:
         self.extra = extra
