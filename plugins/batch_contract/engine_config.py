@@ -120,6 +120,11 @@ CUDA_MIN_ROW_TOKENS = 16
 the budget (4,096 rows at 65,536 tokens), while pathological one-token rows cannot make batches of tens
 of thousands of rows."""
 
+DEFAULT_MAX_LINE_BYTES = 8 << 20
+"""Default ``worker.max_line_bytes`` (8 MiB): longest JSONL line read as a record."""
+DEFAULT_MAX_ROW_GROUP_BYTES = 256 << 20
+"""Default ``worker.max_row_group_bytes`` (256 MiB): largest Parquet row group read, uncompressed."""
+
 
 @dataclass(frozen=True)
 class WorkerSettings:
@@ -149,6 +154,18 @@ class WorkerSettings:
     run under the same output root computed with the same result fingerprint and adds this run's
     computed rows to the cache; ``off`` neither reads nor writes ``<output_root>/cache``. Outputs are
     the same either way, so it is not part of the fingerprint."""
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+    """Longest JSONL line read as a record (bytes, without its newline). A longer line is never held in
+    memory whole (:func:`batch_contract.rows.iter_jsonl_lines`): it still counts as a row, the worker
+    dead-letters it ``invalid_record`` (matched by its position, like a line that is not JSON) with its
+    length in the detail, and the planner gives it no weight. An input-size guard, set from a deployment
+    policy: lines under it read exactly as before."""
+    max_row_group_bytes: int = DEFAULT_MAX_ROW_GROUP_BYTES
+    """Largest Parquet row group a job reads (bytes, uncompressed, of the columns it reads: id, text and
+    the engine's extra columns, summed from the file's metadata). The planner refuses a file with a
+    larger row group (``PlanError`` naming the file and the size) and the worker checks again before
+    reading one (``BadInputError``, exit code 2). The worker also ends a JSONL read block once its raw
+    lines reach this many bytes (a block is a reading unit only: outputs do not change)."""
 
     def __post_init__(self) -> None:
         _check(self.token_budget == 0 or self.token_budget >= MIN_TOKEN_BUDGET, "worker.token_budget",
@@ -161,6 +178,8 @@ class WorkerSettings:
         _check(self.read_batch_rows >= 1, "worker.read_batch_rows", "must be >= 1")
         _check(0 < self.grace_seconds <= 3600, "worker.grace_seconds", "must be in (0, 3600]")
         _check(self.progress_interval_seconds > 0, "worker.progress_interval_seconds", "must be > 0")
+        _check(self.max_line_bytes >= 1, "worker.max_line_bytes", "must be >= 1 (bytes)")
+        _check(self.max_row_group_bytes >= 1, "worker.max_row_group_bytes", "must be >= 1 (bytes)")
         _check(self.reuse in {"off", "same_root"}, "worker.reuse", f"{self.reuse!r} is not 'off' or 'same_root'")
 
     def token_budget_for(self, device: str) -> int:

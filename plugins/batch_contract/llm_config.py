@@ -22,6 +22,16 @@ from typing import Any, ClassVar
 from batch_contract.engine_config import ConfigError, _check, _known_fields
 from batch_contract.enums import EngineKind
 
+PROMPT_CHARS_PER_TOKEN = 32
+"""Characters per token of ``max_model_len`` allowed in a row's rendered user message
+(:attr:`LLMConfig.max_prompt_chars`): far above what real text averages (about 4 for English), so a
+message that could fit the context is never refused for its length in characters."""
+MIN_MAX_PROMPT_CHARS = 1 << 16
+"""Smallest :attr:`LLMConfig.max_prompt_chars` (65,536 characters), for very short contexts."""
+DEFAULT_MAX_PROMPT_CHARS = PROMPT_CHARS_PER_TOKEN * 4096
+"""The character limit of the default ``max_model_len`` (4,096 tokens): 131,072 characters. The worker's
+template sandbox uses it for rendering outside a configured renderer."""
+
 LLM_DTYPES = ("auto", "bfloat16", "float16", "float32")
 LLM_QUANTIZATIONS = (None, "fp8")
 FEW_SHOT_KEYS = frozenset({"user", "assistant"})
@@ -193,6 +203,22 @@ class LLMConfig:
             object.__setattr__(self, "json_schema", _parse_json_schema(self.json_schema))
         _check_json_schema(self.json_schema)
         _check(isinstance(self.constrain_output, bool), "engine.constrain_output", "must be a boolean")
+        limit = self.max_prompt_chars
+        _check(len(self.user_template) <= limit, "engine.user_template",
+               f"is {len(self.user_template)} characters, above the limit {limit} (max_prompt_chars)")
+        prefix = len(self.system_prompt) + sum(len(e["user"]) + len(e["assistant"]) for e in self.few_shot)
+        _check(prefix <= limit, "engine.system_prompt",
+               f"with the few_shot texts is {prefix} characters, above the limit {limit} (max_prompt_chars)")
+
+    @property
+    def max_prompt_chars(self) -> int:
+        """Character limit of a row's prompt parts: ``max(MIN_MAX_PROMPT_CHARS, PROMPT_CHARS_PER_TOKEN *
+        max_model_len)`` (131,072 at the default 4,096 tokens). The worker stops rendering a row's user
+        message past it (dead letter ``too_long``) and refuses any single string or list its template
+        would build past it (``template_error``; ``batch_worker.prompting``); the user template and the
+        shared prefix (system prompt and few-shot texts together) are refused at plan time past it.
+        Derived, not a field: the fingerprint does not change."""
+        return max(MIN_MAX_PROMPT_CHARS, PROMPT_CHARS_PER_TOKEN * self.max_model_len)
 
     @property
     def max_prompt_tokens(self) -> int:

@@ -57,17 +57,28 @@ class ShardSpec:
 
 @dataclass(frozen=True)
 class InputSpec:
-    """What to read: the dataset URI as given, its format, the columns, and the resolved files."""
+    """What to read: the dataset URI as given, its format, the columns, and the resolved files.
+
+    Attributes:
+        roots: the allowed input roots the planner checked every file against (URIs or local paths);
+            the worker checks each file again when it opens it
+            (:func:`batch_contract.storage.open_input_file`: locally the real path of the file actually
+            opened) and refuses one outside them. Empty (the default, and every manifest written before
+            the field existed): no check. Left out of the manifest JSON when empty.
+    """
 
     uri: str
     format: str
     id_column: str
     text_column: str
     files: list[InputFile]
+    roots: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.format not in {f.value for f in InputFormat}:
             raise ConfigError(f"input.format: {self.format!r} is not 'parquet' or 'jsonl'")
+        if not isinstance(self.roots, list | tuple) or not all(isinstance(r, str) and r for r in self.roots):
+            raise ConfigError("input.roots: must be a list of non-empty URIs or paths")
 
     @property
     def rows(self) -> int:
@@ -185,7 +196,12 @@ class Manifest:
         raise KeyError(f"shard {shard_id!r} is not in the manifest of run {self.run_id} ({known})")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Plain dict of every field; ``input.roots`` is left out when empty, so a plan without a roots
+        policy is written exactly as before the field existed (and older readers accept it)."""
+        data = asdict(self)
+        if not self.input.roots:
+            del data["input"]["roots"]
+        return data
 
     def to_json_bytes(self) -> bytes:
         """Indented JSON in field order, mappings in their own order (not sorted: the engine config's
@@ -197,6 +213,7 @@ class Manifest:
         check_schema_version(int(data.get("schema_version", -1)), "manifest")
         inp = dict(data["input"])
         inp["files"] = [InputFile(**f) for f in inp["files"]]
+        inp["roots"] = list(inp.get("roots", []))
         shards = [
             ShardSpec(
                 shard_id=s["shard_id"],

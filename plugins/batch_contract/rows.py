@@ -3,7 +3,11 @@
 One rule per question, so the three readers of the same input can never disagree:
 
 * **Lines** (:func:`iter_jsonl_lines`): a JSONL row is a line that is not blank (ASCII whitespace only
-  counts as blank); row numbers count non-blank lines from 0. ``\\r\\n`` endings are tolerated.
+  counts as blank); row numbers count non-blank lines from 0. ``\\r\\n`` endings are tolerated. A line
+  longer than ``worker.max_line_bytes`` is still a row, but unreadable (:class:`OversizedLine`): the
+  worker dead-letters it ``invalid_record``, matched by position.
+* **Row-group size** (:func:`row_group_read_bytes`): the bytes a Parquet row group costs to read are
+  the uncompressed sizes of the column chunks of the columns read, from the file's metadata.
 * **Decoding** (:func:`decode_line`): a JSONL line's invalid UTF-8 bytes become lone surrogates, so the
   id and text rules below see exactly which value held them.
 * **Ids** (:func:`canonical_id`): integers (not booleans) are written in decimal; strings are kept
@@ -24,10 +28,12 @@ One rule per question, so the three readers of the same input can never disagree
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any, BinaryIO
 
+from batch_contract.engine_config import DEFAULT_MAX_LINE_BYTES
 from batch_contract.enums import DeadLetterReason
 
 ROW_REASONS = frozenset({
@@ -44,27 +50,138 @@ READ_BLOCK_BYTES = 1 << 20
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def iter_jsonl_lines(stream: BinaryIO, block_bytes: int = READ_BLOCK_BYTES) -> Iterator[tuple[int, bytes]]:
+class OversizedLine(bytes):
+    """What :func:`iter_jsonl_lines` yields in place of a line longer than its ``max_line_bytes``: an
+    empty ``bytes`` (so a caller that parses it sees an unreadable record, never a prefix that might
+    parse) carrying the line's length in :attr:`length` (bytes, without the newline)."""
+
+    length: int
+
+    def __new__(cls, length: int) -> OversizedLine:
+        line = super().__new__(cls, b"")
+        line.length = length
+        return line
+
+    def __repr__(self) -> str:
+        return f"OversizedLine(length={self.length})"
+
+
+def iter_jsonl_lines(stream: BinaryIO, block_bytes: int = READ_BLOCK_BYTES,
+                     max_line_bytes: int | None = DEFAULT_MAX_LINE_BYTES) -> Iterator[tuple[int, bytes]]:
     """Yield ``(row, line)`` for every non-blank line of a JSONL stream, ``row`` counting from 0.
+
+    Linear in the stream's length whatever the line lengths (a line spanning many reads is joined once);
+    holds at most ``max_line_bytes`` of one line besides the current read (and its split).
 
     Args:
         stream: any object with ``read(n) -> bytes`` (a file, a pyarrow input stream).
         block_bytes: bytes per read.
+        max_line_bytes: longest line (bytes, without its ``\n``) yielded as bytes
+            (``WorkerSettings.max_line_bytes``; the default is that setting's default). A longer line
+            that is not blank still counts as a row and is yielded as an :class:`OversizedLine` (empty
+            bytes with its length); the blank rule is the same for it. ``None``: no limit.
 
     Yields:
-        The row number and the raw line without its ``\\n`` (bytes, possibly with a trailing ``\\r``).
+        The row number and the raw line without its ``\n`` (bytes, possibly with a trailing ``\r``),
+        or an :class:`OversizedLine`.
     """
+    cap = max_line_bytes if max_line_bytes is not None else -1
     row = 0
-    rest = b""
+    parts: list[bytes] = []  # pieces of the current line, at most ``cap`` bytes together
+    held = 0  # bytes in ``parts``
+    over = -1  # length of the current line once it is over the cap, else -1
+    nonblank = False  # the over-long current line has a non-blank byte
+
+    def add(piece: bytes) -> None:
+        nonlocal held, over, nonblank
+        if over >= 0:
+            over += len(piece)
+            nonblank = nonblank or bool(piece.strip())
+        elif cap >= 0 and held + len(piece) > cap:
+            over = held + len(piece)
+            nonblank = any(p.strip() for p in parts) or bool(piece.strip())
+            parts.clear()
+            held = 0
+        else:
+            parts.append(piece)
+            held += len(piece)
+
+    def end() -> bytes | None:
+        """The finished current line (``None`` when blank), state reset for the next one."""
+        nonlocal held, over, nonblank
+        if over >= 0:
+            line: bytes | None = OversizedLine(over) if nonblank else None
+        else:
+            joined = parts[0] if len(parts) == 1 else b"".join(parts)
+            line = joined if joined.strip() else None
+        parts.clear()
+        held, over, nonblank = 0, -1, False
+        return line
+
     while block := stream.read(block_bytes):
-        lines = (rest + block).split(b"\n")
-        rest = lines.pop()
-        for line in lines:
-            if line.strip():
+        pieces = block.split(b"\n")
+        last = pieces.pop()
+        if pieces:
+            add(pieces[0])
+            line = end()
+            if line is not None:
                 yield row, line
                 row += 1
-    if rest.strip():
-        yield row, rest
+            if cap < 0 or len(block) <= cap:  # no whole line of this block can be over the cap
+                for piece in islice(pieces, 1, None):
+                    if piece.strip():
+                        yield row, piece
+                        row += 1
+            else:
+                for piece in islice(pieces, 1, None):
+                    if len(piece) > cap:
+                        add(piece)
+                        line = end()
+                    else:
+                        line = piece if piece.strip() else None
+                    if line is not None:
+                        yield row, line
+                        row += 1
+        add(last)
+    line = end()
+    if line is not None:
+        yield row, line
+
+
+def _leaf_count(dtype: Any) -> int:
+    """Parquet leaf columns of an Arrow type (1 for a primitive; the sum over children for a nested one)."""
+    n = getattr(dtype, "num_fields", 0)
+    return 1 if not n else sum(_leaf_count(dtype.field(i).type) for i in range(n))
+
+
+def row_group_read_bytes(metadata: Any, schema: Any, columns: Collection[str]) -> list[int]:
+    """Uncompressed bytes of the ``columns`` in each row group of a Parquet file, from its metadata.
+
+    Args:
+        metadata: the file's ``pyarrow.parquet.FileMetaData``.
+        schema: the file's Arrow schema (``ParquetFile.schema_arrow``), whose top-level fields own the
+            file's leaf column chunks in order.
+        columns: top-level column names the reader reads (absent ones count 0).
+
+    Returns:
+        One byte count per row group. When the schema's leaves do not line up with the file's column
+        chunks, every column chunk counts (an over- rather than an underestimate).
+    """
+    wanted = set(columns)
+    leaves: list[int] = []
+    j = 0
+    for f in schema:
+        n = _leaf_count(f.type)
+        if f.name in wanted:
+            leaves.extend(range(j, j + n))
+        j += n
+    if j != metadata.num_columns:
+        leaves = list(range(metadata.num_columns))
+    out = []
+    for g in range(metadata.num_row_groups):
+        rg = metadata.row_group(g)
+        out.append(sum(rg.column(k).total_uncompressed_size for k in leaves))
+    return out
 
 
 def count_jsonl_rows(stream: BinaryIO) -> int:

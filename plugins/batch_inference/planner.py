@@ -8,7 +8,11 @@ multiplying), writes ``manifest.json`` once through :mod:`batch_contract.storage
 dict per shard.
 
 All I/O goes through :func:`batch_contract.storage.arrow_filesystem` / the storage API, so ``gs://``
-inputs and outputs work wherever the gs backend is installed.
+inputs and outputs work wherever the gs backend is installed. Input files are opened with
+:func:`batch_contract.storage.open_input_file` / ``open_input_stream`` through the request's
+``input_roots`` (when it has some), and every directory walked and file found is checked against them.
+Input-size guards come from the worker settings: a JSONL line over ``max_line_bytes`` is counted, not
+parsed; a Parquet row group over ``max_row_group_bytes`` is refused.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import fnmatch
 import json
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -25,13 +30,18 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from batch_contract import storage
-from batch_contract.engine_config import ConfigError, WorkerSettings
+from batch_contract.engine_config import (
+    DEFAULT_MAX_LINE_BYTES,
+    DEFAULT_MAX_ROW_GROUP_BYTES,
+    ConfigError,
+    WorkerSettings,
+)
 from batch_contract.engines import engine_config_from_dict
 from batch_contract.enums import InputFormat
 from batch_contract.layout import RunLayout, shard_id_for
-from batch_contract.llm_config import LLMConfig, check_user_template
+from batch_contract.llm_config import LLMConfig, check_user_template, user_template_fields
 from batch_contract.manifest import InputFile, InputSpec, Manifest, Segment, ShardSpec
-from batch_contract.rows import decode_line, iter_jsonl_lines
+from batch_contract.rows import OversizedLine, decode_line, iter_jsonl_lines, row_group_read_bytes
 from batch_contract.runstore import RunStore
 
 from batch_inference.params import DEFAULT_MAX_MAP_LENGTH, SHARD_BY, param_default
@@ -95,6 +105,13 @@ class PlanRequest:
             :data:`batch_inference.params.DEFAULT_MAX_MAP_LENGTH`).
         row_limit: plan only the first N rows (file order); ``None`` or 0: all rows.
         params: run parameters recorded in the manifest.
+        input_roots: allowed input roots (local paths, ``file://`` or ``gs://`` URIs, as the deployment
+            policy lists them). Set: every file the input expands to, and every directory walked to find
+            them, must lie under one of them once resolved (locally after following symbolic links;
+            ``gs://`` by object prefix), else :class:`PlanError` naming ``input_uri`` (never the roots);
+            the roots are recorded in the manifest (``input.roots``) and the worker checks each file
+            again when it opens it. ``None`` or empty: no per-file check (the caller's own check of
+            ``input_uri``, if any, is all there is).
     """
 
     input_uri: str
@@ -110,8 +127,12 @@ class PlanRequest:
     row_limit: int | None = None
     params: dict[str, Any] = field(default_factory=dict)
     dag_id: str | None = None
+    input_roots: list[str] | None = None
 
     def __post_init__(self) -> None:
+        if self.input_roots is not None and not (
+                isinstance(self.input_roots, list | tuple) and all(isinstance(r, str) and r for r in self.input_roots)):
+            raise ConfigError("input_roots: must be a list of non-empty paths or URIs")
         if self.rows_per_shard < 1:
             raise ConfigError(f"rows_per_shard: must be >= 1, got {self.rows_per_shard}")
         if self.shard_by not in SHARD_BY:
@@ -142,52 +163,73 @@ def _format_of(path: str) -> InputFormat:
                     f"nor JSONL ({', '.join(JSONL_SUFFIXES)})")
 
 
-def _is_data_file(info: pafs.FileInfo) -> bool:
-    name = info.base_name
-    return (info.type == pafs.FileType.File and not name.startswith((".", "_"))
-            and name.lower().endswith(PARQUET_SUFFIXES + JSONL_SUFFIXES))
+def _is_data_name(path: str) -> bool:
+    """Whether the file ``path`` (a listed file) is a data file: not hidden (``.``/``_``) and with a
+    Parquet or JSONL suffix."""
+    name = path.rstrip("/").rsplit("/", 1)[-1]
+    return not name.startswith((".", "_")) and name.lower().endswith(PARQUET_SUFFIXES + JSONL_SUFFIXES)
 
 
-def resolve_input_files(input_uri: str) -> tuple[InputFormat, list[str]]:
+def resolve_input_files(input_uri: str, roots: Sequence[str] = ()) -> tuple[InputFormat, list[str]]:
     """Expand a file, directory or glob URI into a sorted list of data file URIs of one format.
 
     Args:
         input_uri: local path, ``file://`` URI or ``gs://bucket/path``; a directory is searched
-            recursively; a glob (``*``, ``?``, ``[``) is matched against the names under its fixed prefix.
+            recursively (locally following symbolic links, each real directory once); a glob (``*``,
+            ``?``, ``[``) is matched against the names under its fixed prefix.
+        roots: allowed input roots; when given, the input, every directory walked and every data file
+            found must lie under one of them once resolved (:func:`batch_contract.storage.check_under_roots`,
+            :func:`batch_contract.storage.list_tree`). Empty: no check.
 
     Returns:
         ``(format, uris)``; ``uris`` is empty when a directory or glob matches no data file.
 
     Raises:
-        PlanError: the path does not exist, or it mixes Parquet and JSONL files.
+        PlanError: the path does not exist, it mixes Parquet and JSONL files, a glob has a wildcard in
+            its first path segment, or (with ``roots``) it reaches outside them (``input_uri: ...``,
+            naming the file or directory as found, never the roots nor a link's target).
     """
+    try:
+        return _resolve_input_files(input_uri, roots)
+    except storage.InputRefusedError as exc:
+        raise PlanError(f"input_uri: {input_uri} reaches outside the allowed input locations: {exc}") from None
+
+
+def _resolve_input_files(input_uri: str, roots: Sequence[str]) -> tuple[InputFormat, list[str]]:
     has_glob = any(c in input_uri for c in _GLOB_CHARS)
     if has_glob:
         fixed = input_uri
         while any(c in fixed for c in _GLOB_CHARS):
+            if "/" not in fixed:
+                raise PlanError(f"input_uri: {input_uri} has a wildcard in its first path segment; "
+                                "start it with a directory")
             fixed = fixed.rsplit("/", 1)[0]
-        fs, base = storage.arrow_filesystem(fixed + "/")
+        storage.check_under_roots(fixed, roots)
+        _, base = storage.arrow_filesystem(fixed + "/")
         base = base.rstrip("/")
         pattern_tail = input_uri[len(fixed):]
         pattern = base + pattern_tail
-        infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
-        paths = sorted(i.path for i in infos if _is_data_file(i) and fnmatch.fnmatchcase(i.path, pattern))
+        paths = sorted(p for p in storage.list_tree(fixed, roots)
+                       if _is_data_name(p) and fnmatch.fnmatchcase(p, pattern))
     else:
+        storage.check_under_roots(input_uri, roots)
         fs, path = storage.arrow_filesystem(input_uri)
         info = fs.get_file_info(path)
         if info.type == pafs.FileType.NotFound:
             raise PlanError(f"input_uri: {input_uri} does not exist")
         if info.type == pafs.FileType.Directory:
-            infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
-            paths = sorted(i.path for i in infos if _is_data_file(i))
+            paths = sorted(p for p in storage.list_tree(input_uri, roots) if _is_data_name(p))
         else:
             paths = [path]
+    uris = [_to_uri(input_uri, p) for p in paths]
+    for uri in uris:
+        storage.check_under_roots(uri, roots)
     if not paths:
         return InputFormat.PARQUET, []
     formats = {_format_of(p) for p in paths}
     if len(formats) > 1:
         raise PlanError(f"input_uri: {input_uri} mixes Parquet and JSONL files; point it at one format")
-    return formats.pop(), [_to_uri(input_uri, p) for p in paths]
+    return formats.pop(), uris
 
 
 # ----------------------------------------------------------------------------------- schema checks
@@ -244,9 +286,51 @@ def _check_consistent(per_file: list[tuple[str, dict[str, str]]], columns: dict[
 # ----------------------------------------------------------------------------------------- metadata
 
 
-def _parquet_meta(uri: str, columns: dict[str, str]) -> tuple[_FileMeta, dict[str, str]]:
-    fs, path = storage.arrow_filesystem(uri)
-    with fs.open_input_file(path) as fh:
+@dataclass(frozen=True)
+class _Limits:
+    """What the metadata readers enforce: the input roots and the worker's input-size guards.
+
+    Attributes:
+        roots: allowed input roots (empty: no check); every file is opened through them.
+        max_line_bytes: ``WorkerSettings.max_line_bytes``.
+        max_row_group_bytes: ``WorkerSettings.max_row_group_bytes``.
+        extra_columns: columns the engine reads besides id and text; ``None``: not known, every column
+            counts toward a row group's size.
+    """
+
+    roots: tuple[str, ...] = ()
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+    max_row_group_bytes: int = DEFAULT_MAX_ROW_GROUP_BYTES
+    extra_columns: tuple[str, ...] | None = ()
+
+
+def _open(uri: str, limits: _Limits, random_access: bool = True) -> Any:
+    """Open an input file through the roots check (:class:`PlanError` naming ``input_uri`` when refused)."""
+    try:
+        if random_access:
+            return storage.open_input_file(uri, limits.roots)
+        return storage.open_input_stream(uri, limits.roots)
+    except storage.InputRefusedError as exc:
+        raise PlanError(f"input_uri: reaches outside the allowed input locations: {exc}") from None
+
+
+def _check_row_groups(uri: str, pf: pq.ParquetFile, columns: dict[str, str], limits: _Limits) -> None:
+    """Refuse a file whose row group holds more than ``max_row_group_bytes`` uncompressed bytes of the
+    columns the worker will read (:func:`batch_contract.rows.row_group_read_bytes`)."""
+    schema = pf.schema_arrow
+    if limits.extra_columns is None:
+        read = list(schema.names)
+    else:
+        read = [columns["id"], columns["text"], *limits.extra_columns]
+    for g, size in enumerate(row_group_read_bytes(pf.metadata, schema, read)):
+        if size > limits.max_row_group_bytes:
+            raise PlanError(f"input: {uri} row group {g} holds {size} bytes (uncompressed) of the columns the "
+                            f"job reads, above worker.max_row_group_bytes ({limits.max_row_group_bytes}); "
+                            "rewrite the file with smaller row groups")
+
+
+def _parquet_meta(uri: str, columns: dict[str, str], limits: _Limits) -> tuple[_FileMeta, dict[str, str]]:
+    with _open(uri, limits) as fh:
         pf = pq.ParquetFile(fh)
         meta = pf.metadata
         schema = pf.schema_arrow
@@ -269,6 +353,7 @@ def _parquet_meta(uri: str, columns: dict[str, str]) -> tuple[_FileMeta, dict[st
             continue
         text_bytes = rg.column(leaf_idx).total_uncompressed_size if leaf_idx is not None else 0
         blocks.append(_Block(rg.num_rows, max(1.0, text_bytes / rg.num_rows / BYTES_PER_TOKEN)))
+    _check_row_groups(uri, pf, columns, limits)
     return _FileMeta(uri, meta.num_rows, rg_rows, size, blocks), classes
 
 
@@ -292,20 +377,21 @@ def _jsonl_type(value: Any) -> str:
     return f"other:{type(value).__name__}"
 
 
-def _jsonl_meta(uri: str, columns: dict[str, str]) -> tuple[_FileMeta, dict[str, str]]:
+def _jsonl_meta(uri: str, columns: dict[str, str], limits: _Limits) -> tuple[_FileMeta, dict[str, str]]:
     """Line index of a JSONL file: counts rows (the contract's line rule,
-    :func:`batch_contract.rows.iter_jsonl_lines`) in blocks, samples the first lines' types."""
-    fs, path = storage.arrow_filesystem(uri)
+    :func:`batch_contract.rows.iter_jsonl_lines`, lines over ``max_line_bytes`` included: each is a row
+    the worker dead-letters, weighed 0 bytes and not sampled) in blocks, samples the first lines' types."""
     rows = 0
     blocks: list[_Block] = []
     block_rows = 0
     block_bytes = 0
     seen: dict[str, set[str]] = {role: set() for role in columns}
     keys: dict[str, None] = {}  # keys of the sampled lines, first-seen order (named when a column is missing)
+    fs, path = storage.arrow_filesystem(uri)
     size = fs.get_file_info(path).size or 0
-    with fs.open_input_stream(path) as fh:
-        for row, line in iter_jsonl_lines(fh, JSONL_READ_BYTES):
-            if row < JSONL_SAMPLE_LINES:
+    with _open(uri, limits, random_access=False) as fh:
+        for row, line in iter_jsonl_lines(fh, JSONL_READ_BYTES, limits.max_line_bytes):
+            if row < JSONL_SAMPLE_LINES and not isinstance(line, OversizedLine):
                 _sample_line(line, row, uri, columns, seen, keys)
             rows = row + 1
             block_rows += 1
@@ -354,18 +440,33 @@ def _sample_line(line: bytes, row: int, uri: str, columns: dict[str, str], seen:
             seen[role].add(_jsonl_type(obj[column]))
 
 
-def read_metadata(fmt: InputFormat, uris: list[str], id_column: str, text_column: str) -> list[_FileMeta]:
+def read_metadata(fmt: InputFormat, uris: list[str], id_column: str, text_column: str, *,
+                  roots: Sequence[str] = (), worker: WorkerSettings | None = None,
+                  extra_columns: Sequence[str] | None = ()) -> list[_FileMeta]:
     """Row counts, row groups and weight blocks of every file, after validating the schema.
 
+    Args:
+        fmt / uris: the input's format and files (:func:`resolve_input_files`).
+        id_column / text_column: the columns.
+        roots: allowed input roots each file is opened through (empty: no check).
+        worker: the run's worker settings (``max_line_bytes``, ``max_row_group_bytes``); ``None``:
+            the defaults.
+        extra_columns: columns the engine reads besides id and text (LLM template fields), counted in
+            a Parquet row group's size; ``None``: not known, every column counts.
+
     Raises:
-        PlanError: a column is missing, all null, of an unusable type, or of different types in two files.
+        PlanError: a column is missing, all null, of an unusable type, or of different types in two files;
+            a Parquet row group larger than ``worker.max_row_group_bytes``; a file outside ``roots``.
     """
+    settings = worker or WorkerSettings()
+    limits = _Limits(tuple(roots), settings.max_line_bytes, settings.max_row_group_bytes,
+                     None if extra_columns is None else tuple(extra_columns))
     columns = {"id": id_column, "text": text_column}
     reader = _parquet_meta if fmt == InputFormat.PARQUET else _jsonl_meta
     metas: list[_FileMeta] = []
     per_file: list[tuple[str, dict[str, str]]] = []
     for uri in uris:
-        meta, classes = reader(uri, columns)
+        meta, classes = reader(uri, columns, limits)
         metas.append(meta)
         if meta.rows > 0:
             per_file.append((uri, classes))
@@ -479,8 +580,16 @@ def shard_refs(manifest: Manifest, run_dir: str) -> list[dict[str, Any]]:
 
 
 def _reuse(existing: Manifest, request: PlanRequest, manifest_uri: str) -> Manifest:
-    """``existing`` if it was planned for the request's input and engine config (compared normalised:
-    a default written out equals it omitted), else :class:`PlanError`."""
+    """``existing`` if it was planned for the request's DAG, run id, input, input roots and engine config
+    (compared normalised: a default written out equals it omitted), else :class:`PlanError`: a plan is
+    never reused across DAGs, nor under input roots the deployment has since changed."""
+    planned_dag = existing.params.get("dag_id")
+    if existing.run_id != request.run_id or (request.dag_id is not None and planned_dag != request.dag_id):
+        raise PlanError(f"run_id: {manifest_uri} belongs to another run (DAG {planned_dag!r}, run "
+                        f"{existing.run_id!r}); it is not reused")
+    if list(existing.input.roots) != list(request.input_roots or []):
+        raise PlanError(f"run_id: {manifest_uri} was planned under other input roots than this DAG's "
+                        "deployment settings now give; use a new run id")
     if existing.input.uri != request.input_uri or existing.engine_config != engine_config_from_dict(request.engine):
         raise PlanError(
             f"run_id: {manifest_uri} was planned for input {existing.input.uri!r} with engine "
@@ -508,23 +617,26 @@ def plan(request: PlanRequest) -> tuple[Manifest, list[dict[str, Any]]]:
         existing = Manifest.from_json_bytes(storage.read_bytes(layout.manifest_uri))
         manifest = _reuse(existing, request, layout.manifest_uri)
         return manifest, shard_refs(manifest, layout.run_dir)
-    fmt, uris = resolve_input_files(request.input_uri)
-    metas = read_metadata(fmt, uris, request.id_column, request.text_column)
+    roots = list(request.input_roots or [])
+    worker = WorkerSettings.from_dict(request.worker)
+    fmt, uris = resolve_input_files(request.input_uri, roots)
+    metas = read_metadata(fmt, uris, request.id_column, request.text_column, roots=roots, worker=worker,
+                          extra_columns=_extra_columns(request.engine))
     shards = build_shards(metas, request)
     files = [InputFile(uri=m.uri, rows=m.rows, row_group_rows=m.row_group_rows, size_bytes=m.size_bytes)
              for m in metas]
     manifest = Manifest(
         run_id=request.run_id,
         input=InputSpec(uri=request.input_uri, format=fmt.value, id_column=request.id_column,
-                        text_column=request.text_column, files=files),
+                        text_column=request.text_column, files=files, roots=roots),
         shards=shards,
         engine=dict(request.engine),
-        worker=WorkerSettings.from_dict(request.worker),
+        worker=worker,
         params=dict(request.params),
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
     if isinstance(manifest.engine_config, LLMConfig):
-        check_user_template(manifest.engine_config, _input_columns(fmt, metas))
+        check_user_template(manifest.engine_config, _input_columns(fmt, metas, roots))
     storage.makedirs(layout.run_dir)
     try:
         storage.write_create_only(layout.manifest_uri, manifest.to_json_bytes())
@@ -536,15 +648,26 @@ def plan(request: PlanRequest) -> tuple[Manifest, list[dict[str, Any]]]:
     return manifest, shard_refs(manifest, layout.run_dir)
 
 
-def _input_columns(fmt: InputFormat, metas: list[_FileMeta]) -> list[str] | None:
+def _extra_columns(engine: dict[str, Any]) -> list[str] | None:
+    """Columns the worker's engine reads besides id and text (what it counts in a row group): for the LLM
+    engine the fields its user template reads other than the ``id``/``text`` aliases (as the worker's
+    ``template_columns``); ``[]`` for other engines; ``None`` when the template cannot be read here
+    (no ``jinja2``: every column counts)."""
+    config = engine_config_from_dict(engine)
+    if not isinstance(config, LLMConfig):
+        return []
+    fields = user_template_fields(config.user_template)
+    return None if fields is None else sorted(fields - {"id", "text"})
+
+
+def _input_columns(fmt: InputFormat, metas: list[_FileMeta], roots: Sequence[str] = ()) -> list[str] | None:
     """Column names of the first non-empty Parquet file (the planner has checked the files agree on the id
     and text columns); ``None`` for JSONL, whose rows have no fixed columns, or an empty input."""
     if fmt != InputFormat.PARQUET:
         return None
     for meta in metas:
         if meta.rows > 0:
-            fs, path = storage.arrow_filesystem(meta.uri)
-            with fs.open_input_file(path) as fh:
+            with _open(meta.uri, _Limits(tuple(roots))) as fh:
                 return list(pq.ParquetFile(fh).schema_arrow.names)
     return None
 

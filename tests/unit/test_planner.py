@@ -185,3 +185,20 @@ def test_template_check_is_skipped_without_jinja2(monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setitem(sys.modules, "jinja2", None)  # import jinja2 -> ImportError
     check_user_template(LLMConfig(model_path="/m", max_tokens=8, user_template="{{ nosuch }}"), ["id", "text"])
+
+
+def test_a_plan_is_reused_only_by_its_own_dag_run_under_the_same_input_roots(tmp_path: Path) -> None:
+    roots = [str(SAMPLE.parent)]
+    first, _ = plan(_request(str(SAMPLE), tmp_path, dag_id="dag_a", params={"dag_id": "dag_a"}, input_roots=roots))
+    again, _ = plan(_request(str(SAMPLE), tmp_path, dag_id="dag_a", params={"dag_id": "dag_a"}, input_roots=roots))
+    assert again == first and first.input.roots == roots
+    other, _ = plan(_request(str(SAMPLE), tmp_path, dag_id="dag_b", params={"dag_id": "dag_b"}, input_roots=roots))
+    assert other.params["dag_id"] == "dag_b", "another DAG's run of the same id plans in its own directory"
+    forged = RunLayout(str(tmp_path), "run1", "dag_c")
+    storage.makedirs(forged.run_dir)
+    storage.write_create_only(forged.manifest_uri, first.to_json_bytes())  # dag_a's plan copied into dag_c's
+    with pytest.raises(PlanError, match=r"^run_id: .* belongs to another run \(DAG 'dag_a'"):
+        plan(_request(str(SAMPLE), tmp_path, dag_id="dag_c", params={"dag_id": "dag_c"}, input_roots=roots))
+    with pytest.raises(PlanError, match="planned under other input roots"):
+        plan(_request(str(SAMPLE), tmp_path, dag_id="dag_a", params={"dag_id": "dag_a"},
+                      input_roots=[str(tmp_path)]))

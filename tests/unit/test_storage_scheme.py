@@ -150,7 +150,7 @@ def test_allow_list_and_shared_storage_go_through_the_backend(mem: MemBackend, t
     check_allowed_location("output_root", "mem://b/out/x/../y", roots)
     check_allowed_location("output_root", "mem://b/out", roots)
     for outside in ("mem://b/outside", "mem://b/out/../etc", "mem://c/out", f"{tmp_path}/../x"):
-        with pytest.raises(ConfigError, match=rf"^params\.output_root: {re.escape(repr(outside))} .*is outside the allowed roots"):
+        with pytest.raises(ConfigError, match=rf"^params\.output_root: {re.escape(repr(outside))} .*is outside the storage roots this DAG may use; a deployment"):
             check_allowed_location("output_root", outside, roots)
     with pytest.raises(ConfigError, match=r"^params\.output_root: s3://b/out: no storage backend for scheme 's3'"):
         check_allowed_location("output_root", "s3://b/out", roots)

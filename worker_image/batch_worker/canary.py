@@ -196,7 +196,7 @@ class Canary:
             segments = prefix_segments(self.manifest.shard(shard_id).segments, quota)
             with self.clock.stage("input_read"):
                 blocks = list(iter_shard_blocks(spec, segments, self.settings.read_batch_rows,
-                                                self.engine.extra_columns()))
+                                                self.engine.extra_columns(), self.settings))
             for block in blocks:
                 rows = validator.validate(block).rows
                 keep = [i for i, rid in enumerate(rows.ids) if rid not in seen]

@@ -128,7 +128,8 @@ class Producer:
                     return False
 
     def _blocks(self) -> Iterator:
-        it = iter_shard_blocks(self.spec, self.segments, self.settings.read_batch_rows, self.engine.extra_columns())
+        it = iter_shard_blocks(self.spec, self.segments, self.settings.read_batch_rows, self.engine.extra_columns(),
+                               self.settings)
         while True:
             t0 = time.perf_counter()
             try:

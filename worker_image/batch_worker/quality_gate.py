@@ -81,7 +81,8 @@ def sample_rows(manifest: Manifest, sample: int, columns: Sequence[str] = ()):
     for spec in manifest.shards:
         validator = Validator(manifest.input.id_column, text_column=manifest.input.text_column)
         taken = 0
-        for block in iter_shard_blocks(manifest.input, spec.segments, manifest.worker.read_batch_rows, columns):
+        for block in iter_shard_blocks(manifest.input, spec.segments, manifest.worker.read_batch_rows, columns,
+                                       manifest.worker):
             rows = validator.validate(block).rows
             need = min(per_shard - taken, sample - sum(len(p) for p in parts))
             if need <= 0:

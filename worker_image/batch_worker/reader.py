@@ -6,6 +6,13 @@ the contract's line rule (:func:`batch_contract.rows.iter_jsonl_lines`); only th
 record are kept. Either way the reader yields :class:`RawBlock` s of at most ``read_batch_rows`` rows
 in shard order. Text that is not valid Unicode is repaired here (:func:`batch_contract.rows.repair_text`);
 ids are left raw for validation (:func:`batch_contract.rows.canonical_id`).
+
+Guards (:class:`~batch_contract.engine_config.WorkerSettings`): every file is opened through the
+manifest's ``input.roots`` (:func:`batch_contract.storage.open_input_file`: locally the real path of the
+file actually opened must lie under one; a file swapped for a link out of them after planning is refused,
+``BadInputError``); a Parquet row group larger than ``max_row_group_bytes`` is refused before it is read
+(``BadInputError``); a JSONL line longer than ``max_line_bytes`` is an unreadable record (dead letter
+``invalid_record``), and a JSONL block also ends once its raw lines reach ``max_row_group_bytes``.
 """
 
 from __future__ import annotations
@@ -19,9 +26,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pyarrow.types as pat
 from batch_contract import storage
+from batch_contract.engine_config import WorkerSettings
 from batch_contract.enums import InputFormat
 from batch_contract.manifest import InputSpec, Segment
-from batch_contract.rows import decode_line, iter_jsonl_lines, repair_text, repair_value
+from batch_contract.rows import (
+    OversizedLine,
+    decode_line,
+    iter_jsonl_lines,
+    repair_text,
+    repair_value,
+    row_group_read_bytes,
+)
 
 from batch_worker.errors import BadInputError
 
@@ -116,10 +131,23 @@ def _parquet_block(spec: InputSpec, uri: str, table: pa.Table, first_row: int) -
     )
 
 
+def _open(spec: InputSpec, uri: str, random_access: bool) -> pa.NativeFile:
+    """Open an input file through the manifest's roots (:func:`batch_contract.storage.open_input_file`).
+
+    Raises:
+        BadInputError: the file resolves outside ``spec.roots`` or is not a regular file.
+    """
+    try:
+        if random_access:
+            return storage.open_input_file(uri, spec.roots)
+        return storage.open_input_stream(uri, spec.roots)
+    except storage.InputRefusedError as exc:
+        raise BadInputError(f"input: {exc}; refusing to read it") from None
+
+
 def _parquet_blocks(spec: InputSpec, uri: str, seg: Segment, batch_rows: int,
-                    extra: Sequence[str]) -> Iterator[RawBlock]:
-    fs, path = storage.arrow_filesystem(uri)
-    with fs.open_input_file(path) as fh:
+                    extra: Sequence[str], settings: WorkerSettings) -> Iterator[RawBlock]:
+    with _open(spec, uri, random_access=True) as fh:
         pf = pq.ParquetFile(fh)
         columns = _parquet_columns(spec, pf.schema_arrow, uri, extra)
         meta = pf.metadata
@@ -136,6 +164,11 @@ def _parquet_blocks(spec: InputSpec, uri: str, seg: Segment, batch_rows: int,
             raise BadInputError(f"{uri}: segment rows {seg.row_start}..{seg.row_stop} beyond the file's {offset} rows")
         if not groups:
             return
+        sizes = row_group_read_bytes(meta, pf.schema_arrow, columns)
+        for g in groups:
+            if sizes[g] > settings.max_row_group_bytes:
+                raise BadInputError(f"{uri}: row group {g} holds {sizes[g]} bytes (uncompressed) of the columns "
+                                    f"read, above worker.max_row_group_bytes ({settings.max_row_group_bytes})")
         row = first_row
         for rb in pf.iter_batches(batch_size=batch_rows, row_groups=groups, columns=columns):
             lo = max(seg.row_start - row, 0)
@@ -160,8 +193,12 @@ def _extras_table(records: list[dict[str, Any]], extra: Sequence[str]) -> pa.Tab
 
 
 def _parse_line(raw: bytes) -> tuple[dict[str, Any], str | None]:
-    """``(record, error)`` of one JSONL line (``{}`` and a reason when unreadable). Invalid UTF-8 bytes
-    stay in the values as lone surrogates (:func:`batch_contract.rows.decode_line`)."""
+    """``(record, error)`` of one JSONL line (``{}`` and a reason when unreadable: not JSON, not an
+    object, or an :class:`~batch_contract.rows.OversizedLine`). Invalid UTF-8 bytes stay in the values as
+    lone surrogates (:func:`batch_contract.rows.decode_line`)."""
+    if isinstance(raw, OversizedLine):
+        return {}, (f"line is {raw.length} bytes, above worker.max_line_bytes; "
+                    "not read (split the record or raise the limit)")
     try:
         rec = json.loads(decode_line(raw))
     except json.JSONDecodeError as exc:
@@ -195,21 +232,23 @@ def _jsonl_block(spec: InputSpec, uri: str, lines: list[tuple[int, bytes]], extr
 
 
 def _jsonl_blocks(spec: InputSpec, uri: str, seg: Segment, batch_rows: int,
-                  extra: Sequence[str]) -> Iterator[RawBlock]:
-    fs, path = storage.arrow_filesystem(uri)
+                  extra: Sequence[str], settings: WorkerSettings) -> Iterator[RawBlock]:
     rows = 0
     pending: list[tuple[int, bytes]] = []
-    with fs.open_input_stream(path) as fh:
-        for row, raw in iter_jsonl_lines(fh):
+    pending_bytes = 0
+    with _open(spec, uri, random_access=False) as fh:
+        for row, raw in iter_jsonl_lines(fh, max_line_bytes=settings.max_line_bytes):
             if row >= seg.row_stop:
                 break
             rows = row + 1
             if row < seg.row_start:
                 continue
             pending.append((row, raw))
-            if len(pending) >= batch_rows:
+            pending_bytes += len(raw)
+            if len(pending) >= batch_rows or pending_bytes >= settings.max_row_group_bytes:
                 yield _jsonl_block(spec, uri, pending, extra)
                 pending = []
+                pending_bytes = 0
     if pending:
         yield _jsonl_block(spec, uri, pending, extra)
     if rows < seg.row_stop:
@@ -217,25 +256,29 @@ def _jsonl_blocks(spec: InputSpec, uri: str, seg: Segment, batch_rows: int,
 
 
 def iter_shard_blocks(spec: InputSpec, segments: list[Segment], batch_rows: int,
-                      extra_columns: Sequence[str] = ()) -> Iterator[RawBlock]:
+                      extra_columns: Sequence[str] = (), settings: WorkerSettings | None = None) -> Iterator[RawBlock]:
     """Yield the shard's rows as :class:`RawBlock` s, segment by segment, in file row order.
 
     Args:
-        spec: the manifest's input spec (format, id/text columns, files).
+        spec: the manifest's input spec (format, id/text columns, files, roots).
         segments: the shard's segments.
         batch_rows: max rows per block (``WorkerSettings.read_batch_rows``).
         extra_columns: input columns the engine reads besides id and text (LLM template fields;
             see ``Engine.extra_columns``); no other column is read. Absent ones are skipped.
+        settings: the run's worker settings (``max_line_bytes``, ``max_row_group_bytes``); ``None``:
+            the defaults.
 
     Raises:
-        BadInputError: missing id/text column, id column of a type other than integer/string, or a
-            segment beyond the end of its file.
+        BadInputError: missing id/text column, id column of a type other than integer/string, a
+            segment beyond the end of its file, a file outside ``spec.roots`` (or not a regular file),
+            or a Parquet row group over ``max_row_group_bytes``.
     """
+    settings = settings or WorkerSettings()
     for seg in segments:
         if not 0 <= seg.file_index < len(spec.files):
             raise BadInputError(f"segment file_index {seg.file_index} is not in input.files (0..{len(spec.files) - 1})")
         uri = spec.files[seg.file_index].uri
         if spec.format == InputFormat.PARQUET.value:
-            yield from _parquet_blocks(spec, uri, seg, batch_rows, extra_columns)
+            yield from _parquet_blocks(spec, uri, seg, batch_rows, extra_columns, settings)
         else:
-            yield from _jsonl_blocks(spec, uri, seg, batch_rows, extra_columns)
+            yield from _jsonl_blocks(spec, uri, seg, batch_rows, extra_columns, settings)

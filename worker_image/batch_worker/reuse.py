@@ -103,7 +103,7 @@ def _read_shard(engine: Engine, spec: InputSpec, segments: list[Segment], settin
     the engine cannot key has the key ``None`` (a miss)."""
     validator = Validator(spec.id_column, set(ledger.done_ids), set(ledger.done_dead), text_column=spec.text_column)
     rows = _ShardRows()
-    blocks = iter_shard_blocks(spec, segments, settings.read_batch_rows, engine.extra_columns())
+    blocks = iter_shard_blocks(spec, segments, settings.read_batch_rows, engine.extra_columns(), settings)
     while True:
         t0 = time.perf_counter()
         block = next(blocks, None)

@@ -22,18 +22,21 @@ from __future__ import annotations
 import importlib
 import re
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 from batch_contract.layout import TEMP_MARK
-from batch_contract.storage.base import AlreadyExistsError, StorageBackend, StorageError
+from batch_contract.storage.base import AlreadyExistsError, InputRefusedError, StorageBackend, StorageError
 
 __all__ = [
-    "BACKENDS", "AlreadyExistsError", "StorageBackend", "StorageError", "arrow_filesystem", "backend_for",
-    "clean_temp", "content_tag", "copy", "delete", "exists", "is_gcs", "is_local", "is_under", "list_names", "list_sizes",
-    "local_path", "localize", "makedirs", "move", "normalize", "read_bytes", "register_backend",
-    "scheme_of", "unregister_backend", "write_create_only", "write_replace",
+    "BACKENDS", "AlreadyExistsError", "InputRefusedError", "StorageBackend", "StorageError", "arrow_filesystem",
+    "backend_for", "check_under_roots", "clean_temp", "content_tag", "copy", "delete", "exists", "is_gcs", "is_local",
+    "is_under", "list_names", "list_sizes", "list_tree", "local_path", "localize", "makedirs", "move", "normalize",
+    "open_input_file", "open_input_stream", "read_bytes", "register_backend", "scheme_of", "unregister_backend",
+    "write_create_only", "write_replace",
 ]
 
 BACKENDS: dict[str, str] = {
@@ -158,6 +161,66 @@ def is_under(uri: str, root: str) -> bool:
     """
     backend = backend_for(uri)
     return backend_for(root) is backend and backend.is_under(uri, root)
+
+
+def _own_roots(backend: StorageBackend, roots: Sequence[str]) -> list[str] | None:
+    """``None`` (no check) for no roots, else the roots ``backend`` serves (those of other backends
+    can hold nothing of it)."""
+    return None if not roots else [r for r in roots if backend_for(r) is backend]
+
+
+def check_under_roots(uri: str, roots: Sequence[str]) -> None:
+    """Refuse ``uri`` unless it lies under one of ``roots`` by :func:`is_under` (local: real paths, so
+    after following symbolic links; ``gs://``: bucket and object prefix). No roots: no check.
+
+    Raises:
+        InputRefusedError: ``uri`` lies outside every root (the message names ``uri``, never the roots
+            nor where a link points).
+        StorageError: unknown scheme, or a URI malformed for its scheme.
+    """
+    if roots and not any(is_under(uri, root) for root in roots):
+        raise InputRefusedError(f"{uri}: lies outside the allowed input locations (locally: after following "
+                                "symbolic links)")
+
+
+def list_tree(dir_uri: str, roots: Sequence[str] = ()) -> list[str]:
+    """Every file below ``dir_uri``, recursively, as paths of :func:`arrow_filesystem` (any order; ``[]``
+    when nothing is there); see :meth:`StorageBackend.list_tree`. Locally symbolic links are followed,
+    each real directory is listed once, and with ``roots`` a directory resolving outside them is
+    refused before it is listed. The files themselves are not checked: pass each one the caller keeps
+    to :func:`check_under_roots` (or open it with :func:`open_input_file`).
+
+    Raises:
+        InputRefusedError: a directory of the tree resolves outside ``roots``.
+        StorageError / OSError: unknown scheme, or the listing failed.
+    """
+    backend = backend_for(dir_uri)
+    return backend.list_tree(dir_uri, _own_roots(backend, roots))
+
+
+def open_input_file(uri: str, roots: Sequence[str] = ()) -> pa.NativeFile:
+    """Open the object ``uri`` as a seekable pyarrow file (Parquet), refusing it unless it lies under
+    one of ``roots`` (no roots: no check). Locally the check is made on the file actually opened (its
+    real path read back from the open descriptor) and the file must be a regular file, so a path
+    swapped for a symbolic link between a check and the read cannot redirect it.
+
+    Raises:
+        InputRefusedError: outside every root, or (locally) not a regular file.
+        FileNotFoundError / StorageError: the object could not be opened.
+    """
+    backend = backend_for(uri)
+    return backend.open_input(uri, _own_roots(backend, roots), random_access=True)
+
+
+def open_input_stream(uri: str, roots: Sequence[str] = ()) -> pa.NativeFile:
+    """Like :func:`open_input_file`, for sequential reading (JSONL).
+
+    Raises:
+        InputRefusedError: outside every root, or (locally) not a regular file.
+        FileNotFoundError / StorageError: the object could not be opened.
+    """
+    backend = backend_for(uri)
+    return backend.open_input(uri, _own_roots(backend, roots), random_access=False)
 
 
 def localize(uri: str, dest: Path) -> str:

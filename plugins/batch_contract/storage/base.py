@@ -10,8 +10,10 @@ from __future__ import annotations
 import fnmatch
 import posixpath
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 ARROW_COPY_CHUNK_BYTES = 64 << 20
@@ -25,6 +27,12 @@ class AlreadyExistsError(FileExistsError):
 
 class StorageError(OSError):
     """A storage operation failed; the message names the URI (never credentials)."""
+
+
+class InputRefusedError(StorageError):
+    """An input object (or a directory above it) lies outside the allowed input roots once resolved
+    (locally: after following symbolic links), or is not a regular file. The message names the object
+    as the caller named it (or as a listing found it), never the roots nor where a link points."""
 
 
 class StorageBackend(ABC):
@@ -90,6 +98,44 @@ class StorageBackend(ABC):
             if fnmatch.fnmatchcase(name, head):
                 out += [f"{name}/{sub}" for sub in self.list_glob(f"{dir_uri.rstrip('/')}/{name}", rest)]
         return out
+
+    def list_tree(self, dir_uri: str, roots: Sequence[str] | None = None) -> list[str]:
+        """Paths, in :meth:`arrow_filesystem`'s terms, of every file below ``dir_uri`` (recursively; any
+        order; ``[]`` when nothing is there). Default: one recursive pyarrow listing; object stores have
+        no directories to refuse, so ``roots`` is not used here (callers check each object with
+        :meth:`is_under`). A backend with links overrides it to refuse a directory outside ``roots``.
+
+        Args:
+            dir_uri: the directory (or object prefix).
+            roots: roots of this backend the directories must lie under; ``None``: no check.
+
+        Raises:
+            InputRefusedError: (backends with links) a directory of the tree resolves outside ``roots``.
+        """
+        fs, base = self.arrow_filesystem(dir_uri.rstrip("/") + "/")
+        infos = fs.get_file_info(pafs.FileSelector(base.rstrip("/"), recursive=True, allow_not_found=True))
+        return [i.path for i in infos if i.type == pafs.FileType.File]
+
+    def open_input(self, uri: str, roots: Sequence[str] | None = None, *,
+                   random_access: bool = True) -> pa.NativeFile:
+        """Open the object ``uri`` for reading, after checking it lies under one of ``roots``.
+
+        Default: the :meth:`is_under` check, then :meth:`arrow_filesystem`'s ``open_input_file``
+        (``random_access``) or ``open_input_stream``.
+
+        Args:
+            uri: the object.
+            roots: roots of this backend; ``None``: no check (an empty list refuses everything).
+            random_access: a seekable file (Parquet) rather than a stream (JSONL).
+
+        Raises:
+            InputRefusedError: ``uri`` lies outside every root.
+            FileNotFoundError / StorageError: the object could not be opened.
+        """
+        if roots is not None and not any(self.is_under(uri, root) for root in roots):
+            raise InputRefusedError(f"{uri}: lies outside the allowed input locations")
+        fs, path = self.arrow_filesystem(uri)
+        return fs.open_input_file(path) if random_access else fs.open_input_stream(path)
 
     @abstractmethod
     def delete(self, uri: str) -> None:

@@ -10,13 +10,22 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import stat
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 from batch_contract.layout import TEMP_MARK
-from batch_contract.storage.base import AlreadyExistsError, StorageBackend, StorageError, is_segment_prefix
+from batch_contract.storage.base import (
+    AlreadyExistsError,
+    InputRefusedError,
+    StorageBackend,
+    StorageError,
+    is_segment_prefix,
+)
 
 HASH_TAG_MAX_BYTES = 256 << 20
 """Local files up to this size (bytes) get a content hash as their version tag; larger ones a stat tag."""
@@ -117,6 +126,89 @@ class LocalBackend(StorageBackend):
         path = self.path(dir_uri)
         return [p.relative_to(path).as_posix() for p in path.glob(pattern) if p.is_file()] if path.is_dir() else []
 
+    def list_tree(self, dir_uri: str, roots: Sequence[str] | None = None) -> list[str]:
+        """Paths of every file below the directory (its resolved path, as :meth:`arrow_filesystem`
+        names it), following symbolic links to files and directories; each real directory is listed once
+        (a link loop, or two links to one directory, cannot repeat or multiply the tree). ``[]`` when the
+        directory does not exist. Entries that cannot be stat'ed (a dangling link) are skipped.
+
+        Args:
+            dir_uri: the directory.
+            roots: roots the real path of every directory walked must lie under (checked before it is
+                listed, so nothing outside is ever listed); ``None``: no check.
+
+        Raises:
+            InputRefusedError: a directory of the tree resolves outside ``roots`` (the message names
+                the directory as ``dir_uri`` + its path below it, not the roots nor a link's target).
+            OSError: a directory could not be listed (permissions).
+        """
+        base = self.path(dir_uri).resolve()
+        if not base.is_dir():
+            return []
+        real_roots = None if roots is None else [self.normalize(r) for r in roots]
+        out: list[str] = []
+        seen: set[tuple[int, int]] = set()
+        stack = [(str(base), dir_uri.rstrip("/") or dir_uri)]  # (path walked, path as the caller named it)
+        while stack:
+            directory, shown = stack.pop()
+            if real_roots is not None and not _under_any(os.path.realpath(directory), real_roots):
+                raise InputRefusedError(f"{shown}: a directory that resolves outside the allowed input "
+                                        "locations (a symbolic link out of the input tree?)")
+            st = os.stat(directory)
+            if (st.st_dev, st.st_ino) in seen:
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            with os.scandir(directory) as entries:
+                for entry in entries:
+                    try:
+                        if entry.is_dir():
+                            stack.append((entry.path, f"{shown}/{entry.name}"))
+                        elif entry.is_file():
+                            out.append(entry.path)
+                    except OSError:  # a link loop (ELOOP) or an entry removed meanwhile
+                        continue
+        return out
+
+    def open_input(self, uri: str, roots: Sequence[str] | None = None, *,
+                   random_access: bool = True) -> pa.NativeFile:
+        """Open the file for reading, checking the file actually opened: the path is opened first
+        (non-blocking, so a FIFO cannot hang the reader) and must be a regular file; its real path is read
+        back from the open descriptor (``/proc/self/fd/<fd>``; without ``/proc``, ``os.path.realpath``)
+        and must lie under one of ``roots``; the returned pyarrow file is opened through that descriptor
+        (without ``/proc``: at the real path) and must be the same inode. Replacing the path by a
+        symbolic link at any moment therefore cannot redirect the read out of the roots.
+
+        Args:
+            uri: the file.
+            roots: roots its real path must lie under; ``None``: no roots check.
+            random_access: unused locally (the file is seekable either way).
+
+        Raises:
+            InputRefusedError: the file resolves outside ``roots``, or is not a regular file.
+            FileNotFoundError / OSError: it could not be opened.
+        """
+        path = self.path(uri)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise InputRefusedError(f"{uri}: not a regular file")
+            proc = f"/proc/self/fd/{fd}"
+            try:
+                real = os.readlink(proc)
+            except OSError:  # no /proc: the real path, checked below against the open file's inode
+                proc, real = "", os.path.realpath(path)
+            if roots is not None and not _under_any(real, [self.normalize(r) for r in roots]):
+                raise InputRefusedError(f"{uri}: resolves outside the allowed input locations "
+                                        "(a symbolic link out of the input tree?)")
+            handle = pa.OSFile(proc or real)
+        finally:
+            os.close(fd)
+        if not os.path.samestat(st, os.fstat(handle.fileno())):
+            handle.close()
+            raise InputRefusedError(f"{uri}: changed while being opened")
+        return handle
+
     def delete(self, uri: str) -> None:
         """Unlink the file if it exists."""
         try:
@@ -146,21 +238,25 @@ class LocalBackend(StorageBackend):
             return
         _fsync_dir(target.parent)
 
-    def content_tag(self, uri: str) -> str:
+    def content_tag(self, uri: str) -> str | None:
         """``size=<bytes>;sha256=<hex>`` for a file up to :data:`HASH_TAG_MAX_BYTES` (hashed: about
         1 s per GB), else ``size=<bytes>;mtime_ns=<ns>;ino=<inode>``: a rewrite in place changes the
         mtime and a replace by rename the inode (the rule ``make`` and ``rsync`` use; a tool that
-        restores an old mtime on purpose defeats it).
+        restores an old mtime on purpose defeats it). ``None`` ("cannot tell") for anything but a regular
+        file (a FIFO or a device such as ``/dev/zero`` behind a link), which is never read. The size and
+        the hash are those of the one file opened.
 
         Raises:
             FileNotFoundError: ``uri`` does not exist.
         """
-        path = self.path(uri)
-        st = path.stat()
-        if st.st_size > HASH_TAG_MAX_BYTES:
-            return f"size={st.st_size};mtime_ns={st.st_mtime_ns};ino={st.st_ino}"
-        digest = hashlib.sha256()
-        with open(path, "rb") as fh:
+        fd = os.open(self.path(uri), os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return None
+            if st.st_size > HASH_TAG_MAX_BYTES:
+                return f"size={st.st_size};mtime_ns={st.st_mtime_ns};ino={st.st_ino}"
+            digest = hashlib.sha256()
             for block in iter(lambda: fh.read(1 << 20), b""):
                 digest.update(block)
         return f"size={st.st_size};sha256={digest.hexdigest()}"
@@ -215,3 +311,8 @@ class LocalBackend(StorageBackend):
     def makedirs(self, dir_uri: str) -> None:
         """``mkdir -p``."""
         self.path(dir_uri).mkdir(parents=True, exist_ok=True)
+
+
+def _under_any(real: str, real_roots: Sequence[str]) -> bool:
+    """Whether the resolved path ``real`` is one of the resolved ``real_roots`` or inside one."""
+    return any(is_segment_prefix(real, root, os.sep) for root in real_roots)

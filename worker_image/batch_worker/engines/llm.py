@@ -6,7 +6,8 @@ Per chunk (see :mod:`batch_worker.engines.base` for the life cycle):
 1. :meth:`LLMEngine.prepare` (CPU, may run on the runtime's background thread): render each row's prompt
    in the Jinja sandbox (:mod:`batch_worker.prompting`), apply the chat template and tokenise it. Rows
    whose template fails are rejected ``template_error``, rows whose user message renders empty
-   ``empty_prompt``, rows whose prompt has more than ``max_model_len - max_tokens`` tokens ``too_long``.
+   ``empty_prompt``, rows whose prompt has more than ``max_model_len - max_tokens`` tokens (or whose user
+   message passes ``max_prompt_chars`` characters, where rendering stops) ``too_long``.
    Prompt tokens are thus counted before generation, and vLLM receives exactly these token ids.
 2. :meth:`LLMEngine.process`: all remaining prompts of the chunk are queued at once on the engine of
    ``vllm.LLM`` (``llm.llm_engine.add_request``, longest first so a memory problem shows at once) under a
@@ -75,7 +76,13 @@ from batch_contract.schemas import part_schema
 
 from batch_worker.digest import model_digest
 from batch_worker.engines.base import ChunkOutput, ChunkRows, Engine, LoadedModel, Reject
-from batch_worker.prompting import PromptRenderer, RowRenderError, row_context, template_columns
+from batch_worker.prompting import (
+    PromptRenderer,
+    PromptTooLongRenderError,
+    RowRenderError,
+    row_context,
+    template_columns,
+)
 
 log = logging.getLogger(__name__)
 
@@ -483,6 +490,9 @@ class LLMEngine(Engine):
         for rid, text, record in zip(rows.ids, rows.texts, records, strict=True):
             try:
                 parts = self.renderer.parts(row_context(record, rid, text))
+            except PromptTooLongRenderError as exc:
+                out.rejects.append(Reject(rid, DeadLetterReason.TOO_LONG, _cut(str(exc))))
+                continue
             except RowRenderError as exc:
                 out.rejects.append(Reject(rid, DeadLetterReason.TEMPLATE_ERROR, _cut(str(exc))))
                 continue
