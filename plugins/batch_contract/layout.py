@@ -27,7 +27,8 @@ RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:+-]{0,199}")
 """A run id: one safe path segment (matched whole with ``fullmatch``: no trailing newline slips in)."""
 DAG_ID_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,249}")
 """A DAG id as Airflow allows it (letters, digits, ``_.-``; at most 250 characters), matched whole."""
-SHARD_ID_PATTERN = re.compile(r"^[0-9]{5}$")
+SHARD_ID_PATTERN = re.compile(r"[0-9]{5}")
+"""A shard id: five digits, matched whole with ``fullmatch``."""
 PART_PREFIX = "part-"
 DEAD_LETTER_PREFIX = "dead-letter-"
 PARQUET_SUFFIX = ".parquet"
@@ -182,7 +183,7 @@ class RunLayout:
         return join_uri(self.run_dir, "shards")
 
     def shard_dir(self, shard_id: str) -> str:
-        if not SHARD_ID_PATTERN.match(shard_id):
+        if not isinstance(shard_id, str) or not SHARD_ID_PATTERN.fullmatch(shard_id):
             raise ValueError(f"shard id {shard_id!r} is not five digits")
         return join_uri(self.shards_dir(), shard_id)
 

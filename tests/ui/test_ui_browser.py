@@ -21,6 +21,8 @@ second standalone.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import time
@@ -195,10 +197,15 @@ def test_error_file_and_manifest(airflow: Standalone, runs: dict[str, Any]) -> N
     assert jsonl.status == 200 and "attachment" in jsonl.headers["content-disposition"]
     rows = [json.loads(line) for line in jsonl.body.decode().splitlines()]
     assert sorted(r["reason"] for r in rows) == ["empty_text", "non_string_text", "null_id"]
-    csv_text = http("GET", base + "/dead-letters.csv", token=airflow.token()).body.decode()
-    assert csv_text.splitlines()[0].startswith("shard_id,id,reason") and len(csv_text.splitlines()) == 4
-    manifest = http("GET", base + "/manifest.json", token=airflow.token()).json()
+    csv_resp = http("GET", base + "/dead-letters.csv", token=airflow.token())
+    table = list(csv.reader(io.StringIO(csv_resp.body.decode(), newline="")))
+    assert table[0][:3] == ["shard_id", "id", "reason"] and len(table) == 4, table
+    manifest_resp = http("GET", base + "/manifest.json", token=airflow.token())
+    manifest = manifest_resp.json()
     assert manifest["run_id"] == runs["local"][1] and len(manifest["shards"]) == 2
+    for resp in (jsonl, csv_resp, manifest_resp):       # run data stays out of every cache
+        assert resp.headers["cache-control"] == "no-store" and resp.headers["x-content-type-options"] == "nosniff"
+        assert resp.headers["content-disposition"].startswith("attachment;")
 
 
 def test_anonymous_and_bad_tokens_are_refused(airflow: Standalone, runs: dict[str, Any]) -> None:
@@ -353,7 +360,9 @@ def test_a_run_dir_outside_the_roots_is_never_read(airflow: Standalone, runs: di
     refuses to read it (last test: it spoils that run's view)."""
     dag_id, run_id = runs["gcs"]
     xcom = f"/api/v2/dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id, safe='')}/taskInstances/plan/xcomEntries/run_dir"
-    for evil in ("/etc/runs/passwd", "gs://another-bucket/out/runs/x", f"{bucket}-other/out/runs/x"):
+    other_dag_run = _page_api(airflow, "/batch-inference/api" + _run_path(*runs["local"])[len("/batch-inference"):])
+    for evil in ("/etc/runs/passwd", "gs://another-bucket/out/runs/x", f"{bucket}-other/out/runs/x",
+                 other_dag_run["run_dir"], f"{bucket}/out/runs/{runs['local'][0]}/{run_id}"):
         airflow.api("PATCH", xcom, {"value": evil})
         base = airflow.url + _run_path(dag_id, run_id)
         for suffix in ("", "/manifest.json", "/report.html", "/dead-letters.jsonl"):

@@ -28,6 +28,7 @@ ROWS = 90
 DEAD = {1, 2, 50}          # input rows dead-lettered (two in shard 0, one in shard 1)
 RUNNING = "00002"          # no marker: a worker is on it
 NOW = datetime.now(UTC)
+DAG = "batch_inference_backfill"
 
 
 def _attempt(layout: RunLayout, shard_id: str, attempt_id: str, seconds: float, exit_code: int | None,
@@ -38,6 +39,15 @@ def _attempt(layout: RunLayout, shard_id: str, attempt_id: str, seconds: float, 
                         exit_code=exit_code, status="complete" if exit_code == 0 else "running",
                         stage_seconds={"inference": seconds}, updated_at=updated_at)
     storage.write_replace(join_uri(layout.attempts_dir(shard_id), f"{attempt_id}.json"), rec.to_json_bytes())
+
+
+def _build_run(output_root, run_id: str, src: str, spec: RunSpec) -> RunLayout:
+    """:func:`synthetic_runs.build_run` (a run dir of the older form ``<root>/runs/<run_id>``) with the
+    manifest's ``params.dag_id`` naming :data:`DAG`, as ``plan`` records it: the page shows such a run as
+    a run of that DAG only."""
+    layout = build_run(output_root, run_id, src, spec)
+    _set_params(layout, dag_id=DAG)
+    return layout
 
 
 def _set_params(layout: RunLayout, **params) -> None:
@@ -54,7 +64,7 @@ def run(tmp_path) -> RunLayout:
     global NOW  # "fresh" is relative to when the test runs, not to when the module was collected
     NOW = datetime.now(UTC)
     src = write_input(tmp_path / "in.parquet", [str(i) for i in range(ROWS)])
-    layout = build_run(tmp_path / "out", "manual__2026-01-01T00:00:00+00:00", src,
+    layout = _build_run(tmp_path / "out", "manual__2026-01-01T00:00:00+00:00", src,
                        RunSpec(shards=3, chunk_rows=10, dead_rows=DEAD, skip_markers={RUNNING}))
     _set_params(layout, accelerator="nvidia-h100-80gb", pricing="spot", gpu_hour_usd_spot=2.0, deadline_hours=24.0)
     _attempt(layout, "00000", "a0", 600.0, 75)        # preempted
@@ -69,7 +79,7 @@ def run(tmp_path) -> RunLayout:
 
 def _record(layout: RunLayout, state: str = "running", **kw) -> RunRecord:
     tasks = {"plan": "success", "choose_runner": "success", "wait_for_shards": "deferred"}
-    return RunRecord(dag_id="batch_inference_backfill", run_id=layout.run_id, state=state, run_dir=layout.run_dir,
+    return RunRecord(dag_id=DAG, run_id=layout.run_id, state=state, run_dir=layout.run_dir,
                      task_states=kw.pop("task_states", tasks), start_date=NOW - timedelta(hours=1), **kw)
 
 
@@ -150,7 +160,7 @@ def test_reused_and_carried_rows_do_not_count_towards_the_rate(run: RunLayout) -
 
 def test_default_prices_when_the_manifest_names_none(tmp_path) -> None:
     src = write_input(tmp_path / "in.parquet", [str(i) for i in range(10)])
-    layout = build_run(tmp_path / "out", "r1", src, RunSpec(shards=1))
+    layout = _build_run(tmp_path / "out", "r1", src, RunSpec(shards=1))
     _attempt(layout, "00000", "a0", 3600.0, 0)
     f = build_view(_record(layout, state="success")).figures
     assert f["accelerator"] == "cpu"
@@ -159,7 +169,7 @@ def test_default_prices_when_the_manifest_names_none(tmp_path) -> None:
 
 def test_all_markers_present_while_running_is_finalizing(tmp_path) -> None:
     src = write_input(tmp_path / "in.parquet", [str(i) for i in range(10)])
-    layout = build_run(tmp_path / "out", "r1", src, RunSpec(shards=2))
+    layout = _build_run(tmp_path / "out", "r1", src, RunSpec(shards=2))
     assert build_view(_record(layout)).status is BatchStatus.FINALIZING
 
 
@@ -171,9 +181,15 @@ def test_unplanned_refused_and_unreadable_runs_say_why(tmp_path) -> None:
     rec.run_dir = "/etc/runs/r1"
     view = build_view(rec)
     assert view.refused and view.problem.startswith("refused") and view.layout is None
-    rec.run_dir = str(tmp_path / "runs" / "r1")      # allowed, but the manifest is missing
+    rec.run_dir = str(tmp_path / "runs" / DAG / "r1")      # allowed, but the manifest is missing
     view = build_view(rec)
-    assert view.problem.startswith("unreadable") and "manifest" in view.problem
+    assert view.problem.startswith("unreadable") and "manifest" in view.problem and view.layout is not None
+    rec.run_dir = str(tmp_path / "runs" / "r1")            # the older form: only its manifest names the DAG
+    view = build_view(rec)
+    assert view.problem.startswith("unreadable") and "manifest" in view.problem and view.layout is None
+    rec.run_dir = str(tmp_path / "runs" / "batch_inference_nightly" / "r1")   # another DAG's run dir
+    view = build_view(rec)
+    assert view.refused and "is of DAG 'batch_inference_nightly', not of" in view.problem and view.layout is None
 
 
 def test_error_file_jsonl_and_csv(run: RunLayout) -> None:
@@ -190,7 +206,7 @@ def test_error_file_jsonl_and_csv(run: RunLayout) -> None:
 
 def test_error_file_writes_a_recommitted_chunk_once(tmp_path) -> None:
     src = write_input(tmp_path / "in.parquet", [str(i) for i in range(20)])
-    layout = build_run(tmp_path / "out", "r1", src, RunSpec(shards=1, chunk_rows=10, dead_rows={3}))
+    layout = _build_run(tmp_path / "out", "r1", src, RunSpec(shards=1, chunk_rows=10, dead_rows={3}))
     shard_dir = layout.shard_dir("00000")
     name = next(n for n in storage.list_names(shard_dir) if n.startswith("dead-letter-"))
     copy = "dead-letter-00000-" + "0" * 12 + ".parquet"    # the same chunk committed again by a retry

@@ -4,6 +4,7 @@ plugin registration (cheap to import, lazy app)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import subprocess
@@ -13,12 +14,23 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from batch_inference.ui.guard import PathRefused, guarded_layout, guarded_shard_id
+from batch_contract.layout import RunLayout
+from batch_inference.ui.guard import (
+    PathRefused,
+    check_manifest_identity,
+    guarded_layout,
+    guarded_manifest,
+    guarded_shard_id,
+)
 from batch_inference.ui.lazy import LazyApp
 from batch_inference.ui.links import BatchRunPageLink, base_path, run_page_path
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 REPO = Path(__file__).resolve().parents[2]
 BUCKET = "gs://bkt/prefix"
+DAG = "batch_inference_backfill"
+OTHER = "batch_inference_nightly"
 
 
 @pytest.fixture
@@ -29,57 +41,181 @@ def roots(tmp_path: Path) -> list[str]:
     return [str(tmp_path / "allowed"), BUCKET]
 
 
+def _ids(run_dir: str) -> tuple[str, str]:
+    """The ``(dag_id, run_id)`` a well-formed run dir names (``dag_id`` of an older run dir: the DAG)."""
+    parts = run_dir.rstrip("/").split("/")
+    return (parts[-2] if parts[-3] == "runs" else DAG), parts[-1]
+
+
 def test_run_dirs_under_the_roots_are_read(roots: list[str]) -> None:
-    local = f"{roots[0]}/runs/manual__2026-01-01T00:00:00+00:00"
-    assert guarded_layout(local, roots).run_dir == local
-    assert guarded_layout(f"{roots[0]}/sub/runs/r1", roots).run_id == "r1"
-    assert guarded_layout(f"{BUCKET}/runs/r1", roots).output_root == BUCKET
-    assert guarded_layout(f"{BUCKET}/deeper/runs/r1/", roots).run_id == "r1"
+    local = f"{roots[0]}/runs/{DAG}/manual__2026-01-01T00:00:00+00:00"
+    layout = guarded_layout(local, DAG, "manual__2026-01-01T00:00:00+00:00", roots)
+    assert (layout.run_dir, layout.dag_id, layout.output_root) == (local, DAG, roots[0])
+    assert guarded_layout(f"{roots[0]}/sub/runs/{DAG}/r1", DAG, "r1", roots).run_id == "r1"
+    assert guarded_layout(f"file://{roots[0]}/runs/{DAG}/r1", DAG, "r1", roots).dag_id == DAG
+    assert guarded_layout(f"{BUCKET}/runs/{DAG}/r1", DAG, "r1", roots).output_root == BUCKET
+    assert guarded_layout(f"{BUCKET}/deeper/runs/{DAG}/r1/", DAG, "r1", roots).run_id == "r1"
+    older = guarded_layout(f"{roots[0]}/runs/r1", DAG, "r1", roots)    # planned before runs/<dag_id>/
+    assert older.dag_id is None and older.run_dir == f"{roots[0]}/runs/r1"
 
 
-_OUTSIDE = " is outside the allowed roots"
+_OUTSIDE = (f" is outside the output roots of DAG '{DAG}' "
+            r"\(BATCH_INFERENCE_POLICY or BATCH_INFERENCE_ALLOWED_ROOTS; docs/security\.md\)$")
 _NOT_SAFE = " is not a safe path segment"
-_NOT_FORM = " is not of the form <output_root>/runs/<run_id>"
+_NOT_FORM = " is not of the form <output_root>/runs/<dag_id>/<run_id>"
+D = DAG
 
 
 # reason: a regex the refusal must match; {allowed} stands for the allowed local root (regex-escaped)
 @pytest.mark.parametrize(("run_dir", "reason"), [
-    ("/etc/runs/r1", r"^params\.run_dir: '/etc/runs/r1'" + _OUTSIDE),  # another directory
-    ("{allowed}/../outside/runs/r1",                                    # climbs out with ..
-     r"^params\.run_dir: '{allowed}/\.\./outside/runs/r1' \(resolved '[^']*/outside/runs/r1'\)" + _OUTSIDE),
-    ("{allowed}/runs/..", r"^run_id '\.\.'" + _NOT_SAFE),              # run id ..
-    ("{allowed}/runs/../../outside/runs/x/..",                          # run id .. after a climb
-     r"^run dir '{allowed}/runs/\.\./\.\./outside/runs/x/\.\.'" + _NOT_FORM),
-    ("{allowed}/escape/runs/r1",                                        # a symlink inside the root pointing outside
-     r"^params\.run_dir: '{allowed}/escape/runs/r1' \(resolved '[^']*/outside/runs/r1'\)" + _OUTSIDE),
-    ("{allowed}/runs/r1/shards", r"^run dir '{allowed}/runs/r1/shards'" + _NOT_FORM),  # not <root>/runs/<run_id>
-    ("{allowed}/runs/a%2F..%2F..%2Fetc",                                # encoded slashes stay in the run id: unsafe
+    (f"/etc/runs/{D}/r1", rf"^run dir '/etc/runs/{D}/r1'" + _OUTSIDE),  # another directory
+    (f"{{allowed}}/../outside/runs/{D}/r1",                              # climbs out with ..
+     rf"^run dir '{{allowed}}/\.\./outside/runs/{D}/r1' \(resolved '[^']*/outside/runs/{D}/r1'\)" + _OUTSIDE),
+    (f"{{allowed}}/runs/{D}/..", r"^run_id '\.\.'" + _NOT_SAFE),          # run id ..
+    ("{allowed}/runs/..", r"^run_id '\.\.'" + _NOT_SAFE),                # run id .. (older form)
+    ("{allowed}/runs/../../outside/runs/x/..", r"^run_id '\.\.'" + _NOT_SAFE),  # run id .. after a climb
+    ("{allowed}/runs/../../outside/runs/x/../..",                       # not of the run layout's form
+     r"^run dir '{allowed}/runs/\.\./\.\./outside/runs/x/\.\./\.\.'" + _NOT_FORM),
+    (f"{{allowed}}/escape/runs/{D}/r1",                                  # a symlink inside the root pointing outside
+     rf"^run dir '{{allowed}}/escape/runs/{D}/r1' \(resolved '[^']*/outside/runs/{D}/r1'\)" + _OUTSIDE),
+    (f"{{allowed}}/runs/{D}/r1/shards", rf"^run dir '{{allowed}}/runs/{D}/r1/shards'" + _NOT_FORM),
+    (f"{{allowed}}/runs/{D}/a%2F..%2F..%2Fetc",                          # encoded slashes stay in the run id: unsafe
      r"^run_id 'a%2F\.\.%2F\.\.%2Fetc'" + _NOT_SAFE),
-    ("{allowed}/runs/r1\x00", r"^run dir '{allowed}/runs/r1\\x00' is not a path"),
-    ("file:///etc/runs/r1", r"^params\.run_dir: 'file:///etc/runs/r1' \(resolved '/etc/runs/r1'\)" + _OUTSIDE),
-    ("gs://other-bucket/runs/r1", r"^params\.run_dir: 'gs://other-bucket/runs/r1'" + _OUTSIDE),  # another bucket
-    ("gs://bkt/prefix-other/runs/r1",                                   # a sibling prefix, not a sub-prefix
-     r"^params\.run_dir: 'gs://bkt/prefix-other/runs/r1'" + _OUTSIDE),
-    ("gs://bkt/prefix/../secret/runs/r1",                               # .. collapsed in gs:// too
-     r"^params\.run_dir: 'gs://bkt/prefix/\.\./secret/runs/r1' \(resolved 'gs://bkt/secret/runs/r1'\)" + _OUTSIDE),
-    ("s3://bkt/prefix/runs/r1",                                         # no backend for the scheme
-     r"^params\.run_dir: s3://bkt/prefix/runs/r1: no storage backend for scheme 's3'"),
+    (f"{{allowed}}/runs/{D}/r1\x00", rf"^run dir '{{allowed}}/runs/{D}/r1\\x00' is not a path"),
+    (f"file:///etc/runs/{D}/r1", rf"^run dir 'file:///etc/runs/{D}/r1' \(resolved '/etc/runs/{D}/r1'\)" + _OUTSIDE),
+    (f"gs://other-bucket/runs/{D}/r1", rf"^run dir 'gs://other-bucket/runs/{D}/r1'" + _OUTSIDE),  # another bucket
+    (f"gs://bkt/prefix-other/runs/{D}/r1",                               # a sibling prefix, not a sub-prefix
+     rf"^run dir 'gs://bkt/prefix-other/runs/{D}/r1'" + _OUTSIDE),
+    (f"gs://bkt/prefix/../secret/runs/{D}/r1",                           # .. collapsed in gs:// too
+     rf"^run dir 'gs://bkt/prefix/\.\./secret/runs/{D}/r1' \(resolved 'gs://bkt/secret/runs/{D}/r1'\)" + _OUTSIDE),
+    (f"s3://bkt/prefix/runs/{D}/r1",                                     # no backend for the scheme
+     rf"^run dir 's3://bkt/prefix/runs/{D}/r1': s3://bkt/prefix/runs/{D}/r1: no storage backend for scheme 's3'"),
     ("", r"^run dir '' is not a path"),
-    ("runs/r1", r"^params\.run_dir: '/runs/r1'" + _OUTSIDE),          # relative: checked as <output_root ''>/runs/r1
+    # relative: refused, never resolved against the API server's working directory (nor read as /runs/r1)
+    ("runs/r1", r"^run dir 'runs/r1' is relative: a run dir is an absolute path or a URI$"),
+    (f"out/runs/{D}/r1", rf"^run dir 'out/runs/{D}/r1' is relative"),
+    (f"file://out/runs/{D}/r1", rf"^run dir 'file://out/runs/{D}/r1' is relative"),
 ])
 def test_traversal_and_other_roots_are_refused(roots: list[str], run_dir: str, reason: str) -> None:
     with pytest.raises(PathRefused, match=reason.format(allowed=re.escape(roots[0]))):
-        guarded_layout(run_dir.format(allowed=roots[0]), roots)
+        guarded_layout(run_dir.format(allowed=roots[0]), DAG, "r1" if "r1" in run_dir else "x", roots)
+
+
+@pytest.mark.parametrize(("run_dir", "dag_id", "run_id", "reason"), [
+    # the run dir of another DAG's run with the same run id (a backfill reusing its run id)
+    (f"{{allowed}}/runs/{OTHER}/r1", DAG, "r1", rf"^run dir '[^']*/runs/{OTHER}/r1' is of DAG '{OTHER}', not of '{DAG}'$"),
+    # another run of the same DAG
+    (f"{{allowed}}/runs/{DAG}/r2", DAG, "r1", r"^run dir '[^']*/r2' is of run 'r2', not of 'r1'$"),
+    ("{allowed}/runs/r2", DAG, "r1", r"^run dir '[^']*/runs/r2' is of run 'r2', not of 'r1'$"),
+    # the DagRun's own ids are unsafe or carry a trailing newline (matched whole)
+    (f"{{allowed}}/runs/{DAG}/r1", DAG, "r1\n", r"^run_id 'r1\\n' is not a safe path segment"),
+    (f"{{allowed}}/runs/{DAG}/r1", DAG + "\n", "r1", rf"^dag_id '{DAG}\\n' is not a safe path segment"),
+    (f"{{allowed}}/runs/{DAG}/r1", "../x", "r1", r"^dag_id '\.\./x' is not a safe path segment"),
+    ("{allowed}/runs/runs/r1", "runs", "r1", r"^dag_id 'runs' is not a safe path segment"),
+])
+def test_a_run_dir_of_another_run_is_refused(roots: list[str], run_dir: str, dag_id: str, run_id: str,
+                                             reason: str) -> None:
+    with pytest.raises(PathRefused, match=reason):
+        guarded_layout(run_dir.format(allowed=roots[0]), dag_id, run_id, roots)
 
 
 def test_default_roots_come_from_the_allow_list(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("BATCH_INFERENCE_POLICY", raising=False)
     monkeypatch.setenv("BATCH_INFERENCE_ALLOWED_ROOTS", f"{tmp_path},{BUCKET}")
-    assert guarded_layout(f"{tmp_path}/runs/r1").run_id == "r1"
-    with pytest.raises(PathRefused, match=r"^params\.run_dir: '/var/runs/r1' is outside the allowed roots"):
-        guarded_layout("/var/runs/r1")
+    assert guarded_layout(f"{tmp_path}/runs/{DAG}/r1", DAG, "r1").run_id == "r1"
+    with pytest.raises(PathRefused, match=rf"^run dir '/var/runs/{DAG}/r1' is outside the output roots of DAG '{DAG}'"):
+        guarded_layout(f"/var/runs/{DAG}/r1", DAG, "r1")
 
 
-@pytest.mark.parametrize("shard", ["../00001", "0001", "00001/..", "%2e%2e", "000001", "", "0000a"])
+def test_default_roots_are_the_dags_output_roots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a policy file each DAG's run dirs must lie under its own output roots: a run dir under another
+    DAG's (another team's) output root is refused; an unreadable policy refuses everything."""
+    mine, theirs = tmp_path / "mine", tmp_path / "theirs"
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"dags": {DAG: {"output_roots": [str(mine)]},
+                                           OTHER: {"output_roots": [str(theirs)]}}}))
+    monkeypatch.setenv("BATCH_INFERENCE_POLICY", str(policy))
+    assert guarded_layout(f"{mine}/runs/{DAG}/r1", DAG, "r1").output_root == str(mine)
+    assert guarded_layout(f"{theirs}/runs/{OTHER}/r1", OTHER, "r1").output_root == str(theirs)
+    with pytest.raises(PathRefused, match=rf"^run dir '{re.escape(str(theirs))}/runs/{DAG}/r1' is outside the "
+                       rf"output roots of DAG '{DAG}'"):
+        guarded_layout(f"{theirs}/runs/{DAG}/r1", DAG, "r1")
+    policy.write_text("{not json")
+    with pytest.raises(PathRefused, match=r"^run dir '[^']*': BATCH_INFERENCE_POLICY: cannot read the policy file"):
+        guarded_layout(f"{mine}/runs/{DAG}/r1", DAG, "r1")
+
+
+def _layout(dag_id: str | None) -> RunLayout:
+    return RunLayout("/data", "r1", dag_id)
+
+
+@pytest.mark.parametrize(("layout", "manifest_run_id", "params", "reason"), [
+    (_layout(DAG), "r2", {"dag_id": DAG}, r"^the manifest in '/data/runs/[^']*' is of run 'r2', not of 'r1'$"),
+    (_layout(DAG), "r1\n", {}, r"^the manifest in '/data/runs/[^']*' is of run 'r1\\n', not of 'r1'$"),
+    (_layout(DAG), "r1", {"dag_id": OTHER}, rf"^the manifest in '/data/runs/{DAG}/r1' is of DAG '{OTHER}', not of '{DAG}'$"),
+    (_layout(None), "r1", {"dag_id": OTHER}, rf"^the manifest in '/data/runs/r1' is of DAG '{OTHER}', not of '{DAG}'$"),
+    (_layout(DAG), "r1", {"dag_id": 7}, rf"is of DAG 7, not of '{DAG}'$"),
+    # an older run dir names no DAG: its manifest must
+    (_layout(None), "r1", {}, r"^neither run dir '/data/runs/r1' nor its manifest \(params\.dag_id\) names the DAG"),
+    (_layout(None), "r1", None, r"^neither run dir '/data/runs/r1' nor its manifest"),
+])
+def test_a_manifest_of_another_run_or_dag_is_refused(layout: RunLayout, manifest_run_id: str, params, reason: str) -> None:
+    with pytest.raises(PathRefused, match=reason):
+        check_manifest_identity(layout, DAG, "r1", manifest_run_id, params)
+
+
+def test_the_manifest_of_the_run_is_accepted() -> None:
+    check_manifest_identity(_layout(DAG), DAG, "r1", "r1", {"dag_id": DAG})
+    check_manifest_identity(_layout(DAG), DAG, "r1", "r1", {})           # the run dir names the DAG
+    check_manifest_identity(_layout(None), DAG, "r1", "r1", {"dag_id": DAG})
+    data = json.dumps({"run_id": "r1", "params": {"dag_id": DAG}}).encode()
+    assert guarded_manifest(data, _layout(DAG), DAG, "r1") is data
+
+
+@pytest.mark.parametrize(("data", "reason"), [
+    (b"not json", r"^the manifest in '/data/runs/[^']*' is not a JSON object"),
+    (b"[1, 2]", r"is not a JSON object: whose run it is is unknown$"),
+    (json.dumps({"run_id": "r1", "params": {"dag_id": OTHER}}).encode(), rf"is of DAG '{OTHER}', not of '{DAG}'$"),
+    (json.dumps({"params": {"dag_id": DAG}}).encode(), r"is of run None, not of 'r1'$"),
+])
+def test_a_served_manifest_is_checked_as_served(data: bytes, reason: str) -> None:
+    with pytest.raises(PathRefused, match=reason):
+        guarded_manifest(data, _layout(DAG), DAG, "r1")
+
+
+_DAG_IDS = st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,12}", fullmatch=True).filter(
+    lambda d: ".." not in d and d != "runs")
+_RUN_IDS = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.:+-]{0,12}", fullmatch=True).filter(lambda r: ".." not in r)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.tuples(_DAG_IDS, _RUN_IDS), st.tuples(_DAG_IDS, _RUN_IDS), st.booleans())
+def test_a_run_dir_is_read_only_for_its_own_ids(roots: list[str], named: tuple[str, str], asked: tuple[str, str],
+                                                same: bool) -> None:
+    """Property: ``<root>/runs/<d>/<r>`` passes for the DagRun ``(d, r)`` and is refused for every other."""
+    dag_id, run_id = named if same else asked
+    run_dir = f"{roots[0]}/runs/{named[0]}/{named[1]}"
+    if (dag_id, run_id) == named:
+        assert guarded_layout(run_dir, dag_id, run_id, roots).run_dir == run_dir
+    else:
+        with pytest.raises(PathRefused, match=r"^run dir '[^']*' is of (DAG|run) '[^']*', not of '"):
+            guarded_layout(run_dir, dag_id, run_id, roots)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(_DAG_IDS, _RUN_IDS, st.sampled_from(["\n", "\r\n", " ", "/..", "/", "\x00", "\t", "\u2028"]),
+       st.booleans())
+def test_ids_are_matched_whole(roots: list[str], dag_id: str, run_id: str, tail: str, on_dag: bool) -> None:
+    """Property: a DagRun id with anything after a safe id (a trailing newline included) is refused, even
+    when its run dir is the safe id's."""
+    run_dir = f"{roots[0]}/runs/{dag_id}/{run_id}"
+    ids = (dag_id + tail, run_id) if on_dag else (dag_id, run_id + tail)
+    with pytest.raises(PathRefused, match=r"^(dag_id|run_id) '[^\n]*' is not a safe path segment"):
+        guarded_layout(run_dir, *ids, roots)
+
+
+@pytest.mark.parametrize("shard", ["../00001", "0001", "00001/..", "%2e%2e", "000001", "", "0000a", "00001\n",
+                                   "\u0660\u0661\u0662\u0663\u0664"])
 def test_shard_ids_must_be_five_digits(shard: str) -> None:
     with pytest.raises(PathRefused, match=f"^shard id {re.escape(repr(shard))} is not five digits"):
         guarded_shard_id(shard)

@@ -26,7 +26,7 @@ from batch_inference.ui.status import GATE_TASK, PLAN_TASK
 DAG_TAG = BASE_TAGS[0]
 """The tag that marks a batch-inference DAG (``batch-inference``, :data:`batch_inference.dag_factory.BASE_TAGS`)."""
 RUN_DIR_XCOM_KEY = "run_dir"
-"""XCom key under which ``plan`` pushes ``<output_root>/runs/<run_id>`` (:func:`batch_inference.tasks.plan_task`)."""
+"""XCom key under which ``plan`` pushes ``<output_root>/runs/<dag_id>/<run_id>`` (:func:`batch_inference.tasks.plan_task`)."""
 
 
 @dataclass

@@ -1,8 +1,10 @@
 """One run's view model: DB record + storage reads -> status, figures, shard table.
 
 Reads go through the contract's run store after the storage guard (:mod:`batch_inference.ui.guard`)
-accepted the run directory. Views are cached per process (:class:`ViewCache`): a finished run's until
-evicted (its storage no longer changes), an unfinished run's for a few seconds.
+accepted the run directory for the DagRun's ``(dag_id, run_id)``, and a view shows figures only after
+its manifest proved to be that run's (:func:`~batch_inference.ui.guard.check_manifest_identity`). Views
+are cached per process (:class:`ViewCache`): a finished run's until evicted (its storage no longer
+changes), an unfinished run's for a few seconds.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from batch_inference.progress import collect_progress
 from batch_inference.report.collect import load_run
 from batch_inference.ui.discovery import RunRecord
 from batch_inference.ui.figures import ShardRow, run_figures, shard_rows
-from batch_inference.ui.guard import PathRefused, guarded_layout
+from batch_inference.ui.guard import PathRefused, check_manifest_identity, guarded_layout
 from batch_inference.ui.status import BatchStatus, RunFacts, batch_status, deadline_of
 
 TERMINAL_DAG_RUN_STATES = frozenset({"success", "failed"})
@@ -47,8 +49,10 @@ class RunView:
             when the run dir was refused, or unreadable).
         shards: the per-shard table.
         problem: why there are no figures (``None`` when there are).
-        refused: the run dir failed the storage guard (nothing was read; the API answers 403).
-        layout: the run's URIs when its run dir passed the guard.
+        refused: the run dir failed the storage guard, or its manifest is another run's or another DAG's
+            (nothing is shown; the API answers 403).
+        layout: the run's URIs when its run dir passed the guard (``None`` when refused, and when an older
+            run dir without a DAG segment has no readable manifest to tell its DAG).
     """
 
     record: RunRecord
@@ -91,12 +95,22 @@ def build_view(record: RunRecord) -> RunView:
     if not record.run_dir:
         return RunView(record, batch_status(RunFacts(**facts)), problem="not planned yet (no run_dir XCom)")
     try:
-        layout = guarded_layout(record.run_dir)
+        layout = guarded_layout(record.run_dir, record.dag_id, record.run_id)
     except PathRefused as exc:
         return RunView(record, batch_status(RunFacts(**facts)), problem=f"refused: {exc}", refused=True)
     store = RunStore(layout)
     try:
+        manifest = store.manifest  # first: nothing else is read before it proved to be this run's
+        check_manifest_identity(layout, record.dag_id, record.run_id, manifest.run_id, manifest.params)
         data = load_run(store)
+    except PathRefused as exc:
+        return RunView(record, batch_status(RunFacts(**facts)), problem=f"refused: {exc}", refused=True)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        # a run dir that names the DAG keeps its layout (the manifest and error-file routes check the
+        # manifest again); an older run dir without a DAG segment is only known by its manifest
+        return RunView(record, batch_status(RunFacts(**facts)), problem=f"unreadable: {exc}",
+                       layout=layout if layout.dag_id is not None else None)
+    try:
         ids = [s.shard_id for s in data.manifest.shards]
         progress = collect_progress(store, ids)
         report = read_report(layout)
