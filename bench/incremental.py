@@ -71,7 +71,7 @@ def run(root: Path, run_id: str, input_uri: str, reuse: str = "same_root") -> di
     if reuse == "same_root":
         index_published(run_dir)
     with duckdb.connect(db, read_only=True) as con:
-        rows = con.execute("SELECT id, n_tokens, truncated, text_repaired, embedding FROM emb").fetchall()
+        rows = con.execute("SELECT id, n_tokens, truncated, text_repaired, embedding FROM batch_inference.emb").fetchall()
     return {
         "wall": wall,
         "worker_seconds": sum(sum(m.stage_seconds.values()) for m in markers),

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "pg_test_cluster.sh"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "pg_test_cluster.sh"
 
 
 def start_cluster() -> tuple[str, str]:

@@ -598,9 +598,9 @@ def _warm_engine_class(kind: Any) -> Any:
 def _read_live(db_path: Path, table: str) -> tuple[dict, int, dict, int]:
     con = duckdb.connect(str(db_path), read_only=True)
     try:
-        res_rows = con.execute(f'SELECT id, embedding, truncated, text_repaired FROM "{table}"').fetchall()
+        res_rows = con.execute(f'SELECT id, embedding, truncated, text_repaired FROM "batch_inference"."{table}"').fetchall()
         dl_rows = con.execute(
-            f'SELECT id, reason, detail, source_uri, source_row FROM "{table}__dead_letters"').fetchall()
+            f'SELECT id, reason, detail, source_uri, source_row FROM "batch_inference"."{table}__dead_letters"').fetchall()
     finally:
         con.close()
     results = {r[0]: (np.asarray(r[1], dtype=np.float32), bool(r[2]), bool(r[3])) for r in res_rows}

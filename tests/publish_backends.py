@@ -3,7 +3,9 @@
 A reader answers DuckDB SQL over what a consumer of the backend would see: for DuckDB the database file
 itself; for Iceberg an in-memory DuckDB holding each table's current snapshot (read with pyiceberg),
 ``<t>__previous`` / ``<t>__dead_letters__previous`` from the rollback tags and ``<t>__publish_log``
-in commit order (so ``ORDER BY rowid`` is the log order).
+in commit order (so ``ORDER BY rowid`` is the log order), each in a DuckDB schema named like its
+namespace. Published tables live in the target's schema (default ``batch_inference``), so queries name
+it: ``SELECT ... FROM batch_inference.emb``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 from batch_inference.publish import PublishTarget
-from batch_inference.publish.target import SUFFIX_PREVIOUS, SUFFIX_PUBLISH_LOG
+from batch_inference.publish.target import DEFAULT_SCHEMA, REGISTRY_TABLE, SUFFIX_PREVIOUS, SUFFIX_PUBLISH_LOG
 
 BACKENDS = ("duckdb", "iceberg")
 
@@ -27,7 +29,7 @@ class Published:
     backend: str
     root: Path
 
-    def target(self, table: str = "emb", schema: str | None = None) -> PublishTarget:
+    def target(self, table: str = "emb", schema: str = DEFAULT_SCHEMA) -> PublishTarget:
         if self.backend == "iceberg":
             return PublishTarget(backend="iceberg", table=table, schema=schema,
                                  iceberg_warehouse=str(self.root / "iceberg" / "warehouse"))
@@ -41,8 +43,9 @@ class Published:
             con.close()
 
     def tables(self) -> set[str]:
-        """Names of the tables a reader can see (live and previous; staging only where it is a table)."""
-        return {r[0] for r in self.query("SELECT table_name FROM duckdb_tables()")}
+        """Names of the tables a reader can see (live and previous; staging only where it is a table; not
+        publish's registry of the tables it created)."""
+        return {r[0] for r in self.query("SELECT table_name FROM duckdb_tables()")} - {REGISTRY_TABLE}
 
     def _connect(self) -> duckdb.DuckDBPyConnection:
         if self.backend == "duckdb":
@@ -57,8 +60,7 @@ def iceberg_snapshot_db(target: PublishTarget) -> duckdb.DuckDBPyConnection:
     catalog = load_catalog(target)
     con = duckdb.connect()
     for ns in catalog.list_namespaces():
-        schema = ns[0]
-        prefix = "main" if schema == "default" else schema
+        prefix = ns[0]
         con.execute(f'CREATE SCHEMA IF NOT EXISTS "{prefix}"')
         for ident in catalog.list_tables(ns):
             table = catalog.load_table(ident)

@@ -138,6 +138,8 @@ def _plan(context: Mapping[str, Any], *, model_from_asset: bool) -> list[dict[st
         log.info("model %s (from %s)", model, source)
         overrides["model"] = model
     cfg = run_config(context, overrides)
+    if not cfg.dry_run:
+        check_publish_target(cfg)
     run_id = context["run_id"]
     dag_id = context["dag"].dag_id
     policy = policy_for(dag_id)
@@ -269,26 +271,48 @@ def publish_target(cfg: RunConfig):
                          dsn=_conn_dsn("postgres_conn_id", cfg.postgres_conn_id))
 
 
-def _conn_dsn(field: str, conn_id: str) -> str:
-    """``postgresql://`` URI of an Airflow connection.
+def check_publish_target(cfg: RunConfig) -> None:
+    """Fail the run before any shard when its output table exists but publish did not create it, or its
+    connection cannot be used (:func:`batch_inference.publish.check_target`; reads only).
 
     Raises:
-        ConfigError: the connection id does not exist (the message names ``params.<field>``).
+        ConfigError: ``params.output_table: ...`` naming the foreign tables, or ``params.<conn field>:
+            ...`` for a missing, wrong-type or unreachable connection (never its URI).
     """
-    from airflow.sdk import BaseHook
-    from airflow.sdk.exceptions import AirflowNotFoundException
+    from batch_inference.publish import check_target
+    from batch_inference.publish.errors import ForeignTableError, PublishConnectionError
 
     try:
-        conn = BaseHook.get_connection(conn_id)
-    except AirflowNotFoundException:
-        raise ConfigError(f"params.{field}: Airflow connection {conn_id!r} does not "
-                          "exist; create it (AIRFLOW_CONN_<ID>=postgresql://...) or pick another") from None
-    return conn.get_uri().replace("postgres://", "postgresql://", 1)
+        check_target(publish_target(cfg))
+    except ForeignTableError as exc:
+        raise ConfigError(f"params.output_table: {exc}") from None
+    except PublishConnectionError as exc:
+        raise ConfigError(str(exc) if str(exc).startswith("params.") else f"params.publish_backend: {exc}") from None
+
+
+def _conn_dsn(field: str, conn_id: str) -> str:
+    """``postgresql://`` URI of an Airflow connection of a PostgreSQL type (a secret: it goes only into a
+    ``PublishTarget``, whose ``repr`` leaves it out).
+
+    Raises:
+        ConfigError: the connection does not exist or is of another type (the message names
+            ``params.<field>``, the id and the type, never the URI).
+    """
+    from batch_inference.publish.connections import airflow_postgres_dsn
+    from batch_inference.publish.errors import PublishConnectionError
+
+    try:
+        return airflow_postgres_dsn(conn_id, field=field)
+    except PublishConnectionError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def empty_publish_summary(cfg: RunConfig, fingerprint: str) -> dict[str, Any]:
     """The publish summary of a run with no input rows: a no-op that leaves the table untouched."""
-    return {"table": cfg.output_table, "backend": cfg.publish_backend, "fingerprint": fingerprint,
+    from batch_inference.publish.target import DEFAULT_SCHEMA
+
+    return {"table": cfg.output_table, "schema": DEFAULT_SCHEMA, "backend": cfg.publish_backend,
+            "fingerprint": fingerprint,
             "rows_input": 0, "rows_published": 0, "rows_dead_letter": 0, "rows_missing": 0,
             "duplicates_removed": 0, "publish_seconds": 0.0, "noop": True, "success_ratio": 1.0}
 

@@ -445,8 +445,8 @@ def _published(db: Path, table: str) -> tuple[list[tuple], list[tuple]]:
 
     con = duckdb.connect(str(db), read_only=True)
     try:
-        results = con.execute(f"SELECT id, text_repaired, truncated FROM {table} ORDER BY id").fetchall()
-        dead = con.execute(f"SELECT id, reason, detail, source_uri, source_row FROM {table}__dead_letters "
+        results = con.execute(f"SELECT id, text_repaired, truncated FROM batch_inference.{table} ORDER BY id").fetchall()
+        dead = con.execute(f"SELECT id, reason, detail, source_uri, source_row FROM batch_inference.{table}__dead_letters "
                            "ORDER BY source_uri, source_row").fetchall()
     finally:
         con.close()

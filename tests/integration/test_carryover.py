@@ -68,8 +68,8 @@ def _run(root: Path, run_id: str, input_uri: str, engine: dict | None = None, re
     store = RunStore.open(run_dir)
     markers = {s.shard_id: store.marker(s.shard_id) for s in manifest.shards}
     with duckdb.connect(db, read_only=True) as con:
-        rows = con.execute("SELECT id, n_tokens, truncated, embedding FROM emb ORDER BY id").fetchall()
-        dead = con.execute("SELECT count(*) FROM emb__dead_letters").fetchone()[0]
+        rows = con.execute("SELECT id, n_tokens, truncated, embedding FROM batch_inference.emb ORDER BY id").fetchall()
+        dead = con.execute("SELECT count(*) FROM batch_inference.emb__dead_letters").fetchone()[0]
     return {"carried": carried, "computed": computed, "markers": markers, "summary": summary, "dead": dead,
             "rows": {r[0]: r[1:] for r in rows}, "run_dir": run_dir}
 

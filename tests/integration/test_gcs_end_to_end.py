@@ -112,7 +112,7 @@ def test_worker_gate_publish_report_on_gcs(gcs_bucket: str, tmp_path: Path) -> N
     summary = publish_run(layout.run_dir, PublishTarget(backend="duckdb", table="emb", duckdb_path=str(db)))
     assert (summary["rows_published"], summary["rows_missing"]) == (40, 0)
     with duckdb.connect(str(db), read_only=True) as con:
-        assert con.execute("select count(distinct id) from emb").fetchone() == (40,)
+        assert con.execute("select count(distinct id) from batch_inference.emb").fetchone() == (40,)
 
     build_report(layout.run_dir, dag_id="gcs_e2e", publish_summary=summary, cost_params=None)
     report = json.loads(storage.read_bytes(layout.report_json_uri))
@@ -139,6 +139,6 @@ def test_backfill_dag_with_gcs_input_and_output(gcs_bucket: str, tmp_path: Path)
     assert storage.list_names(layout.shards_dir()) == ["00000"]
     assert MARKER_NAME in storage.list_names(layout.shard_dir("00000"))
     with duckdb.connect(str(tmp_path / "w.duckdb"), read_only=True) as con:
-        assert con.execute("select count(*) from gcs_dag_emb").fetchone() == (30,)
-        published = con.execute("select id, embedding from gcs_dag_emb order by id").fetchall()
+        assert con.execute("select count(*) from batch_inference.gcs_dag_emb").fetchone() == (30,)
+        published = con.execute("select id, embedding from batch_inference.gcs_dag_emb order by id").fetchall()
     check_published(published, texts_by_id(pq.read_table(SAMPLE)))  # every row against sentence-transformers

@@ -76,6 +76,7 @@ def test_backfill_dag_publishes_iceberg_on_gcs_with_a_postgres_catalog(
     env = airflow_env(tmp_path / "airflow_home")
     env.update(WORKER_ENV, PYTHONPATH=f"{WORKER_ENV['PYTHONPATH']}{os.pathsep}{env['PYTHONPATH']}")
     env[f"AIRFLOW_CONN_{CONN_ID.upper()}"] = pg_dsn  # how a deployment hands Airflow a connection
+    env["BATCH_INFERENCE_ALLOWED_CONN_IDS"] = CONN_ID  # and allows this DAG to publish through it
     ensure_db(env)
     conf = {"input_uri": input_uri, "output_root": output_root, "runner": "local", "rows_per_shard": 100,
             "row_limit": ROWS, "shard_by": "rows", "parallelism": 2, "output_table": TABLE,
@@ -91,18 +92,18 @@ def test_backfill_dag_publishes_iceberg_on_gcs_with_a_postgres_catalog(
     with psycopg.connect(pg_dsn) as conn:
         names = {r[0] for r in conn.execute(
             "SELECT table_name FROM iceberg_tables WHERE catalog_name = 'batch_inference' "
-            "AND table_namespace = 'default'")}
+            "AND table_namespace = 'batch_inference'")}
     assert {TABLE, f"{TABLE}__dead_letters", f"{TABLE}__publish_log"} <= names, names
 
     warehouse = f"{output_root}/iceberg/warehouse"
     catalog = _catalog(pg_dsn, warehouse)
-    results_table = catalog.load_table(("default", TABLE))
+    results_table = catalog.load_table(("batch_inference", TABLE))
     assert results_table.location().startswith(f"{warehouse}/"), results_table.location()
     files = [t.file.file_path for t in results_table.scan().plan_files()]
     assert files and all(f.startswith(f"{warehouse}/") for f in files), files
     results = results_table.scan(selected_fields=("id", "embedding")).to_arrow()
-    dead = catalog.load_table(("default", f"{TABLE}__dead_letters")).scan().to_arrow()
-    log = catalog.load_table(("default", f"{TABLE}__publish_log")).scan().to_arrow()
+    dead = catalog.load_table(("batch_inference", f"{TABLE}__dead_letters")).scan().to_arrow()
+    log = catalog.load_table(("batch_inference", f"{TABLE}__publish_log")).scan().to_arrow()
 
     # every input id exactly once across the results and the dead letters
     input_ids = [str(i) for i in table.column("id").to_pylist()]

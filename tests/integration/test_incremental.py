@@ -58,7 +58,7 @@ def _run(root: Path, run_id: str, input_uri: str, engine: dict | None = None, wo
     db = str(root / f"{run_id}.duckdb")
     publish_run(run_dir, PublishTarget(backend="duckdb", table=table, duckdb_path=db))
     with duckdb.connect(db, read_only=True) as con:
-        rows = con.execute(f"SELECT id, n_tokens, truncated, text_repaired, embedding FROM {table} ORDER BY id").fetchall()
+        rows = con.execute(f"SELECT id, n_tokens, truncated, text_repaired, embedding FROM batch_inference.{table} ORDER BY id").fetchall()
     return {
         "reused": sum(m.rows_reused for m in markers),
         "ok": sum(m.rows_ok for m in markers),

@@ -39,8 +39,10 @@ def test_publish_from_gcs_matches_local_publish(gcs_bucket: str, tmp_path: Path)
     assert (remote["rows_published"], remote["rows_dead_letter"]) == (149, 2)
     con = duckdb.connect(str(db), read_only=True)
     try:
-        diff = con.execute("SELECT count(*) FROM (SELECT * FROM remote EXCEPT SELECT * FROM local)").fetchall()
-        dead = con.execute("SELECT reason, source_uri FROM remote__dead_letters ORDER BY source_row").fetchall()
+        diff = con.execute("SELECT count(*) FROM (SELECT * FROM batch_inference.remote EXCEPT "
+                           "SELECT * FROM batch_inference.local)").fetchall()
+        dead = con.execute("SELECT reason, source_uri FROM batch_inference.remote__dead_letters "
+                           "ORDER BY source_row").fetchall()
     finally:
         con.close()
     assert diff[0][0] == 0

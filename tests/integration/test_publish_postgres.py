@@ -98,8 +98,8 @@ def test_missing_rows_never_reach_postgres(pg_dsn: str, input_path: str, tmp_pat
                                             r"dead letter") as err:
         publish_run(layout.run_dir, target)
     assert err.value.missing == 2
-    assert _q(pg_dsn, "SELECT to_regclass('public.gaps') IS NULL, to_regclass('public.gaps__staging') IS NULL")[0] \
-        == (True, True)
+    assert _q(pg_dsn, f"SELECT to_regclass('{target.qualified()}') IS NULL, "
+                      f"to_regclass('{target.qualified('__staging')}') IS NULL")[0] == (True, True)
 
 
 def test_readers_never_see_a_missing_table_or_mixed_versions(
@@ -121,8 +121,9 @@ def test_readers_never_see_a_missing_table_or_mixed_versions(
             with psycopg.connect(pg_dsn, autocommit=True) as conn:
                 while not stop.is_set():
                     seen.append(conn.execute(
-                        "SELECT (SELECT min(fingerprint) || max(fingerprint) FROM live), "
-                        "(SELECT count(*) FROM live), (SELECT count(*) FROM live__dead_letters)").fetchone())
+                        "SELECT (SELECT min(fingerprint) || max(fingerprint) FROM batch_inference.live), "
+                        "(SELECT count(*) FROM batch_inference.live), "
+                        "(SELECT count(*) FROM batch_inference.live__dead_letters)").fetchone())
         except BaseException as exc:  # a missing table raises UndefinedTable here
             errors.append(exc)
 
@@ -168,12 +169,12 @@ def test_crash_after_staging_keeps_old_table_and_rerun_completes(
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(REPO / "plugins")})
     assert proc.returncode == 17, proc.stderr
-    assert _q(pg_dsn, "SELECT count(*), min(fingerprint) FROM crashy")[0] == (400, "f" * 32)
-    assert _q(pg_dsn, "SELECT count(*) FROM crashy__staging")[0][0] == 400  # staged, never swapped (row 0 is dead, row 401 repeats its id and wins)
+    assert _q(pg_dsn, "SELECT count(*), min(fingerprint) FROM batch_inference.crashy")[0] == (400, "f" * 32)
+    assert _q(pg_dsn, "SELECT count(*) FROM batch_inference.crashy__staging")[0][0] == 400  # staged, never swapped (row 0 is dead, row 401 repeats its id and wins)
     summary = publish_run(run2.run_dir, target)
     assert summary["noop"] is False
-    assert _q(pg_dsn, "SELECT count(*), min(fingerprint) FROM crashy")[0] == (400, "9" * 32)
-    assert _q(pg_dsn, "SELECT to_regclass('crashy__staging') IS NULL")[0][0] is True
+    assert _q(pg_dsn, "SELECT count(*), min(fingerprint) FROM batch_inference.crashy")[0] == (400, "9" * 32)
+    assert _q(pg_dsn, "SELECT to_regclass('batch_inference.crashy__staging') IS NULL")[0][0] is True
 
 
 def test_cli_against_postgres(pg_dsn: str, input_path: str, tmp_path: Path,  # noqa: F811
@@ -204,7 +205,7 @@ def test_copy_error_in_a_worker_fails_cleanly(pg_dsn: str, input_path: str, tmp_
     storage.write_replace(bad.marker_uri("00001"), json.dumps(marker).encode())
     with pytest.raises(psycopg.Error):
         publish_run(bad.run_dir, target)
-    assert _q(pg_dsn, "SELECT count(*), min(fingerprint) FROM nul_text")[0] == (400, "f" * 32)
+    assert _q(pg_dsn, "SELECT count(*), min(fingerprint) FROM batch_inference.nul_text")[0] == (400, "f" * 32)
 
 
 def test_read_rows_returns_the_published_rows_for_the_asked_ids(pg_dsn: str, input_path: str,  # noqa: F811
@@ -227,3 +228,42 @@ def test_read_rows_returns_the_published_rows_for_the_asked_ids(pg_dsn: str, inp
     assert got.keys() == want.keys()
     for rid, vec in want.items():
         assert got[rid] == pytest.approx(vec, rel=1e-7)
+
+
+def test_registry_marks_exactly_the_tables_publish_made(pg_dsn: str, input_path: str, tmp_path: Path) -> None:  # noqa: F811
+    """Every table of the target is in publish's registry by OID (through swaps, rollback and a crashed
+    publish's staging), and nothing else; ``check_target`` creates no schema."""
+    from batch_inference.publish import check_target
+    from batch_inference.publish.target import REGISTRY_TABLE
+
+    target = PublishTarget(backend="postgres", table="marked", schema="owned", dsn=pg_dsn)
+    check_target(target)
+    assert _q(pg_dsn, "SELECT count(*) FROM pg_namespace WHERE nspname = 'owned'")[0][0] == 0
+
+    def marked() -> tuple[set[str], set[str]]:
+        tables = {r[0] for r in _q(pg_dsn, "SELECT tablename FROM pg_tables WHERE schemaname = 'owned'")}
+        registry = {r[0] for r in _q(pg_dsn, f'SELECT c.relname FROM owned."{REGISTRY_TABLE}" r '
+                                             "JOIN pg_class c ON c.oid = r.relid")}
+        return tables - {REGISTRY_TABLE}, registry
+
+    run1 = build_run(tmp_path / "out", "run1", input_path, RunSpec())
+    run2 = build_run(tmp_path / "out", "run2", input_path, RunSpec(fingerprint="d" * 32))
+    publish_run(run1.run_dir, target)
+    tables, registry = marked()
+    assert tables == registry == {"marked", "marked__dead_letters", "marked__publish_log"}
+    publish_run(run2.run_dir, target)
+    rollback(target)
+    family = {"marked", "marked__previous", "marked__dead_letters", "marked__dead_letters__previous",
+              "marked__publish_log"}
+    assert marked() == (family, family)
+
+    def crash() -> None:
+        raise RuntimeError("after staging")
+
+    with pytest.raises(RuntimeError, match="after staging"):
+        publish_run(run2.run_dir, target, after_staging=crash)
+    staged = family | {"marked__staging", "marked__dead_letters__staging"}
+    assert marked() == (staged, staged)
+    assert publish_run(run2.run_dir, target)["noop"] is False
+    assert marked() == (family, family)
+    check_target(target)

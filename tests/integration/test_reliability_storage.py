@@ -116,7 +116,7 @@ def _table(duckdb_path: Path) -> dict[str, list[float]]:
     import duckdb
 
     with duckdb.connect(str(duckdb_path), read_only=True) as con:
-        return {rid: list(vec) for rid, vec in con.execute("SELECT id, embedding FROM emb").fetchall()}
+        return {rid: list(vec) for rid, vec in con.execute("SELECT id, embedding FROM batch_inference.emb").fetchall()}
 
 
 def test_main_job_on_gcs_through_faults_publishes_the_clean_table(fake_gcs, gcs_bucket: str,  # noqa: F811

@@ -160,6 +160,7 @@ def test_planted_credentials_never_reach_logs_manifests_or_reports(tmp_path: Pat
         "BATCH_GCS_CREDENTIALS_JSON": FAKE_SERVICE_ACCOUNT,
         "MY_SERVICE_TOKEN": FAKE_ENV_SECRET,
         "AIRFLOW_CONN_BI_SECRET_PG": dsn_with_password,
+        "BATCH_INFERENCE_ALLOWED_CONN_IDS": "bi_secret_pg",
     })
     env.pop("STORAGE_EMULATOR_HOST", None)
     src = tmp_path / "in" / "rows.parquet"

@@ -23,7 +23,8 @@ import subprocess
 import sys
 import traceback
 import urllib.parse
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import duckdb
@@ -76,9 +77,21 @@ def _pg(dsn: str, sql: str, params: list | None = None) -> list[tuple]:
         return cur.fetchall() if cur.description else []
 
 
+@pytest.fixture
+def pg_db(pg_dsn: str) -> Iterator[str]:  # noqa: F811
+    """DSN of a fresh database of its own on the test server (dropped after the test), so an attack never
+    meets another test's tables, even on a shared ``PG_TEST_DSN`` server."""
+    name = f"attack_{uuid.uuid4().hex[:12]}"
+    _pg(pg_dsn, f'CREATE DATABASE "{name}"')
+    base, _, _ = pg_dsn.rpartition("/")
+    try:
+        yield f"{base}/{name}"
+    finally:
+        _pg(pg_dsn, f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
 def _pg_fresh_schema(dsn: str, schema: str) -> None:
-    _pg(dsn, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-    _pg(dsn, f'CREATE SCHEMA "{schema}"')
+    _pg(dsn, f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
 
 
 def _pg_plant(dsn: str, schema: str, name: str) -> None:
@@ -108,52 +121,51 @@ def _pg_registry_rows(dsn: str, schema: str) -> list[tuple]:
 
 @pytest.mark.parametrize("suffix", TABLE_FAMILY, ids=lambda s: f"users{s}")
 def test_postgres_foreign_table_in_publish_schema_is_never_touched(
-    pg_dsn: str, runs: tuple[str, str], suffix: str  # noqa: F811
+    pg_db: str, runs: tuple[str, str], suffix: str
 ) -> None:
-    _pg_fresh_schema(pg_dsn, "batch_inference")
-    _pg_plant(pg_dsn, "batch_inference", FOREIGN + suffix)
-    before = _pg_state(pg_dsn, "batch_inference")
-    target = PublishTarget(backend="postgres", table=FOREIGN, dsn=pg_dsn)
+    _pg_fresh_schema(pg_db, "batch_inference")
+    _pg_plant(pg_db, "batch_inference", FOREIGN + suffix)
+    before = _pg_state(pg_db, "batch_inference")
+    target = PublishTarget(backend="postgres", table=FOREIGN, dsn=pg_db)
     _attack_twice(target, runs[0], match=rf"batch_inference\.users{suffix}\b.* publish did not create")
-    assert _pg_state(pg_dsn, "batch_inference") == before, "the foreign table changed or a users* table appeared"
-    assert _pg_registry_rows(pg_dsn, "batch_inference") == []
+    assert _pg_state(pg_db, "batch_inference") == before, "the foreign table changed or a users* table appeared"
+    assert _pg_registry_rows(pg_db, "batch_inference") == []
 
 
-def test_postgres_foreign_users_in_public_is_never_touched(pg_dsn: str, runs: tuple[str, str]) -> None:  # noqa: F811
-    _pg(pg_dsn, 'DROP TABLE IF EXISTS public."users" CASCADE')
-    _pg_plant(pg_dsn, "public", FOREIGN)
-    before = _pg_state(pg_dsn, "public")
-    target = PublishTarget(backend="postgres", table=FOREIGN, schema="public", dsn=pg_dsn)
+def test_postgres_foreign_users_in_public_is_never_touched(pg_db: str, runs: tuple[str, str]) -> None:
+    _pg_plant(pg_db, "public", FOREIGN)
+    before = _pg_state(pg_db, "public")
+    target = PublishTarget(backend="postgres", table=FOREIGN, schema="public", dsn=pg_db)
     _attack_twice(target, runs[0], match=r"public\.users .* publish did not create")
-    assert _pg_state(pg_dsn, "public") == before
-    assert _pg_registry_rows(pg_dsn, "public") == []
+    assert _pg_state(pg_db, "public") == before
+    assert _pg_registry_rows(pg_db, "public") == []
 
 
-def test_postgres_view_named_like_the_table_is_refused(pg_dsn: str, runs: tuple[str, str]) -> None:  # noqa: F811
-    _pg_fresh_schema(pg_dsn, "batch_inference")
-    _pg(pg_dsn, "CREATE VIEW batch_inference.users AS SELECT 1 AS id")
-    before = _pg_state(pg_dsn, "batch_inference")
-    _attack_twice(PublishTarget(backend="postgres", table=FOREIGN, dsn=pg_dsn), runs[0])
-    assert _pg_state(pg_dsn, "batch_inference") == before
+def test_postgres_view_named_like_the_table_is_refused(pg_db: str, runs: tuple[str, str]) -> None:
+    _pg_fresh_schema(pg_db, "batch_inference")
+    _pg(pg_db, "CREATE VIEW batch_inference.users AS SELECT 1 AS id")
+    before = _pg_state(pg_db, "batch_inference")
+    _attack_twice(PublishTarget(backend="postgres", table=FOREIGN, dsn=pg_db), runs[0])
+    assert _pg_state(pg_db, "batch_inference") == before
 
 
 def test_postgres_table_recreated_under_a_published_name_is_refused(
-    pg_dsn: str, runs: tuple[str, str], tmp_path: Path  # noqa: F811
+    pg_db: str, runs: tuple[str, str], tmp_path: Path
 ) -> None:
     """Publish made ``users`` and ``users__previous``; someone drops ``users__previous`` and creates their
     own table under that name (the registry still names it, by the old OID): the next publish must not
     drop it, and rollback must not swap it in."""
-    _pg_fresh_schema(pg_dsn, "batch_inference")
-    target = PublishTarget(backend="postgres", table=FOREIGN, dsn=pg_dsn)
+    _pg_fresh_schema(pg_db, "batch_inference")
+    target = PublishTarget(backend="postgres", table=FOREIGN, dsn=pg_db)
     publish_run(runs[0], target)
     publish_run(runs[1], target)
-    _pg(pg_dsn, "DROP TABLE batch_inference.users__previous")
-    _pg_plant(pg_dsn, "batch_inference", "users__previous")
-    before = _pg_state(pg_dsn, "batch_inference")
+    _pg(pg_db, "DROP TABLE batch_inference.users__previous")
+    _pg_plant(pg_db, "batch_inference", "users__previous")
+    before = _pg_state(pg_db, "batch_inference")
     inp = write_input(tmp_path / "in3.parquet", [f"r{i:03d}" for i in range(20)])
     run3 = build_run(tmp_path / "out3", "run3", inp, RunSpec(shards=1, dim=4, fingerprint="c" * 32))
     _attack_twice(target, run3.run_dir, match=r"batch_inference\.users__previous\b")
-    assert _pg_state(pg_dsn, "batch_inference") == before
+    assert _pg_state(pg_db, "batch_inference") == before
 
 
 # ----------------------------------------------------------------------------------------------- DuckDB
@@ -335,10 +347,10 @@ def _cli(args: list[str], env: dict[str, str]) -> tuple[subprocess.CompletedProc
 
 
 def test_cli_reads_the_dsn_from_the_environment_never_from_argv(
-    planted, no_secrets: Callable[..., None], pg_dsn: str, runs: tuple[str, str]  # noqa: F811
+    planted, no_secrets: Callable[..., None], pg_db: str, runs: tuple[str, str]
 ) -> None:
-    _pg_fresh_schema(pg_dsn, "batch_inference")
-    env = {"BATCH_ATTACK_DSN": _with_password(pg_dsn, planted.conn_password)}
+    _pg_fresh_schema(pg_db, "batch_inference")
+    env = {"BATCH_ATTACK_DSN": _with_password(pg_db, planted.conn_password)}
     args = ["publish", "--backend", "postgres", "--table", "cli_emb", "--dsn-env", "BATCH_ATTACK_DSN",
             "--run-dir", runs[0]]
     done, cmdline = _cli(args, env)
@@ -359,17 +371,17 @@ def test_cli_refuses_a_dsn_on_the_command_line_without_echoing_it(
 
 
 def test_cli_connection_failure_and_foreign_table_print_no_secret(
-    planted, no_secrets: Callable[..., None], pg_dsn: str, runs: tuple[str, str]  # noqa: F811
+    planted, no_secrets: Callable[..., None], pg_db: str, runs: tuple[str, str]
 ) -> None:
     closed = {"BATCH_PUBLISH_DSN": f"postgresql://user:{planted.conn_password}@127.0.0.1:1/db"}
     done, cmdline = _cli(["publish", "--backend", "postgres", "--table", "emb", "--run-dir", runs[0]], closed)
     assert done.returncode == 1 and "cannot connect to PostgreSQL" in done.stderr
     no_secrets(cmdline, done.stdout, done.stderr)
-    _pg_fresh_schema(pg_dsn, "batch_inference")
-    _pg_plant(pg_dsn, "batch_inference", FOREIGN)
-    before = _pg_state(pg_dsn, "batch_inference")
-    real = {"BATCH_PUBLISH_DSN": _with_password(pg_dsn, planted.conn_password)}
+    _pg_fresh_schema(pg_db, "batch_inference")
+    _pg_plant(pg_db, "batch_inference", FOREIGN)
+    before = _pg_state(pg_db, "batch_inference")
+    real = {"BATCH_PUBLISH_DSN": _with_password(pg_db, planted.conn_password)}
     done, cmdline = _cli(["publish", "--backend", "postgres", "--table", FOREIGN, "--run-dir", runs[0]], real)
     assert done.returncode == 1 and "batch_inference.users exist(s) but publish did not create it" in done.stderr
     no_secrets(cmdline, done.stdout, done.stderr)
-    assert _pg_state(pg_dsn, "batch_inference") == before
+    assert _pg_state(pg_db, "batch_inference") == before

@@ -76,6 +76,8 @@ def _cases(out: Path) -> list[tuple[str, dict, str]]:
         ("duckdb_path_outside", {"duckdb_path": "/var/lib/other/w.duckdb"}, "duckdb_path: '/var/lib/other/w.duckdb' is outside"),
         ("input_outside", {"input_uri": "/etc/passwd"}, "input_uri: '/etc/passwd' is outside the input roots"),
         ("input_from_another_dags_outputs", {"input_uri": str(other_run / "part-00000-x.parquet")}, "input_uri: lies in the runs/ or cache/"),
+        ("publish_replaces_a_foreign_table", {"output_table": "users", "duckdb_path": str(out / "prod.duckdb")},
+         "output_table: duckdb:"),
         ("ceiling_token_budget", {"token_budget": 8192}, "token_budget: 8192 is above this DAG's ceiling"),
         ("ceiling_budget_usd", {"budget_usd": 500.0}, "budget_usd: 500.0 is above this DAG's ceiling"),
         ("ceiling_deadline_hours", {"deadline_hours": 100.0}, "deadline_hours: 100.0 is above"),
@@ -85,6 +87,18 @@ def _cases(out: Path) -> list[tuple[str, dict, str]]:
          "engine_options.max_tokens: 100000 is above"),
     ]
     return cases
+
+
+def _foreign_table(path: Path) -> list[tuple]:
+    """A DuckDB file holding ``batch_inference.users``, a table publish did not create; its rows."""
+    import duckdb
+
+    with duckdb.connect(str(path)) as con:
+        con.execute("CREATE SCHEMA IF NOT EXISTS batch_inference")
+        con.execute("CREATE TABLE IF NOT EXISTS batch_inference.users (id INTEGER, email VARCHAR)")
+        if not con.execute("SELECT count(*) FROM batch_inference.users").fetchone()[0]:
+            con.execute("INSERT INTO batch_inference.users VALUES (1, 'a@example.com'), (2, 'b@example.com')")
+        return con.execute("SELECT * FROM batch_inference.users ORDER BY id").fetchall()
 
 
 def _attacks(root: Path) -> list[dict]:
@@ -100,6 +114,7 @@ def _attacks(root: Path) -> list[dict]:
     other_run = out / "runs" / "batch_inference_nightly" / "r1" / "shards" / "00000"
     other_run.mkdir(parents=True)
     pq.write_table(pa.table({"id": [1], "text": ["other team's result"]}), other_run / "part-00000-x.parquet")
+    _foreign_table(out / "prod.duckdb")
     return [{"name": name, "dag_id": "batch_inference_backfill", "conf": {**base, **conf}, "expect": expect}
             for name, conf, expect in _cases(out)]
 
@@ -171,4 +186,11 @@ def test_a_hostile_conf_fails_the_plan_task_and_starts_nothing(attacked: dict, n
 def test_no_planted_secret_reaches_any_log_xcom_or_output(attacked: dict, no_secrets) -> None:
     """The whole Airflow home (task logs, metadata DB with XComs and rendered fields), every output."""
     assert len(attacked["results"]) == len(ATTACK_NAMES)
+    import duckdb
+
+    with duckdb.connect(str(attacked["out"] / "prod.duckdb"), read_only=True) as con:
+        tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+        rows = con.execute("SELECT * FROM batch_inference.users ORDER BY id").fetchall()
+    assert rows == [(1, "a@example.com"), (2, "b@example.com")], "the foreign table is untouched"
+    assert not {t for t in tables if t.startswith("users__")}, f"publish created tables beside it: {tables}"
     no_secrets(attacked["console"], attacked["home"], attacked["out"])

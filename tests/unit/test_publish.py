@@ -68,7 +68,8 @@ def test_published_table_uses_the_bounded_row_group_size(tmp_path: Path) -> None
     inp = write_input(tmp_path / "input.parquet", [f"r{i}" for i in range(n)])
     layout = build_run(tmp_path / "out", "rg", inp, RunSpec(shards=1, chunk_rows=n, dim=4))
     assert publish_run(layout.run_dir, _target(tmp_path))["rows_published"] == n
-    counts = _query(tmp_path, "SELECT row_group_id, max(start + count) - min(start) FROM pragma_storage_info('emb') "
+    counts = _query(tmp_path, "SELECT row_group_id, max(start + count) - min(start) "
+                              "FROM pragma_storage_info('batch_inference.emb') "
                               "WHERE column_name = 'id' AND segment_type = 'VARCHAR' GROUP BY 1 ORDER BY 1")
     assert len(counts) == 2 and counts[0][1] == TABLE_ROW_GROUP_ROWS
 
@@ -80,25 +81,25 @@ def test_full_coverage_publishes_every_row(pub: Published, tmp_path: Path, input
     assert (summary["rows_input"], summary["rows_published"], summary["rows_dead_letter"]) == (302, 299, 3)
     assert summary["rows_missing"] == 0 and summary["duplicates_removed"] == 0
     assert summary["success_ratio"] == 1.0 and summary["min_success_ratio"] == 1.0
-    published = {r[0] for r in pub.query("SELECT id FROM emb")}
+    published = {r[0] for r in pub.query("SELECT id FROM batch_inference.emb")}
     assert published == set(real_ids) - {real_ids[5]}
     cols = dict(pub.query("SELECT column_name, data_type FROM duckdb_columns() WHERE table_name='emb'"))
     # Iceberg has no fixed-size list type: the embedding is list<float> there
     assert cols["embedding"] == ("FLOAT[8]" if pub.backend == "duckdb" else "FLOAT[]")
     # embedding values survive exactly (row 7: 7e-3 + j)
-    emb = pub.query(f"SELECT embedding FROM emb WHERE id = '{real_ids[7]}'")[0][0]
+    emb = pub.query(f"SELECT embedding FROM batch_inference.emb WHERE id = '{real_ids[7]}'")[0][0]
     assert emb == pytest.approx([0.007 + j for j in range(8)], rel=1e-6)
     if pub.backend != "duckdb":
         return  # Iceberg tables have no primary key
     with pytest.raises(duckdb.ConstraintException):  # primary key on id is live
         duckdb.connect(str(tmp_path / "w.duckdb")).execute(
-            f"INSERT INTO emb (id) VALUES ('{real_ids[0]}')")
+            f"INSERT INTO batch_inference.emb (id) VALUES ('{real_ids[0]}')")
 
 
 def test_dead_letters_published_with_reasons(pub: Published, tmp_path: Path, input_path: str, real_ids: list[str]) -> None:
     layout = build_run(tmp_path / "out", "run1", input_path, RunSpec(shards=2, chunk_rows=64, dead_rows={5, 9}))
     publish_run(layout.run_dir, pub.target())
-    rows = pub.query("SELECT id, reason, source_row FROM emb__dead_letters ORDER BY source_row")
+    rows = pub.query("SELECT id, reason, source_row FROM batch_inference.emb__dead_letters ORDER BY source_row")
     assert rows == [(real_ids[5], "empty_text", 5), (real_ids[9], "empty_text", 9), (None, "null_id", 300),
                     (real_ids[3], "duplicate_id", 301)]
 
@@ -110,7 +111,7 @@ def test_every_row_dead_lettered_never_swaps_in_an_empty_table(pub: Published, t
     bad = build_run(tmp_path / "out", "bad", path, RunSpec(shards=1, dead_rows={0, 1, 2}))
     with pytest.raises(CoverageError, match=r"^run bad: none of its 3 input row\(s\) has a result"):
         publish_run(bad.run_dir, pub.target())
-    assert pub.query("SELECT count(*) FROM emb")[0][0] == 3
+    assert pub.query("SELECT count(*) FROM batch_inference.emb")[0][0] == 3
 
 
 def test_missing_rows_fail_with_count_and_sample(pub: Published, tmp_path: Path, input_path: str, real_ids: list[str]) -> None:
@@ -133,7 +134,7 @@ def test_min_success_ratio_allows_missing_rows(pub: Published, tmp_path: Path, i
     assert summary["rows_missing"] == 3
     assert summary["success_ratio"] == pytest.approx(299 / 302)
     assert summary["min_success_ratio"] == 0.99
-    assert pub.query("SELECT count(*) FROM emb")[0][0] == 297
+    assert pub.query("SELECT count(*) FROM batch_inference.emb")[0][0] == 297
 
 
 def test_duplicates_keep_row_of_first_sorted_part_file(pub: Published, tmp_path: Path, input_path: str) -> None:
@@ -147,7 +148,7 @@ def test_duplicates_keep_row_of_first_sorted_part_file(pub: Published, tmp_path:
     assert summary["duplicates_removed"] == len(first)
     assert summary["rows_published"] == 300
     for row in first[:5]:
-        got = pub.query(f"SELECT embedding FROM emb WHERE id = '{row['id']}'")[0][0]
+        got = pub.query(f"SELECT embedding FROM batch_inference.emb WHERE id = '{row['id']}'")[0][0]
         assert got == pytest.approx(row["embedding"])
 
 
@@ -168,14 +169,14 @@ def test_same_id_in_two_shards_dead_letters_the_higher_shard_row(pub: Published,
     assert summary["duplicates_removed"] == 40  # shard 00000's retried first chunk, same shard: silent
     assert summary["duplicate_ids_across_shards"] == 1
     dead = pub.query("SELECT id, reason, detail, source_uri, source_row, fingerprint "
-                            "FROM emb__dead_letters ORDER BY source_row")
+                            "FROM batch_inference.emb__dead_letters ORDER BY source_row")
     assert [(d[0], d[1], d[4]) for d in dead] == [(None, "null_id", 300), (real_ids[3], "duplicate_id", 301)]
     assert dead[1][2] == duplicate_detail(input_path, 3), "names the winning row (row 3, shard 00000)"
     assert dead[1][3] == input_path and dead[1][5] == "f" * 32
     # the lowest shard's result is published (row 3's values, from the first sorted part file of the two)
     chunk0 = sorted(storage.local_path(layout.shard_dir("00000")).glob("part-00000-*.parquet"))
     kept = next(r for r in pq.read_table(chunk0[0]).to_pylist() if r["id"] == real_ids[3])
-    emb = pub.query(f"SELECT embedding FROM emb WHERE id = '{real_ids[3]}'")[0][0]
+    emb = pub.query(f"SELECT embedding FROM batch_inference.emb WHERE id = '{real_ids[3]}'")[0][0]
     assert emb == pytest.approx(kept["embedding"])
     assert publish_run(layout.run_dir, pub.target())["noop"] is True
 
@@ -188,7 +189,7 @@ def test_dead_letter_in_lower_shard_is_kept_beside_result_of_same_id_in_higher_s
     summary = publish_run(layout.run_dir, pub.target())
     assert (summary["rows_published"], summary["rows_dead_letter"], summary["rows_missing"]) == (300, 2, 0)
     assert summary["duplicate_ids_across_shards"] == 0
-    assert pub.query("SELECT id, reason, source_row FROM emb__dead_letters ORDER BY source_row") == [
+    assert pub.query("SELECT id, reason, source_row FROM batch_inference.emb__dead_letters ORDER BY source_row") == [
         (real_ids[3], "empty_text", 3), (None, "null_id", 300)]
 
 
@@ -263,7 +264,7 @@ def test_torn_counted_part_file_is_quarantined_before_any_publish(pub: Published
     assert not storage.exists(layout.marker_uri("00001")) and storage.exists(layout.marker_uri("00000"))
     with pytest.raises(PublishError, match="no completion marker: 00001"):
         publish_run(layout.run_dir, pub.target(table=table))
-    assert pub.query("SELECT count(*) FROM emb")[0][0] == 300, "the live table is untouched"
+    assert pub.query("SELECT count(*) FROM batch_inference.emb")[0][0] == 300, "the live table is untouched"
 
 
 def test_noop_check_compares_sizes_and_recorded_digests_not_names(pub: Published, tmp_path: Path, input_path: str) -> None:
@@ -327,7 +328,7 @@ def test_crash_after_staging_leaves_live_table_and_rerun_completes(pub: Publishe
 
     with pytest.raises(KeyboardInterrupt):
         publish_run(run2.run_dir, target, after_staging=crash)
-    assert pub.query("SELECT min(fingerprint), count(*) FROM emb")[0] == ("f" * 32, 300)
+    assert pub.query("SELECT min(fingerprint), count(*) FROM batch_inference.emb")[0] == ("f" * 32, 300)
     if pub.backend == "duckdb":
         assert "emb__staging" in pub.tables()
     else:  # the staged data files are in no snapshot: the live snapshot is still run1's
@@ -335,7 +336,7 @@ def test_crash_after_staging_leaves_live_table_and_rerun_completes(pub: Publishe
     summary = publish_run(run2.run_dir, target)
     assert summary["noop"] is False and summary["rows_published"] == 299
     assert "emb__staging" not in pub.tables()
-    assert pub.query("SELECT min(fingerprint), count(*) FROM emb")[0] == ("a" * 32, 299)
+    assert pub.query("SELECT min(fingerprint), count(*) FROM batch_inference.emb")[0] == ("a" * 32, 299)
 
 
 @pytest.mark.parametrize("task", ["classification", "llm"])
@@ -346,7 +347,7 @@ def test_other_part_schemas_publish_their_columns(pub: Published, tmp_path: Path
                                            "ORDER BY column_index")]
     assert cols == [f.name for f in part_schema(task)]
     if task == "llm":
-        text, js, cached = pub.query("SELECT output_text, output_json, cached_tokens FROM emb "
+        text, js, cached = pub.query("SELECT output_text, output_json, cached_tokens FROM batch_inference.emb "
                                             "ORDER BY id LIMIT 1")[0]
         assert "\ttab\nnewline \\ back" in text and js is not None and cached is None
 
@@ -357,7 +358,7 @@ def test_jsonl_input_with_integer_ids(pub: Published, tmp_path: Path) -> None:
     layout = build_run(tmp_path / "out", "run1", path, RunSpec(shards=3, chunk_rows=16))
     summary = publish_run(layout.run_dir, pub.target())
     assert (summary["rows_input"], summary["rows_published"], summary["rows_dead_letter"]) == (82, 80, 2)
-    assert pub.query("SELECT min(id), max(id) FROM emb")[0] == ("1000", "1079")
+    assert pub.query("SELECT min(id), max(id) FROM batch_inference.emb")[0] == ("1000", "1079")
 
 
 def test_partial_manifest_over_integer_parquet_ids(tmp_path: Path) -> None:
@@ -365,7 +366,7 @@ def test_partial_manifest_over_integer_parquet_ids(tmp_path: Path) -> None:
     layout = build_run(tmp_path / "out", "run1", path, RunSpec(shards=2, row_limit=123))
     summary = publish_run(layout.run_dir, _target(tmp_path))
     assert (summary["rows_input"], summary["rows_published"]) == (123, 123)
-    assert _query(tmp_path, "SELECT max(CAST(id AS INTEGER)) FROM emb")[0][0] == 122
+    assert _query(tmp_path, "SELECT max(CAST(id AS INTEGER)) FROM batch_inference.emb")[0][0] == 122
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,7 @@ def runs(tmp_path: Path):
 
 
 def _table(target: PublishTarget, suffix: str = ""):
-    return load_catalog(target).load_table(("default", target.name(suffix)))
+    return load_catalog(target).load_table((target.schema, target.name(suffix)))
 
 
 def test_one_snapshot_per_publish_and_noop_rerun_adds_none(pub: Published, runs) -> None:
@@ -44,7 +44,7 @@ def test_one_snapshot_per_publish_and_noop_rerun_adds_none(pub: Published, runs)
     assert snapshot_runs(target) == ["run1", "run2"]
     assert publish_run(run2.run_dir, target)["noop"] is True
     assert len(_table(target).snapshots()) == 2
-    assert [r[0] for r in pub.query("SELECT action FROM emb__publish_log ORDER BY rowid")] == ["publish"] * 2
+    assert [r[0] for r in pub.query("SELECT action FROM batch_inference.emb__publish_log ORDER BY rowid")] == ["publish"] * 2
 
 
 def test_rollback_restores_the_previous_snapshot_rows(pub: Published, runs) -> None:
@@ -52,17 +52,17 @@ def test_rollback_restores_the_previous_snapshot_rows(pub: Published, runs) -> N
     target = pub.target()
     publish_run(run1.run_dir, target)
     first = _table(target).current_snapshot().snapshot_id
-    rows1 = sorted(pub.query("SELECT id, fingerprint, embedding FROM emb"))
+    rows1 = sorted(pub.query("SELECT id, fingerprint, embedding FROM batch_inference.emb"))
     publish_run(run2.run_dir, target)
-    assert pub.query("SELECT count(*), min(fingerprint) FROM emb")[0] == (298, "a" * 32)
+    assert pub.query("SELECT count(*), min(fingerprint) FROM batch_inference.emb")[0] == (298, "a" * 32)
     back = rollback(target)
     assert (back["restored_run_id"], back["replaced_run_id"]) == ("run1", "run2")
     assert _table(target).current_snapshot().snapshot_id == first, "the old snapshot itself, not a copy"
-    assert sorted(pub.query("SELECT id, fingerprint, embedding FROM emb")) == rows1
-    assert pub.query("SELECT id, reason FROM emb__dead_letters") == [("r0005", "empty_text")]
-    assert pub.query("SELECT count(*) FROM emb__previous")[0][0] == 298
+    assert sorted(pub.query("SELECT id, fingerprint, embedding FROM batch_inference.emb")) == rows1
+    assert pub.query("SELECT id, reason FROM batch_inference.emb__dead_letters") == [("r0005", "empty_text")]
+    assert pub.query("SELECT count(*) FROM batch_inference.emb__previous")[0][0] == 298
     assert rollback(target)["restored_run_id"] == "run2", "a second rollback undoes the first"
-    assert pub.query("SELECT count(*) FROM emb__dead_letters")[0][0] == 2
+    assert pub.query("SELECT count(*) FROM batch_inference.emb__dead_letters")[0][0] == 2
 
 
 def test_readers_during_publish_see_the_old_or_the_new_snapshot(pub: Published, runs) -> None:

@@ -1,4 +1,5 @@
-"""Publish entry points the DAG and the CLI call: :func:`publish_run` and :func:`rollback`."""
+"""Publish entry points the DAG and the CLI call: :func:`publish_run`, :func:`rollback` and the
+preflight :func:`check_target`."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from batch_inference.publish.backend import backend_for
+from batch_inference.publish.backend import backend_for, check_owned, nothing_stored
 from batch_inference.publish.coverage import Coverage
 from batch_inference.publish.inventory import RunInventory, load_inventory
 from batch_inference.publish.record import PublishRecord, utc_now
@@ -77,6 +78,10 @@ def publish_run(
         empty for a no-op).
 
     Raises:
+        ForeignTableError: a table publish would replace, rename or drop (live, ``__previous``,
+            ``__staging``, dead letters, log) exists but publish did not create it; checked before any
+            table is written.
+        PublishConnectionError: the database or catalog could not be opened (no DSN in the message).
         PublishError: missing markers, mixed fingerprints, a counted file torn, unreadable or stale
             (set aside, see above).
         CoverageError: ids outside the manifest, or missing rows below ``min_success_ratio``.
@@ -131,6 +136,8 @@ def rollback(target: PublishTarget) -> dict[str, Any]:
         write).
 
     Raises:
+        ForeignTableError: a table it would rename or drop exists but publish did not create it.
+        PublishConnectionError: the database or catalog could not be opened (no DSN in the message).
         PublishError: there is no previous table.
     """
     start = time.perf_counter()
@@ -145,3 +152,20 @@ def rollback(target: PublishTarget) -> dict[str, Any]:
         "replaced_fingerprint": replaced.fingerprint if replaced else None,
         "rollback_seconds": round(time.perf_counter() - start, 3),
     }
+
+
+def check_target(target: PublishTarget) -> None:
+    """Preflight for the plan task: refuse a target naming a table publish did not create, before any
+    shard runs. Reads only: creates no schema, namespace, registry, database or catalog file and takes
+    no lock (a DuckDB file or SQLite catalog that does not exist yet passes at once).
+
+    Raises:
+        ForeignTableError: a table of the target (live, ``__previous``, ``__staging``, dead letters and
+            theirs, ``__publish_log``) exists without publish's mark; the message names them.
+        PublishConnectionError: the database or catalog could not be opened (no DSN in the message).
+        ImportError: the backend's driver is not installed.
+    """
+    if nothing_stored(target):
+        return
+    with backend_for(target, inspect_only=True) as backend:
+        check_owned(backend)

@@ -18,6 +18,7 @@ import duckdb
 import pyarrow as pa
 
 from batch_inference.publish.coverage import Coverage
+from batch_inference.publish.errors import ForeignTableError
 from batch_inference.publish.record import PublishRecord
 from batch_inference.publish.target import BACKEND_CLASSES, PublishTarget
 
@@ -25,9 +26,13 @@ from batch_inference.publish.target import BACKEND_CLASSES, PublishTarget
 class PublishBackend(Protocol):
     """One publish or rollback against one target; a context manager that holds the connection.
 
-    ``__enter__`` connects (and creates the schema / namespace if missing), ``__exit__`` closes. Every
-    method may raise the storage driver's errors (``duckdb.Error``, ``psycopg.Error``, pyiceberg's
-    exceptions); the live table is unchanged whenever one does before :meth:`swap` commits.
+    ``__enter__`` connects (and creates the schema / namespace if missing, unless the backend was built
+    with ``inspect_only``), ``__exit__`` closes; a failed connect raises
+    :class:`~batch_inference.publish.errors.PublishConnectionError` (no DSN in it). Every method may raise
+    the storage driver's errors (``duckdb.Error``, ``psycopg.Error``, pyiceberg's exceptions); the live
+    table is unchanged whenever one does before :meth:`swap` commits. A method that would drop, rename
+    or write to a table publish did not create raises
+    :class:`~batch_inference.publish.errors.ForeignTableError` instead.
     """
 
     target: PublishTarget
@@ -35,6 +40,11 @@ class PublishBackend(Protocol):
     def __enter__(self) -> PublishBackend: ...
 
     def __exit__(self, *exc: object) -> None: ...
+
+    def foreign_suffixes(self) -> list[str]:
+        """Suffixes (``""``: the live table) of the tables of the target that publish would create,
+        replace, rename or drop and that exist without publish's mark."""
+        ...
 
     def read_record(self, previous: bool = False) -> PublishRecord | None:
         """The record of the live table (or of the rollback target when ``previous``); ``None`` when
@@ -75,29 +85,59 @@ class PublishBackend(Protocol):
         ``restored`` (nothing logged when ``None``)."""
         ...
 
-def backend_for(target: PublishTarget) -> PublishBackend:
-    """A (not yet entered) backend instance for ``target``.
+def backend_for(target: PublishTarget, *, inspect_only: bool = False) -> PublishBackend:
+    """A (not yet entered) backend instance for ``target``; ``inspect_only``: for reading only (creates
+    no schema, namespace, registry or lock; a DuckDB file is attached read-only).
 
     Raises:
         ImportError: the backend's driver (psycopg, pyiceberg) is not installed.
     """
     module, cls = BACKEND_CLASSES[target.backend].split(":")
-    return getattr(importlib.import_module(module), cls)(target)
+    return getattr(importlib.import_module(module), cls)(target, inspect_only=inspect_only)
+
+
+def check_owned(backend: PublishBackend) -> None:
+    """Refuse a target whose family of tables holds one publish did not create (an entered backend).
+
+    Raises:
+        ForeignTableError: naming every such table (``schema.table``).
+    """
+    foreign = backend.foreign_suffixes()
+    if foreign:
+        raise ForeignTableError(backend.target.describe(), [backend.target.display_name(s) for s in foreign])
+
+
+def nothing_stored(target: PublishTarget) -> bool:
+    """Whether the target's storage does not exist yet, so it holds no table: a DuckDB file or a SQLite
+    Iceberg catalog file that is missing (checked without creating either). ``False`` for PostgreSQL."""
+    if target.backend == "duckdb":
+        return not Path(target.duckdb_path or "").exists()
+    if target.backend == "iceberg":
+        from batch_inference.publish.iceberg_backend import sqlite_catalog_file
+
+        path = sqlite_catalog_file(target)
+        return path is not None and not path.exists()
+    return False
 
 
 def read_published(target: PublishTarget, ids: Sequence[str],
                    columns: Sequence[str]) -> tuple[PublishRecord | None, pa.Table | None]:
     """The live table's publish record and its rows for ``ids`` (:meth:`PublishBackend.read_rows`).
 
-    A DuckDB target whose database file does not exist yet has no live table: ``(None, None)`` without
-    creating the file. A live table that publish did not write (no record) gives ``(None, None)`` too.
+    A target whose storage does not exist yet (:func:`nothing_stored`) has no live table:
+    ``(None, None)`` without creating anything. A live table that publish did not write (no record, or
+    no publish mark) gives ``(None, None)`` too. Reads only (``inspect_only`` backend).
 
     Raises:
-        ImportError: the backend's driver is not installed; the storage driver's errors as the backend's.
+        ImportError: the backend's driver is not installed.
+        PublishConnectionError: the database or catalog could not be opened.
+        The storage driver's errors as the backend's.
     """
-    if target.backend == "duckdb" and not Path(target.duckdb_path or "").exists():
+    if nothing_stored(target):
         return None, None
-    with backend_for(target) as backend:
+    with backend_for(target, inspect_only=True) as backend:
+        if "" in backend.foreign_suffixes():
+            return None, None
         record = backend.read_record()
         if record is None:
             return None, None

@@ -3,6 +3,14 @@
 The coverage check runs in the target database's connection (temp tables, spilled to DuckDB's temp
 directory when large), so the wide columns are read exactly once, by ``INSERT ... SELECT`` from
 ``read_parquet`` into the staging table whose primary key is built as rows arrive.
+
+Ownership: every table publish creates is marked twice, in the transaction that creates it: by name in
+:data:`~batch_inference.publish.target.REGISTRY_TABLE` (in the target's schema; a rename updates the row
+and a drop deletes it in the same transaction, as DuckDB table OIDs are not stable across restarts), and
+by its comment (the publish record, or :data:`LOG_COMMENT` for the log), which travels with the table
+through renames. A table is publish's only when both agree, so a table someone else created under a
+registered name (after dropping publish's) is refused too. Every drop and rename checks the mark first
+(:class:`~batch_inference.publish.errors.ForeignTableError` otherwise).
 """
 
 from __future__ import annotations
@@ -16,11 +24,12 @@ import pyarrow as pa
 from batch_contract.schemas import DEAD_LETTER_SCHEMA
 
 from batch_inference.publish.coverage import Coverage
-from batch_inference.publish.errors import PublishError
-from batch_inference.publish.record import LOG_COLUMNS, PublishRecord, sql_string_literal
+from batch_inference.publish.errors import ForeignTableError, PublishError
+from batch_inference.publish.record import LOG_COLUMNS, RECORD_KIND, PublishRecord, sql_string_literal
 from batch_inference.publish.sql_tables import SqlDialect, SqlTableBackend
 from batch_inference.publish.target import (
     DUCKDB_ALIAS,
+    REGISTRY_TABLE,
     SUFFIX_DEAD_LETTERS,
     SUFFIX_PREVIOUS,
     SUFFIX_PUBLISH_LOG,
@@ -38,6 +47,10 @@ assert [f.name for f in DEAD_LETTER_SCHEMA] == ["id", "reason", "detail", "sourc
 
 STAGING_DL = SUFFIX_DEAD_LETTERS + SUFFIX_STAGING
 PREVIOUS_DL = SUFFIX_DEAD_LETTERS + SUFFIX_PREVIOUS
+
+
+LOG_COMMENT = '{"kind":"' + RECORD_KIND + '/publish_log"}'
+"""Comment of ``<table>__publish_log`` (the data tables' comment is their publish record)."""
 
 
 DUCKDB_MEMORY_LIMIT = "1GB"
@@ -72,8 +85,9 @@ def scratch_db(work: Path) -> Iterator[duckdb.DuckDBPyConnection]:
         scratch.close()
 
 
-def connect(target: PublishTarget) -> duckdb.DuckDBPyConnection:
-    """Open the target database file (created with its parent directory if missing).
+def connect(target: PublishTarget, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    """Open the target database file (created with its parent directory if missing; ``read_only``: the
+    file must exist and is attached read-only).
 
     The file is attached to an in-memory connection as :data:`~batch_inference.publish.target.DUCKDB_ALIAS`
     and made the default catalog (``USE``), so that the write-time ``ROW_GROUP_SIZE`` can be set; the
@@ -82,12 +96,13 @@ def connect(target: PublishTarget) -> duckdb.DuckDBPyConnection:
     (not to ``./.tmp`` under whatever directory the task runs in).
     """
     path = Path(target.duckdb_path or "").absolute()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if not read_only:
+        path.parent.mkdir(parents=True, exist_ok=True)
     con = configure(duckdb.connect())
     try:
         con.execute(f"SET temp_directory = {sql_string_literal(str(path) + '.tmp')}")
-        con.execute(f"ATTACH {sql_string_literal(str(path))} AS {DUCKDB_ALIAS} "
-                    f"(ROW_GROUP_SIZE {TABLE_ROW_GROUP_ROWS})")
+        options = "READ_ONLY" if read_only else f"ROW_GROUP_SIZE {TABLE_ROW_GROUP_ROWS}"
+        con.execute(f"ATTACH {sql_string_literal(str(path))} AS {DUCKDB_ALIAS} ({options})")
         con.execute(f"USE {DUCKDB_ALIAS}")
         con.execute("DETACH memory")
     except BaseException:
@@ -97,32 +112,113 @@ def connect(target: PublishTarget) -> duckdb.DuckDBPyConnection:
 
 
 def _schema(target: PublishTarget) -> str:
-    return target.schema or "main"
+    return target.schema
 
 
-def table_exists(con: duckdb.DuckDBPyConnection, target: PublishTarget, suffix: str = "") -> bool:
-    """Whether ``<table><suffix>`` exists (not counting temp tables)."""
+def _relation_exists(con: duckdb.DuckDBPyConnection, schema: str, name: str) -> bool:
+    """Whether a table or view ``schema.name`` exists in the attached file (not counting temp tables)."""
     row = con.execute(
-        "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
-        "AND schema_name = $s AND table_name = $t AND NOT temporary",
-        {"s": _schema(target), "t": target.name(suffix)},
+        "SELECT (SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
+        "AND schema_name = $s AND table_name = $t AND NOT temporary) + (SELECT count(*) FROM duckdb_views() "
+        "WHERE database_name = current_database() AND schema_name = $s AND view_name = $t AND NOT temporary)",
+        {"s": schema, "t": name},
     ).fetchall()
     return bool(row and row[0][0])
 
 
-def read_record(con: duckdb.DuckDBPyConnection, target: PublishTarget, suffix: str = "") -> PublishRecord | None:
-    """The :class:`PublishRecord` in the comment of ``<table><suffix>``, or ``None``."""
+def table_exists(con: duckdb.DuckDBPyConnection, target: PublishTarget, suffix: str = "") -> bool:
+    """Whether ``<table><suffix>`` exists as a table or view (not counting temp tables)."""
+    return _relation_exists(con, _schema(target), target.name(suffix))
+
+
+def _registry(target: PublishTarget) -> str:
+    return f"{quote_ident(target.schema)}.{quote_ident(REGISTRY_TABLE)}"
+
+
+def _ensure_registry(con: duckdb.DuckDBPyConnection, target: PublishTarget) -> None:
+    con.execute(f"CREATE TABLE IF NOT EXISTS {_registry(target)} "
+                "(table_name VARCHAR NOT NULL, created_at TIMESTAMPTZ NOT NULL DEFAULT current_timestamp)")
+
+
+def _comment(con: duckdb.DuckDBPyConnection, target: PublishTarget, suffix: str) -> str | None:
     row = con.execute(
         "SELECT comment FROM duckdb_tables() WHERE database_name = current_database() "
         "AND schema_name = $s AND table_name = $t AND NOT temporary",
         {"s": _schema(target), "t": target.name(suffix)},
     ).fetchall()
-    return PublishRecord.from_comment(row[0][0]) if row else None
+    return row[0][0] if row else None
+
+
+def is_marked(con: duckdb.DuckDBPyConnection, target: PublishTarget, suffix: str = "") -> bool:
+    """Whether ``<table><suffix>`` is a table named in the registry whose comment is a publish record
+    (or :data:`LOG_COMMENT`): publish created it."""
+    comment = _comment(con, target, suffix)
+    if comment != LOG_COMMENT and PublishRecord.from_comment(comment) is None:
+        return False
+    if not _relation_exists(con, _schema(target), REGISTRY_TABLE):
+        return False
+    row = con.execute(f"SELECT count(*) FROM {_registry(target)} WHERE table_name = ?", [target.name(suffix)]).fetchall()
+    return bool(row and row[0][0])
+
+
+def _mark(con: duckdb.DuckDBPyConnection, target: PublishTarget, suffix: str) -> None:
+    # no primary key on the registry: DuckDB refuses to re-insert a key deleted in the same transaction
+    con.execute(f"DELETE FROM {_registry(target)} WHERE table_name = ?", [target.name(suffix)])
+    con.execute(f"INSERT INTO {_registry(target)} (table_name) VALUES (?)", [target.name(suffix)])
+
+
+def _require_marked(con: duckdb.DuckDBPyConnection, target: PublishTarget, suffix: str) -> None:
+    """Raise :class:`ForeignTableError` if ``<table><suffix>`` exists without publish's mark."""
+    if table_exists(con, target, suffix) and not is_marked(con, target, suffix):
+        raise ForeignTableError(target.describe(), [target.display_name(suffix)])
+
+
+def _drop(con: duckdb.DuckDBPyConnection, target: PublishTarget, suffix: str) -> None:
+    """Drop ``<table><suffix>`` and its mark if it exists (inside the caller's transaction).
+
+    Raises:
+        ForeignTableError: it exists without publish's mark (nothing dropped).
+    """
+    if not table_exists(con, target, suffix):
+        return
+    _require_marked(con, target, suffix)
+    con.execute(f"DELETE FROM {_registry(target)} WHERE table_name = ?", [target.name(suffix)])
+    con.execute(f"DROP TABLE {target.qualified(suffix)}")
+
+
+def _rename(con: duckdb.DuckDBPyConnection, target: PublishTarget, old: str, new: str) -> None:
+    """Rename ``<table><old>`` to ``<table><new>`` and its mark if it exists (inside the caller's
+    transaction).
+
+    Raises:
+        ForeignTableError: ``<table><old>`` exists without publish's mark (nothing renamed).
+    """
+    if not table_exists(con, target, old):
+        return
+    _require_marked(con, target, old)
+    con.execute(f"ALTER TABLE {target.qualified(old)} RENAME TO {quote_ident(target.name(new))}")
+    con.execute(f"UPDATE {_registry(target)} SET table_name = ? WHERE table_name = ?",
+                [target.name(new), target.name(old)])
+
+
+def read_record(con: duckdb.DuckDBPyConnection, target: PublishTarget, suffix: str = "") -> PublishRecord | None:
+    """The :class:`PublishRecord` in the comment of ``<table><suffix>``, or ``None``."""
+    return PublishRecord.from_comment(_comment(con, target, suffix))
 
 
 def _ensure_log(con: duckdb.DuckDBPyConnection, target: PublishTarget) -> None:
+    """Create ``<table>__publish_log`` (marked) if missing.
+
+    Raises:
+        ForeignTableError: it exists without publish's mark.
+    """
+    if table_exists(con, target, SUFFIX_PUBLISH_LOG):
+        _require_marked(con, target, SUFFIX_PUBLISH_LOG)
+        return
     cols = ", ".join(f"{quote_ident(n)} {t}" for n, t in LOG_COLUMNS)
-    con.execute(f"CREATE TABLE IF NOT EXISTS {target.qualified(SUFFIX_PUBLISH_LOG)} ({cols})")
+    con.execute(f"CREATE TABLE {target.qualified(SUFFIX_PUBLISH_LOG)} ({cols})")
+    con.execute(f"COMMENT ON TABLE {target.qualified(SUFFIX_PUBLISH_LOG)} IS {sql_string_literal(LOG_COMMENT)}")
+    _mark(con, target, SUFFIX_PUBLISH_LOG)
 
 
 def _insert_log(con: duckdb.DuckDBPyConnection, target: PublishTarget, record: PublishRecord, action: str) -> None:
@@ -135,6 +231,11 @@ def _load_staging(con: duckdb.DuckDBPyConnection, target: PublishTarget, cov: Co
 
     Embeddings barely compress, so compression is forced off for the load: it cuts the load's CPU by
     about 30% for about 6% more disk (measured at 1M x 384 float32). The setting is reset afterwards.
+    Both tables are marked as publish's in the same transaction.
+
+    Raises:
+        ForeignTableError: a staging or log table of that name exists without publish's mark.
+        PublishError: the rows loaded differ from ``cov.rows_published``.
     """
     cols = ", ".join(f"{_dq(n)} {t}" for n, t in cov.columns)
     staging, staging_dl = target.qualified(SUFFIX_STAGING), target.qualified(STAGING_DL)
@@ -142,13 +243,15 @@ def _load_staging(con: duckdb.DuckDBPyConnection, target: PublishTarget, cov: Co
     con.execute("SET force_compression = 'uncompressed'")
     con.execute("BEGIN")
     try:
-        con.execute(f"DROP TABLE IF EXISTS {staging}")
-        con.execute(f"DROP TABLE IF EXISTS {staging_dl}")
+        _drop(con, target, SUFFIX_STAGING)
+        _drop(con, target, STAGING_DL)
         con.execute(f"CREATE TABLE {staging} ({cols})")
+        _mark(con, target, SUFFIX_STAGING)
         con.execute(f"INSERT INTO {staging} {cov.results_sql()}", {"parts": cov.part_files} if cov.part_files else {})
         # one bulk index build after the load is several times faster than maintaining it per row
         con.execute(f'ALTER TABLE {staging} ADD PRIMARY KEY ("id")')
         con.execute(f"CREATE TABLE {staging_dl} ({DEAD_LETTER_DDL})")
+        _mark(con, target, STAGING_DL)
         con.execute(f"INSERT INTO {staging_dl} {cov.dead_letters_sql()}")
         con.execute(f"COMMENT ON TABLE {staging} IS {comment}")
         con.execute(f"COMMENT ON TABLE {staging_dl} IS {comment}")
@@ -169,15 +272,24 @@ def _dq(name: str) -> str:
 
 
 def _swap(con: duckdb.DuckDBPyConnection, target: PublishTarget, record: PublishRecord) -> None:
-    """One transaction: live -> previous (older previous dropped), staging -> live, for both tables."""
+    """One transaction: live -> previous (older previous dropped), staging -> live, for both tables;
+    every table checked for publish's mark first.
+
+    Raises:
+        ForeignTableError: one of them exists without publish's mark (nothing changed).
+        PublishError: a staging table is missing.
+    """
     con.execute("BEGIN")
     try:
         for base in ("", SUFFIX_DEAD_LETTERS):
             prev, live, staging = base + SUFFIX_PREVIOUS, base, base + SUFFIX_STAGING
-            con.execute(f"DROP TABLE IF EXISTS {target.qualified(prev)}")
-            if table_exists(con, target, live):
-                con.execute(f"ALTER TABLE {target.qualified(live)} RENAME TO {quote_ident(target.name(prev))}")
-            con.execute(f"ALTER TABLE {target.qualified(staging)} RENAME TO {quote_ident(target.name(live))}")
+            if not table_exists(con, target, staging):
+                raise PublishError(f"{target.display_name(staging)} vanished before the swap")
+            for suffix in (staging, live, prev):
+                _require_marked(con, target, suffix)
+            _drop(con, target, prev)
+            _rename(con, target, live, prev)
+            _rename(con, target, staging, live)
         _insert_log(con, target, record, "publish")
         con.execute("COMMIT")
     except BaseException:
@@ -190,13 +302,16 @@ class DuckDBBackend(SqlTableBackend):
     target connection itself, staging tables are swapped in by renames in one transaction."""
 
     dialect = SqlDialect(table_exists=table_exists, read_record=read_record, ensure_log=_ensure_log,
-                         insert_log=_insert_log)
+                         insert_log=_insert_log, is_marked=is_marked)
 
     def open(self) -> duckdb.DuckDBPyConnection:
-        con = connect(self.target)
-        if self.target.schema:
-            con.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(self.target.schema)}")
-        return con
+        """The connection (:func:`connect`; ``inspect_only`` attaches the file read-only)."""
+        return connect(self.target, read_only=self.inspect_only)
+
+    def prepare(self) -> None:
+        """Create the schema and the registry if missing."""
+        self.connection().execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(self.target.schema)}")
+        _ensure_registry(self.connection(), self.target)
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
@@ -210,12 +325,10 @@ class DuckDBBackend(SqlTableBackend):
             raise
 
     def rename(self, old: str, new: str) -> None:
-        if self.table_exists(old):
-            self.connection().execute(
-                f"ALTER TABLE {self.target.qualified(old)} RENAME TO {quote_ident(self.target.name(new))}")
+        _rename(self.connection(), self.target, old, new)
 
     def drop(self, suffix: str) -> None:
-        self.connection().execute(f"DROP TABLE IF EXISTS {self.target.qualified(suffix)}")
+        _drop(self.connection(), self.target, suffix)
 
     @contextmanager
     def coverage_db(self, work: Path) -> Iterator[duckdb.DuckDBPyConnection]:

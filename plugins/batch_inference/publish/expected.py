@@ -100,8 +100,9 @@ def _parquet_segment(pf: pq.ParquetFile, seg: Segment, column: str, uri: str) ->
 
 
 def _jsonl_ids(uri: str, file_index: int, segments: list[Segment], column: str,
-               batch_rows: int) -> Iterator[ExpectedBatch]:
-    """Yield ids of the wanted rows of a JSONL file (one pass; the contract's line rule)."""
+               batch_rows: int, max_line_bytes: int) -> Iterator[ExpectedBatch]:
+    """Yield ids of the wanted rows of a JSONL file (one pass; the contract's line rule, with the run's
+    ``max_line_bytes`` so a line the worker dead-lettered as too long is expected by position as well)."""
     wanted = sorted((s.row_start, s.row_stop) for s in segments)
     fs, path = storage.arrow_filesystem(uri)
     ids: list[str | None] = []
@@ -115,7 +116,7 @@ def _jsonl_ids(uri: str, file_index: int, segments: list[Segment], column: str,
         return batch
 
     with fs.open_input_stream(path) as fh:
-        for row, raw in iter_jsonl_lines(fh):
+        for row, raw in iter_jsonl_lines(fh, max_line_bytes=max_line_bytes):
             rows = row + 1
             while seg_i < len(wanted) and row >= wanted[seg_i][1]:
                 seg_i += 1
@@ -207,7 +208,8 @@ def iter_expected(
         info: InputFile = manifest.input.files[file_index]
         segments = sorted(by_file[file_index], key=lambda s: s.row_start)
         if manifest.input.format == InputFormat.JSONL.value:
-            yield from _jsonl_ids(info.uri, file_index, segments, column, batch_rows)
+            yield from _jsonl_ids(info.uri, file_index, segments, column, batch_rows,
+                                  manifest.worker.max_line_bytes)
             continue
         fs, path = storage.arrow_filesystem(info.uri)
         pf = pq.ParquetFile(path, filesystem=fs)

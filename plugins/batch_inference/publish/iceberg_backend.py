@@ -2,7 +2,7 @@
 
 - Catalog: a pyiceberg ``SqlCatalog`` in a SQLite file beside the warehouse
   (``<warehouse>/../catalog.db``), or in PostgreSQL when the target has a ``dsn``. Namespace: the
-  target's schema, else ``default``. A ``gs://`` warehouse's files go through :class:`StorageFileIO`
+  target's schema (default ``batch_inference``). A ``gs://`` warehouse's files go through :class:`StorageFileIO`
   (the catalog property ``py-io-impl``): the same GCS setup as every other ``gs://`` access of the
   project (``STORAGE_EMULATOR_HOST``, ``BATCH_GCS_CREDENTIALS_JSON``, else Application Default
   Credentials), see :func:`catalog_properties`.
@@ -21,6 +21,11 @@
   replaced snapshot, in one commit (so a second rollback undoes the first); the dead letters table
   follows to the snapshot the restored results snapshot names.
 - ``<table>__publish_log``: an Iceberg table, one row appended per publish / rollback after the commit.
+- Ownership: every table publish creates carries the table property :data:`OWNER_PROPERTY` = ``"1"``;
+  publish and rollback refuse (:class:`~batch_inference.publish.errors.ForeignTableError`) to write to a
+  table of the target's family (:data:`ICEBERG_FAMILY`) without it, before writing any data file.
+- A catalog that cannot be opened raises :class:`~batch_inference.publish.errors.PublishConnectionError`
+  with the DSN and password taken out of the driver's message.
 """
 
 from __future__ import annotations
@@ -47,8 +52,9 @@ from pyiceberg.table.update.snapshot import ManageSnapshots
 
 from batch_inference.publish import duckdb_backend
 from batch_inference.publish.coverage import Coverage
-from batch_inference.publish.errors import PublishError
+from batch_inference.publish.errors import ForeignTableError, PublishConnectionError, PublishError
 from batch_inference.publish.record import LOG_COLUMNS, PublishRecord
+from batch_inference.publish.redact import redact
 from batch_inference.publish.target import (
     SUFFIX_DEAD_LETTERS,
     SUFFIX_PREVIOUS,
@@ -60,18 +66,22 @@ RECORD_PROPERTY = "batch-inference.publish-record"
 """Snapshot summary property holding the :class:`PublishRecord` JSON of the run the snapshot holds."""
 DEAD_LETTERS_SNAPSHOT_PROPERTY = "batch-inference.dead-letters-snapshot-id"
 """Results snapshot summary property: the ``<table>__dead_letters`` snapshot published with it."""
-DEFAULT_NAMESPACE = "default"
+OWNER_PROPERTY = "batch-inference.publish"
+"""Table property (value ``"1"``) marking a table publish created; publish writes to no table without it."""
+ICEBERG_FAMILY = ("", SUFFIX_DEAD_LETTERS, SUFFIX_PUBLISH_LOG)
+"""Suffixes of the Iceberg tables of a target (``__previous`` is a tag, staging is uncommitted files)."""
 BATCH_ROWS = 8192
 """Rows per Arrow batch streamed from DuckDB into the Parquet writer (about 12.6 MB at 384 float32)."""
 TARGET_FILE_BYTES = 128 << 20
 """``write.target-file-size-bytes``: pyiceberg buffers this many bytes of Arrow batches per data file
 (uncompressed in-memory bytes), so it bounds the writer's memory (pyiceberg's default is 512 MiB)."""
 TABLE_PROPERTIES = {
+    OWNER_PROPERTY: "1",
     "write.target-file-size-bytes": str(TARGET_FILE_BYTES),
     # embeddings barely compress (docs/publish.md: zstd saved 8-9% of the bytes for twice the CPU)
     "write.parquet.compression-codec": "snappy",
 }
-"""Properties of the tables publish creates (existing tables keep theirs)."""
+"""Properties of the result and dead-letter tables publish creates (existing tables keep theirs)."""
 
 
 def catalog_uri(target: PublishTarget) -> str:
@@ -94,6 +104,15 @@ def catalog_uri(target: PublishTarget) -> str:
     path = storage.local_path(warehouse).absolute()
     path.parent.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{path.parent / 'catalog.db'}"
+
+
+def sqlite_catalog_file(target: PublishTarget) -> Path | None:
+    """The SQLite catalog file of a target without ``dsn`` and with a local warehouse (not created);
+    ``None`` when the catalog is in PostgreSQL or the warehouse is ``gs://``."""
+    warehouse = target.iceberg_warehouse or ""
+    if target.dsn or storage.is_gcs(warehouse):
+        return None
+    return storage.local_path(warehouse).absolute().parent / "catalog.db"
 
 
 def warehouse_uri(target: PublishTarget) -> str:
@@ -136,8 +155,14 @@ def load_catalog(target: PublishTarget) -> Catalog:
 
 
 def namespace(target: PublishTarget) -> str:
-    """Iceberg namespace of the target: its schema, else :data:`DEFAULT_NAMESPACE`."""
-    return target.schema or DEFAULT_NAMESPACE
+    """Iceberg namespace of the target: its schema (``PublishTarget.schema``, default
+    :data:`~batch_inference.publish.target.DEFAULT_SCHEMA`)."""
+    return target.schema
+
+
+def is_owned(table: Table) -> bool:
+    """Whether publish created ``table`` (its :data:`OWNER_PROPERTY` is ``"1"``)."""
+    return table.properties.get(OWNER_PROPERTY) == "1"
 
 
 def snapshot_record(snapshot: Snapshot | None) -> PublishRecord | None:
@@ -167,16 +192,46 @@ class _Staged:
 
 
 class IcebergBackend:
-    """:class:`~batch_inference.publish.backend.PublishBackend` for Apache Iceberg (see module doc)."""
+    """:class:`~batch_inference.publish.backend.PublishBackend` for Apache Iceberg (see module doc).
 
-    def __init__(self, target: PublishTarget) -> None:
+    Args:
+        target: where to publish.
+        inspect_only: open the catalog for reading only (no namespace created).
+    """
+
+    def __init__(self, target: PublishTarget, inspect_only: bool = False) -> None:
         self.target = target
+        self.inspect_only = inspect_only
         self.catalog: Catalog | None = None
         self.staged: dict[str, _Staged] = {}
 
     def __enter__(self) -> IcebergBackend:
-        self.catalog = load_catalog(self.target)
-        self.catalog.create_namespace_if_not_exists(namespace(self.target))
+        """Open the catalog; unless ``inspect_only``, refuse a target with a foreign table before writing
+        anything, then create the namespace if missing.
+
+        Raises:
+            ValueError: see :func:`catalog_uri`.
+            PublishConnectionError: the catalog could not be opened (no DSN or password in the message).
+            ForeignTableError: a table of :data:`ICEBERG_FAMILY` exists without :data:`OWNER_PROPERTY`.
+        """
+        props = catalog_properties(self.target)
+        try:
+            self.catalog = SqlCatalog("batch_inference", **props)
+        except Exception as exc:  # noqa: BLE001 - re-raised below without the DSN
+            reason = redact(str(exc), self.target.dsn) or type(exc).__name__
+        else:
+            reason = None
+        if reason is not None:
+            raise PublishConnectionError(f"{self.target.describe()}: cannot open the Iceberg catalog: {reason}")
+        try:
+            if not self.inspect_only:
+                foreign = self.foreign_suffixes()
+                if foreign:
+                    raise ForeignTableError(self.target.describe(), [self.target.display_name(s) for s in foreign])
+                self.catalog.create_namespace_if_not_exists(namespace(self.target))
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -198,6 +253,16 @@ class IcebergBackend:
             return self._catalog().load_table(self.ident(suffix))
         except NoSuchTableError:
             return None
+
+    def foreign_suffixes(self) -> list[str]:
+        """Suffixes (``""``: the results table) of the target's tables (:data:`ICEBERG_FAMILY`) that exist
+        without :data:`OWNER_PROPERTY`."""
+        return [s for s in ICEBERG_FAMILY if (t := self.table(s)) is not None and not is_owned(t)]
+
+    def _owned_or_refuse(self, table: Table, suffix: str) -> Table:
+        if not is_owned(table):
+            raise ForeignTableError(self.target.describe(), [self.target.display_name(suffix)])
+        return table
 
     def read_record(self, previous: bool = False) -> PublishRecord | None:
         table = self.table()
@@ -225,9 +290,14 @@ class IcebergBackend:
 
     def _stage(self, suffix: str, reader: pa.RecordBatchReader) -> _Staged:
         """Write the batches of ``reader`` as data files of ``<table><suffix>`` (created if missing; new
-        columns added by name in the transaction that will commit them)."""
+        columns added by name in the transaction that will commit them).
+
+        Raises:
+            ForeignTableError: the table exists without :data:`OWNER_PROPERTY` (no file written).
+        """
         table = self._catalog().create_table_if_not_exists(self.ident(suffix), schema=reader.schema,
                                                            properties=TABLE_PROPERTIES)
+        self._owned_or_refuse(table, suffix)
         tx = table.transaction()
         with tx.update_schema() as update:
             update.union_by_name(reader.schema)
@@ -238,6 +308,7 @@ class IcebergBackend:
         """Write both tables' data files (bounded memory; invisible until :meth:`swap`).
 
         Raises:
+            ForeignTableError: a table exists without :data:`OWNER_PROPERTY`.
             PublishError: the data files hold another row count than coverage counted.
         """
         params = {"parts": cov.part_files} if cov.part_files else None
@@ -287,9 +358,17 @@ class IcebergBackend:
 
     def restore_previous(self, restored: PublishRecord | None) -> None:
         """Dead letters to the snapshot the restored results name, then results to the tagged snapshot;
-        each tag moves to the snapshot it replaces."""
+        each tag moves to the snapshot it replaces.
+
+        Raises:
+            ForeignTableError: a table exists without :data:`OWNER_PROPERTY` (nothing changed).
+        """
         table = self.table()
         assert table is not None
+        self._owned_or_refuse(table, "")
+        for suffix in (SUFFIX_DEAD_LETTERS, SUFFIX_PUBLISH_LOG):
+            if (other := self.table(suffix)) is not None:
+                self._owned_or_refuse(other, suffix)
         prev_tag = self.target.name(SUFFIX_PREVIOUS)
         prev, cur = previous_snapshot(table, prev_tag), table.current_snapshot()
         assert prev is not None and cur is not None
@@ -306,8 +385,9 @@ class IcebergBackend:
         schema = pa.schema([(n, pa.string() if t == "VARCHAR" else pa.int64()) for n, t in LOG_COLUMNS])
         row = pa.Table.from_pylist([dict(zip([n for n, _ in LOG_COLUMNS], record.log_row(action), strict=True))],
                                    schema=schema)
-        log = self._catalog().create_table_if_not_exists(self.ident(SUFFIX_PUBLISH_LOG), schema=schema)
-        log.append(row)
+        log = self._catalog().create_table_if_not_exists(self.ident(SUFFIX_PUBLISH_LOG), schema=schema,
+                                                         properties={OWNER_PROPERTY: "1"})
+        self._owned_or_refuse(log, SUFFIX_PUBLISH_LOG).append(row)
 
 
 def _paired_dead_letters(snapshot: Snapshot | None) -> int | None:

@@ -5,6 +5,13 @@ instead of growing memory); the de-duplicated rows stream from DuckDB as Arrow r
 encoded by :mod:`~batch_inference.publish.pg_copy` and written with ``COPY ... FROM STDIN (FORMAT
 BINARY)``. The primary key is added after the load (one index build instead of per-row maintenance)
 and before the swap. A session advisory lock per target serialises concurrent publishes/rollbacks.
+
+Ownership: every table publish creates is marked by its OID in
+:data:`~batch_inference.publish.target.REGISTRY_TABLE` (in the target's schema, created with the schema),
+in the transaction that creates it; an OID stays with a table through renames, and a table dropped and
+created again by someone else gets a new one. Every drop and rename first checks the mark
+(:class:`~batch_inference.publish.errors.ForeignTableError` otherwise). Connection errors are re-raised
+as :class:`~batch_inference.publish.errors.PublishConnectionError` with the DSN and password taken out.
 """
 
 from __future__ import annotations
@@ -23,11 +30,13 @@ from psycopg import sql
 
 from batch_inference.publish import duckdb_backend
 from batch_inference.publish.coverage import Coverage
-from batch_inference.publish.errors import PublishError
+from batch_inference.publish.errors import ForeignTableError, PublishConnectionError, PublishError
 from batch_inference.publish.pg_copy import COPY_HEADER, COPY_TRAILER, PgColumn, encode_batch, pg_columns
 from batch_inference.publish.record import LOG_COLUMNS, PublishRecord
+from batch_inference.publish.redact import redact
 from batch_inference.publish.sql_tables import SqlDialect, SqlTableBackend
 from batch_inference.publish.target import (
+    REGISTRY_TABLE,
     SUFFIX_DEAD_LETTERS,
     SUFFIX_PREVIOUS,
     SUFFIX_PUBLISH_LOG,
@@ -50,19 +59,93 @@ def _ident(target: PublishTarget, suffix: str = "") -> sql.Composable:
     return sql.SQL(target.qualified(suffix))
 
 
-def _connect(target: PublishTarget) -> psycopg.Connection:
-    conn = psycopg.connect(target.dsn or "", autocommit=True)
-    conn.execute("SET client_encoding TO 'UTF8'")
-    conn.execute("SELECT pg_advisory_lock(hashtext(%s))", [f"batch_inference.publish:{target.qualified()}"])
-    if target.schema:
-        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.SQL(quote_ident(target.schema))))
+def connect_dsn(dsn: str, where: str, **kwargs: object) -> psycopg.Connection:
+    """``psycopg.connect(dsn, **kwargs)`` whose failure never shows ``dsn``.
+
+    Args:
+        dsn: libpq connection string or URI.
+        where: what is connecting, for the message (``target.describe()``; never the DSN).
+
+    Raises:
+        PublishConnectionError: connecting failed; the message is ``where`` and psycopg's reason through
+            :func:`~batch_inference.publish.redact.redact`, with no exception chained.
+    """
+    try:
+        return psycopg.connect(dsn, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - every failure is re-raised below, without the DSN
+        reason = redact(str(exc), dsn) or type(exc).__name__
+    raise PublishConnectionError(f"{where}: cannot connect to PostgreSQL: {reason}")
+
+
+def _registry(target: PublishTarget) -> sql.Composable:
+    return sql.SQL(f"{quote_ident(target.schema)}.{quote_ident(REGISTRY_TABLE)}")
+
+
+def _connect(target: PublishTarget, inspect_only: bool = False) -> psycopg.Connection:
+    """An autocommit connection, holding the target's session advisory lock unless ``inspect_only``."""
+    conn = connect_dsn(target.dsn or "", target.describe(), autocommit=True)
+    try:
+        conn.execute("SET client_encoding TO 'UTF8'")
+        if not inspect_only:
+            conn.execute("SELECT pg_advisory_lock(hashtext(%s))", [f"batch_inference.publish:{target.qualified()}"])
+    except BaseException:
+        conn.close()
+        raise
     return conn
 
 
+def _prepare(conn: psycopg.Connection, target: PublishTarget) -> None:
+    """Create the schema and the registry of marked tables if missing, under a transaction-level
+    advisory lock per schema (``CREATE ... IF NOT EXISTS`` is not safe against a concurrent twin)."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"batch_inference.publish.schema:{target.schema}"])
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.SQL(quote_ident(target.schema))))
+        conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (relid oid PRIMARY KEY, created_as text NOT NULL, "
+                             "created_at timestamptz NOT NULL DEFAULT now())").format(_registry(target)))
+
+
 def table_exists(conn: psycopg.Connection, target: PublishTarget, suffix: str = "") -> bool:
-    """Whether ``<table><suffix>`` exists in the target schema (``public`` / search path if none)."""
+    """Whether a relation ``<schema>.<table><suffix>`` exists (a table, or a view or sequence by that name)."""
     row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", [target.qualified(suffix)]).fetchone()
     return bool(row and row[0])
+
+
+def is_marked(conn: psycopg.Connection, target: PublishTarget, suffix: str = "") -> bool:
+    """Whether ``<table><suffix>`` exists and its OID is in the registry (publish created it)."""
+    row = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
+                       [f"{quote_ident(target.schema)}.{quote_ident(REGISTRY_TABLE)}"]).fetchone()
+    if not (row and row[0]):
+        return False
+    row = conn.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE relid = to_regclass(%s)::oid)").format(
+        _registry(target)), [target.qualified(suffix)]).fetchone()
+    return bool(row and row[0])
+
+
+def _mark(conn: psycopg.Connection, target: PublishTarget, suffix: str) -> None:
+    conn.execute(sql.SQL("INSERT INTO {} (relid, created_as) VALUES (to_regclass(%s)::oid, %s) "
+                         "ON CONFLICT (relid) DO NOTHING").format(_registry(target)),
+                 [target.qualified(suffix), target.name(suffix)])
+
+
+def _require_marked(conn: psycopg.Connection, target: PublishTarget, suffix: str) -> None:
+    """Raise :class:`ForeignTableError` if ``<table><suffix>`` exists without publish's mark."""
+    if table_exists(conn, target, suffix) and not is_marked(conn, target, suffix):
+        raise ForeignTableError(target.describe(), [target.display_name(suffix)])
+
+
+def _drop(conn: psycopg.Connection, target: PublishTarget, suffix: str) -> None:
+    """Drop ``<table><suffix>`` if it exists, after checking publish's mark (then removed with it).
+
+    Raises:
+        ForeignTableError: the table exists without the mark (nothing dropped).
+    """
+    if not table_exists(conn, target, suffix):
+        return
+    _require_marked(conn, target, suffix)
+    with conn.transaction():
+        conn.execute(sql.SQL("DELETE FROM {} WHERE relid = to_regclass(%s)::oid").format(_registry(target)),
+                     [target.qualified(suffix)])
+        conn.execute(sql.SQL("DROP TABLE {}").format(_ident(target, suffix)))
 
 
 def read_record(conn: psycopg.Connection, target: PublishTarget, suffix: str = "") -> PublishRecord | None:
@@ -77,11 +160,21 @@ def _has_pgvector(conn: psycopg.Connection) -> bool:
 
 
 def _ensure_log(conn: psycopg.Connection, target: PublishTarget) -> None:
+    """Create ``<table>__publish_log`` (marked) if missing.
+
+    Raises:
+        ForeignTableError: it exists without publish's mark.
+    """
+    if table_exists(conn, target, SUFFIX_PUBLISH_LOG):
+        _require_marked(conn, target, SUFFIX_PUBLISH_LOG)
+        return
     cols = sql.SQL(", ").join(
         sql.SQL("{} {}").format(sql.SQL(quote_ident(n)), sql.SQL("TEXT" if t == "VARCHAR" else t))
         for n, t in LOG_COLUMNS
     )
-    conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(_ident(target, SUFFIX_PUBLISH_LOG), cols))
+    with conn.transaction():
+        conn.execute(sql.SQL("CREATE TABLE {} ({})").format(_ident(target, SUFFIX_PUBLISH_LOG), cols))
+        _mark(conn, target, SUFFIX_PUBLISH_LOG)
 
 
 def _insert_log(conn: psycopg.Connection, target: PublishTarget, record: PublishRecord, action: str) -> None:
@@ -125,8 +218,8 @@ def _put(q: queue.Queue, item: pa.RecordBatch | None, threads: list[threading.Th
                 return False
 
 
-def _parallel_copy(dsn: str, table: sql.Composable, reader: pa.RecordBatchReader, columns: list[PgColumn],
-                   workers: int) -> int:
+def _parallel_copy(target: PublishTarget, table: sql.Composable, reader: pa.RecordBatchReader,
+                   columns: list[PgColumn], workers: int) -> int:
     """COPY the batches of ``reader`` into the committed, empty ``table`` over ``workers`` connections.
 
     Batches are handed out through a bounded queue (at most ``2 * workers`` batches in flight, about
@@ -138,7 +231,8 @@ def _parallel_copy(dsn: str, table: sql.Composable, reader: pa.RecordBatchReader
         Rows copied.
 
     Raises:
-        The first worker error (after every worker has stopped).
+        The first worker error (after every worker has stopped); a failed connect as
+        :class:`PublishConnectionError` (no DSN in it).
     """
     q: queue.Queue = queue.Queue(maxsize=2 * workers)
     counts = [0] * workers
@@ -146,7 +240,7 @@ def _parallel_copy(dsn: str, table: sql.Composable, reader: pa.RecordBatchReader
 
     def work(i: int) -> None:
         try:
-            with psycopg.connect(dsn) as conn:
+            with connect_dsn(target.dsn or "", target.describe()) as conn:
                 conn.execute("SET client_encoding TO 'UTF8'")
                 counts[i] = _copy_batches(conn, table, _drain(q), columns)
                 conn.commit()
@@ -170,15 +264,22 @@ def _parallel_copy(dsn: str, table: sql.Composable, reader: pa.RecordBatchReader
     return sum(counts)
 
 
-def _create_table(conn: psycopg.Connection, table: sql.Composable, columns: list[PgColumn],
+def _create_table(conn: psycopg.Connection, target: PublishTarget, suffix: str, columns: list[PgColumn],
                   not_null: set[str]) -> None:
+    """(Re)create ``<table><suffix>`` marked as publish's, in one transaction (a savepoint inside one).
+
+    Raises:
+        ForeignTableError: a table of that name exists without publish's mark (nothing changed).
+    """
     defs = sql.SQL(", ").join(
         sql.SQL("{} {}{}").format(sql.Identifier(c.name), sql.SQL(c.pg_type),
                                   sql.SQL(" NOT NULL" if c.name in not_null else ""))
         for c in columns
     )
-    conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
-    conn.execute(sql.SQL("CREATE TABLE {} ({})").format(table, defs))
+    with conn.transaction():
+        _drop(conn, target, suffix)
+        conn.execute(sql.SQL("CREATE TABLE {} ({})").format(_ident(target, suffix), defs))
+        _mark(conn, target, suffix)
 
 
 def _add_primary_key(conn: psycopg.Connection, table: sql.Composable, key: list[str]) -> None:
@@ -199,8 +300,8 @@ def _load_staging(conn: psycopg.Connection, scratch: duckdb.DuckDBPyConnection, 
     params = {"parts": cov.part_files} if cov.part_files else None
     results = scratch.sql(cov.results_sql(), params=params).to_arrow_reader(BATCH_ROWS)
     columns = pg_columns(results.schema, use_vector=use_vector)
-    _create_table(conn, staging, columns, set())  # autocommit: visible to the copy connections
-    loaded = _parallel_copy(target.dsn or "", staging, results, columns, COPY_WORKERS)
+    _create_table(conn, target, SUFFIX_STAGING, columns, set())  # committed: visible to the copy connections
+    loaded = _parallel_copy(target, staging, results, columns, COPY_WORKERS)
     if loaded != cov.rows_published:
         raise PublishError(f"{target.qualified(SUFFIX_STAGING)}: copied {loaded} rows, coverage "
                            f"counted {cov.rows_published}")
@@ -208,7 +309,8 @@ def _load_staging(conn: psycopg.Connection, scratch: duckdb.DuckDBPyConnection, 
     comment = sql.Literal(record.to_comment())
     with conn.transaction():
         dl_columns = pg_columns(dead.schema, use_vector=False)
-        _create_table(conn, staging_dl, dl_columns, {"reason", "detail", "source_uri", "source_row", "fingerprint"})
+        _create_table(conn, target, STAGING_DL, dl_columns,
+                      {"reason", "detail", "source_uri", "source_row", "fingerprint"})
         _copy_batches(conn, staging_dl, iter(dead), dl_columns)
         _add_primary_key(conn, staging, ["id"])
         _add_primary_key(conn, staging_dl, ["source_uri", "source_row"])
@@ -219,18 +321,29 @@ def _load_staging(conn: psycopg.Connection, scratch: duckdb.DuckDBPyConnection, 
 
 
 def _rename(conn: psycopg.Connection, target: PublishTarget, old: str, new: str) -> None:
-    conn.execute(sql.SQL("ALTER TABLE IF EXISTS {} RENAME TO {}").format(
+    """Rename ``<table><old>`` to ``<table><new>`` if it exists (the OID, so the mark, goes with it).
+
+    Raises:
+        ForeignTableError: ``<table><old>`` exists without publish's mark (nothing renamed).
+    """
+    if not table_exists(conn, target, old):
+        return
+    _require_marked(conn, target, old)
+    conn.execute(sql.SQL("ALTER TABLE {} RENAME TO {}").format(
         _ident(target, old), sql.SQL(quote_ident(target.name(new)))))
 
 
 def _swap(conn: psycopg.Connection, target: PublishTarget, record: PublishRecord) -> None:
-    """One transaction: live -> previous (older previous dropped), staging -> live, for both tables."""
+    """One transaction: live -> previous (older previous dropped), staging -> live, for both tables;
+    every table checked for publish's mark first (:class:`ForeignTableError`, nothing changed)."""
     with conn.transaction():
         conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
         for base in ("", SUFFIX_DEAD_LETTERS):
             if not table_exists(conn, target, base + SUFFIX_STAGING):
-                raise PublishError(f"{target.qualified(base + SUFFIX_STAGING)} vanished before the swap")
-            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(_ident(target, base + SUFFIX_PREVIOUS)))
+                raise PublishError(f"{target.display_name(base + SUFFIX_STAGING)} vanished before the swap")
+            for suffix in (base + SUFFIX_STAGING, base, base + SUFFIX_PREVIOUS):
+                _require_marked(conn, target, suffix)
+            _drop(conn, target, base + SUFFIX_PREVIOUS)
             _rename(conn, target, base, base + SUFFIX_PREVIOUS)
             _rename(conn, target, base + SUFFIX_STAGING, base)
         _insert_log(conn, target, record, "publish")
@@ -242,10 +355,13 @@ class PostgresBackend(SqlTableBackend):
     session advisory lock per target for the whole publish / rollback."""
 
     dialect = SqlDialect(table_exists=table_exists, read_record=read_record, ensure_log=_ensure_log,
-                         insert_log=_insert_log)
+                         insert_log=_insert_log, is_marked=is_marked)
 
     def open(self) -> psycopg.Connection:
-        return _connect(self.target)
+        return _connect(self.target, self.inspect_only)
+
+    def prepare(self) -> None:
+        _prepare(self.connection(), self.target)
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
@@ -258,7 +374,7 @@ class PostgresBackend(SqlTableBackend):
         _rename(self.connection(), self.target, old, new)
 
     def drop(self, suffix: str) -> None:
-        self.connection().execute(sql.SQL("DROP TABLE IF EXISTS {}").format(_ident(self.target, suffix)))
+        _drop(self.connection(), self.target, suffix)
 
     def coverage_db(self, work: Path) -> AbstractContextManager[duckdb.DuckDBPyConnection]:
         return duckdb_backend.scratch_db(work)

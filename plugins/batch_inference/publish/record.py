@@ -82,7 +82,8 @@ class PublishRecord:
 
     @classmethod
     def from_comment(cls, comment: str | None) -> PublishRecord | None:
-        """Parse a table comment; ``None`` when the table was not written by publish."""
+        """Parse a table comment; ``None`` when the table was not written by publish (not JSON, another
+        ``kind``, or a required field missing)."""
         if not comment:
             return None
         try:
@@ -91,7 +92,10 @@ class PublishRecord:
             return None
         if not isinstance(data, dict) or data.get("kind") != RECORD_KIND:
             return None
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+        try:
+            return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+        except TypeError:
+            return None
 
     def log_row(self, action: str) -> tuple[Any, ...]:
         """A row for ``<table>__publish_log`` in :data:`LOG_COLUMNS` order."""

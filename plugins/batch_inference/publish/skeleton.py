@@ -6,7 +6,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from batch_inference.publish.backend import PublishBackend
+from batch_inference.publish.backend import PublishBackend, check_owned
 from batch_inference.publish.coverage import Coverage, check_coverage
 from batch_inference.publish.errors import PublishError
 from batch_inference.publish.files import localize
@@ -25,7 +25,7 @@ def run_publish(
     after_staging: Callable[[], None] | None = None,
     stages: dict[str, float] | None = None,
 ) -> tuple[PublishRecord, bool]:
-    """No-op check, coverage, staging, ``after_staging``, swap + log, in that order.
+    """Ownership check, no-op check, coverage, staging, ``after_staging``, swap + log, in that order.
 
     Args:
         backend: a not yet entered backend for the target.
@@ -39,9 +39,12 @@ def run_publish(
         ``(record, noop)``: the live record; ``noop`` when the run was already live.
 
     Raises:
+        ForeignTableError: a table of the target exists that publish did not create (checked before
+            anything is written; the backends check again before each drop and rename).
         PublishError / CoverageError: see :func:`~batch_inference.publish.api.publish_run`.
     """
     with backend as b:
+        check_owned(b)
         live = b.read_record()
         if live and live.matches(inv.run_id, inv.fingerprint, inv.files_digest):
             return live, True
@@ -69,9 +72,11 @@ def run_rollback(backend: PublishBackend) -> tuple[PublishRecord | None, Publish
         ``(restored, replaced)`` records (``None`` for data publish did not write).
 
     Raises:
+        ForeignTableError: a table of the target exists that publish did not create (nothing changed).
         PublishError: there is nothing to roll back to.
     """
     with backend as b:
+        check_owned(b)
         if not b.has_previous():
             raise PublishError(f"{b.target.describe()}: no {b.target.name(SUFFIX_PREVIOUS)} to roll back to")
         restored, replaced = b.read_record(previous=True), b.read_record()

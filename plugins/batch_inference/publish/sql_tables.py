@@ -2,7 +2,10 @@
 rollback, the live record read from the table comment, and a rollback that exchanges ``<table>`` and
 ``<table>__previous`` (and their dead-letter tables) through the staging name in one transaction.
 A subclass supplies the dialect: its table functions (:class:`SqlDialect`) and the small methods marked
-abstract (connect, transaction, rename, drop).
+abstract (connect, transaction, rename, drop). Every table of the target's family
+(:data:`~batch_inference.publish.target.TABLE_FAMILY`) must carry publish's mark (the backend's
+``is_marked``) before it is renamed or dropped; :meth:`SqlTableBackend.foreign_suffixes` lists those
+that do not.
 """
 
 from __future__ import annotations
@@ -13,20 +16,29 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from batch_inference.publish.errors import ForeignTableError
 from batch_inference.publish.record import PublishRecord
-from batch_inference.publish.target import SUFFIX_DEAD_LETTERS, SUFFIX_PREVIOUS, SUFFIX_STAGING, PublishTarget
+from batch_inference.publish.target import (
+    SUFFIX_DEAD_LETTERS,
+    SUFFIX_PREVIOUS,
+    SUFFIX_STAGING,
+    TABLE_FAMILY,
+    PublishTarget,
+)
 
 
 @dataclass(frozen=True)
 class SqlDialect:
     """A backend's table functions, each taking ``(connection, target, ...)``: ``table_exists(con,
     target, suffix)``, ``read_record(con, target, suffix)``, ``ensure_log(con, target)``,
-    ``insert_log(con, target, record, action)``."""
+    ``insert_log(con, target, record, action)``, ``is_marked(con, target, suffix)`` (the table exists
+    and publish created it)."""
 
     table_exists: Callable[..., bool]
     read_record: Callable[..., PublishRecord | None]
     ensure_log: Callable[..., None]
     insert_log: Callable[..., None]
+    is_marked: Callable[..., bool]
 
 
 class SqlTableBackend(ABC):
@@ -34,19 +46,26 @@ class SqlTableBackend(ABC):
 
     Args:
         target: where to publish.
+        inspect_only: connect for reading only: create no schema, registry or database file, take no
+            lock (:func:`~batch_inference.publish.api.check_target`, ``read_published``).
     """
 
     dialect: ClassVar[SqlDialect]
     """The backend's table functions."""
 
-    def __init__(self, target: PublishTarget) -> None:
+    def __init__(self, target: PublishTarget, inspect_only: bool = False) -> None:
         self.target = target
+        self.inspect_only = inspect_only
         self.con: Any = None
 
     # -- the dialect --------------------------------------------------------------------------------
     @abstractmethod
     def open(self) -> Any:
-        """Connect to the target (and create its schema if missing); returns the connection."""
+        """Connect to the target (writing nothing); returns the connection."""
+
+    @abstractmethod
+    def prepare(self) -> None:
+        """Create the schema and the registry of marked tables if missing (not for ``inspect_only``)."""
 
     @abstractmethod
     def transaction(self) -> AbstractContextManager[Any]:
@@ -60,8 +79,19 @@ class SqlTableBackend(ABC):
         """The publish record in the comment of ``<table><suffix>`` (``None``: absent or not ours)."""
         return self.dialect.read_record(self.connection(), self.target, suffix)
 
+    def foreign_suffixes(self) -> list[str]:
+        """Suffixes (``""``: the live table) of the tables of the target's family that exist without
+        publish's mark, in :data:`~batch_inference.publish.target.TABLE_FAMILY` order."""
+        con = self.connection()
+        return [s for s in TABLE_FAMILY
+                if self.dialect.table_exists(con, self.target, s) and not self.dialect.is_marked(con, self.target, s)]
+
     def ensure_log(self) -> None:
-        """Create ``<table>__publish_log`` if missing (outside any transaction)."""
+        """Create ``<table>__publish_log`` if missing (outside any transaction).
+
+        Raises:
+            ForeignTableError: it exists without publish's mark.
+        """
         self.dialect.ensure_log(self.connection(), self.target)
 
     def insert_log(self, record: PublishRecord, action: str) -> None:
@@ -70,15 +100,39 @@ class SqlTableBackend(ABC):
 
     @abstractmethod
     def rename(self, old: str, new: str) -> None:
-        """Rename ``<table><old>`` to ``<table><new>`` if it exists."""
+        """Rename ``<table><old>`` to ``<table><new>`` if it exists (its mark follows).
+
+        Raises:
+            ForeignTableError: ``<table><old>`` exists without publish's mark (nothing renamed).
+        """
 
     @abstractmethod
     def drop(self, suffix: str) -> None:
-        """Drop ``<table><suffix>`` if it exists."""
+        """Drop ``<table><suffix>`` if it exists (and its mark).
+
+        Raises:
+            ForeignTableError: it exists without publish's mark (nothing dropped).
+        """
 
     # -- shared -------------------------------------------------------------------------------------
     def __enter__(self) -> SqlTableBackend:
+        """Connect; unless ``inspect_only``, refuse a target with a foreign table before writing
+        anything, then :meth:`prepare`.
+
+        Raises:
+            ForeignTableError: a table of the family exists without publish's mark (nothing written).
+            PublishConnectionError: connecting failed (no DSN in the message).
+        """
         self.con = self.open()
+        try:
+            if not self.inspect_only:
+                foreign = self.foreign_suffixes()
+                if foreign:
+                    raise ForeignTableError(self.target.describe(), [self.target.display_name(s) for s in foreign])
+                self.prepare()
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -101,7 +155,11 @@ class SqlTableBackend(ABC):
 
     def restore_previous(self, restored: PublishRecord | None) -> None:
         """One transaction exchanging ``<table>`` and ``<table>__previous`` (and their dead letters, when
-        there are any), through the staging name; the rollback of ``restored`` is logged in it."""
+        there are any), through the staging name; the rollback of ``restored`` is logged in it.
+
+        Raises:
+            ForeignTableError: a table it would drop or rename lacks publish's mark (nothing changed).
+        """
         self.ensure_log()
         with self.transaction():
             for base in ("", SUFFIX_DEAD_LETTERS):

@@ -8,7 +8,7 @@ previous, dead letters, publish log) is built here so both backends agree on it.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 BACKEND_CLASSES: dict[str, str] = {
     "duckdb": "batch_inference.publish.duckdb_backend:DuckDBBackend",
@@ -43,6 +43,22 @@ SUFFIX_PREVIOUS = "__previous"
 SUFFIX_DEAD_LETTERS = "__dead_letters"
 SUFFIX_PUBLISH_LOG = "__publish_log"
 RESERVED_SUFFIXES = (SUFFIX_STAGING, SUFFIX_PREVIOUS, SUFFIX_DEAD_LETTERS, SUFFIX_PUBLISH_LOG)
+TABLE_FAMILY = ("", SUFFIX_PREVIOUS, SUFFIX_STAGING, SUFFIX_DEAD_LETTERS, SUFFIX_DEAD_LETTERS + SUFFIX_PREVIOUS,
+                SUFFIX_DEAD_LETTERS + SUFFIX_STAGING, SUFFIX_PUBLISH_LOG)
+"""Suffixes of every table a SQL publish of ``<table>`` creates, swaps, renames or drops (``""``: the live
+table). Each must carry publish's mark before publish touches it."""
+
+DEFAULT_SCHEMA = "batch_inference"
+"""Schema (PostgreSQL, DuckDB) / namespace (Iceberg) publish works in unless the target names another:
+a schema of its own, so a table name from a trigger form never lands beside an application's tables."""
+
+REGISTRY_TABLE = "batch_inference_publish_registry_of_owned_tables"
+"""The table, in the target's schema, in which publish marks the tables it created (PostgreSQL: by
+table OID; DuckDB: by name, kept in step with every rename). 48 characters: longer than any table name
+(:data:`MAX_TABLE_LEN`) and ending in no reserved suffix, so no target's table can be named like it."""
+
+DSN_SCHEMES = ("postgres", "postgresql")
+"""URI schemes a PostgreSQL ``dsn`` may have (a ``dsn`` without ``://`` is a libpq keyword string)."""
 
 
 DUCKDB_ALIAS = "batch_inference_publish"
@@ -95,25 +111,29 @@ class PublishTarget:
         table: table name, ``[a-z_][a-z0-9_]*``, at most 39 characters. Derived tables:
             ``<table>__previous``, ``<table>__dead_letters`` (+ ``__previous``), ``<table>__publish_log``,
             and transient ``<table>__staging`` / ``<table>__dead_letters__staging``.
-        schema: optional schema (``main`` in DuckDB, ``public`` in PostgreSQL when ``None``); created if
-            missing.
+        schema: schema (PostgreSQL, DuckDB) or namespace (Iceberg) of every table publish writes, same
+            rule as ``table`` (at most 63 characters); default (also when ``None`` is passed)
+            :data:`DEFAULT_SCHEMA`; created if missing. Publish refuses to replace, rename or drop a
+            table there that it did not create (:class:`~batch_inference.publish.errors.ForeignTableError`).
         duckdb_path: DuckDB database file (required for ``duckdb``; created if missing).
-        dsn: libpq connection string or URI (required for ``postgres``). The Airflow side resolves an
-            Airflow connection id to this (``BaseHook.get_connection(conn_id).get_uri()``). For
-            ``iceberg``: optional ``postgresql://`` URI of the catalog database (default: a SQLite
-            ``catalog.db`` beside the warehouse directory).
+        dsn: libpq connection string or ``postgres://`` / ``postgresql://`` URI (required for
+            ``postgres``); a secret: left out of ``repr`` and of every message publish raises.
+            :func:`batch_inference.publish.connections.airflow_postgres_dsn` gives it for an Airflow
+            connection id after checking the connection's type. For ``iceberg``: optional
+            ``postgresql://`` URI of the catalog database (default: a SQLite ``catalog.db`` beside the
+            warehouse directory).
         iceberg_warehouse: warehouse directory (local path, ``file://`` or ``gs://``) of the Iceberg
             data and metadata files (required for ``iceberg``; a ``gs://`` one needs ``dsn``).
 
     Raises:
-        ValueError: at construction, naming the bad field.
+        ValueError: at construction, naming the bad field (a message about ``dsn`` never quotes it).
     """
 
     backend: str = "duckdb"
     table: str = ""
-    schema: str | None = None
+    schema: str = DEFAULT_SCHEMA
     duckdb_path: str | None = None
-    dsn: str | None = None
+    dsn: str | None = field(default=None, repr=False)
     iceberg_warehouse: str | None = None
 
     def __post_init__(self) -> None:
@@ -122,8 +142,9 @@ class PublishTarget:
         validate_identifier(self.table, "table", MAX_TABLE_LEN)
         if self.table.endswith(RESERVED_SUFFIXES):
             raise ValueError(f"table: {self.table!r} ends with a reserved suffix {RESERVED_SUFFIXES}")
-        if self.schema is not None:
-            validate_identifier(self.schema, "schema", MAX_SCHEMA_LEN)
+        if self.schema is None:
+            object.__setattr__(self, "schema", DEFAULT_SCHEMA)
+        validate_identifier(self.schema, "schema", MAX_SCHEMA_LEN)
         if self.backend == "duckdb" and not self.duckdb_path:
             raise ValueError("duckdb_path: required when backend is 'duckdb'")
         if self.backend == "duckdb" and self.schema in DUCKDB_RESERVED_SCHEMAS:
@@ -131,6 +152,8 @@ class PublishTarget:
                              f"ambiguous; not one of {', '.join(DUCKDB_RESERVED_SCHEMAS)}")
         if self.backend == "postgres" and not self.dsn:
             raise ValueError("dsn: required when backend is 'postgres'")
+        if self.dsn is not None:
+            _check_dsn_scheme(self.dsn, DSN_SCHEMES + (("postgresql+psycopg",) if self.backend == "iceberg" else ()))
         if self.backend == "iceberg" and not self.iceberg_warehouse:
             raise ValueError("iceberg_warehouse: required when backend is 'iceberg'")
 
@@ -139,11 +162,32 @@ class PublishTarget:
         return f"{self.table}{suffix}"
 
     def qualified(self, suffix: str = "") -> str:
-        """Quoted, schema-qualified name of ``<table><suffix>``, ready for SQL text."""
-        rel = quote_ident(self.name(suffix))
-        return f"{quote_ident(self.schema)}.{rel}" if self.schema else rel
+        """Quoted, schema-qualified name of ``<table><suffix>``, ready for SQL text
+        (``"batch_inference"."emb__previous"``)."""
+        return f"{quote_ident(self.schema)}.{quote_ident(self.name(suffix))}"
+
+    def display_name(self, suffix: str = "") -> str:
+        """Unquoted ``schema.table<suffix>`` for messages."""
+        return f"{self.schema}.{self.name(suffix)}"
 
     def describe(self) -> str:
         """Human-readable ``backend:schema.table`` (no credentials)."""
-        where = f"{self.schema}.{self.table}" if self.schema else self.table
-        return f"{self.backend}:{where}"
+        return f"{self.backend}:{self.display_name()}"
+
+
+_URI_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]{0,31})://")
+
+
+def _check_dsn_scheme(dsn: str, allowed: tuple[str, ...]) -> None:
+    """Refuse a ``dsn`` URI whose scheme is not in ``allowed`` (psycopg would echo the whole of an
+    ``http://user:secret@...`` string in its error). A ``dsn`` not starting with ``scheme://`` is a libpq
+    keyword string and passes. The message names the scheme only.
+
+    Raises:
+        ValueError: ``dsn`` is not a string, or is a URI with a scheme outside ``allowed``.
+    """
+    if not isinstance(dsn, str):
+        raise ValueError(f"dsn: expected a string, got {type(dsn).__name__}")
+    match = _URI_SCHEME.match(dsn)
+    if match and match.group(1).lower() not in allowed:
+        raise ValueError(f"dsn: URI scheme {match.group(1)!r} is not a PostgreSQL one ({', '.join(allowed)})")
