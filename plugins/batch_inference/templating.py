@@ -4,12 +4,15 @@ A value typed into the trigger form or a run's ``conf`` is data, never a templat
 Airflow's task context would hand a form user ``conn``, ``var``, ``ti`` and the rest of the deployment
 (``{{ conn.<id>.password[::-1] }}`` renders a secret, reversed past log masking). So:
 
-* Only a DAG author's own default may hold Jinja (``data/nightly/dt={{ ds }}``). It is rendered when the
-  run's value is exactly that default, in Jinja's immutable sandbox with :data:`SCHEDULE_KEYS` (the
+* Only a DAG author's own default of a string Param may hold Jinja (``data/nightly/dt={{ ds }}``). It
+  is rendered when the run's value is exactly that default, in Jinja's immutable sandbox with :data:`SCHEDULE_KEYS` (the
   schedule's dates) as the whole context and :class:`~jinja2.StrictUndefined`, so a name outside them
   is an error, not an empty string.
-* A run's value that differs from the default and contains Jinja syntax (``{{``, ``{%``, ``{#``) is a
-  :class:`ConfigError`: never rendered, never used as a literal path that merely looks like a template.
+* A run's value of any string Param that differs from the default and contains Jinja syntax (``{{``,
+  ``{%``, ``{#``) is a :class:`ConfigError`: never rendered, never used as a literal that merely looks
+  like a template (a later templated field could render it). Values inside ``engine_options`` are the
+  engine's own (an LLM ``user_template`` is a prompt template, rendered per row by the worker's bounded
+  sandbox with the row's fields only), not Params.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 from batch_contract.engine_config import ConfigError
 
 TEMPLATED_FIELDS = ("input_uri", "output_root", "duckdb_path", "output_table")
-"""The Params whose DAG default may be a template."""
+"""The Params the shipped DAGs template (the nightly input); any string Param's DAG default may be one."""
 SCHEDULE_KEYS = ("ds", "ds_nodash", "ts", "ts_nodash", "logical_date", "data_interval_start",
                  "data_interval_end")
 """The whole context a DAG default's template sees: the run's schedule dates (Airflow's names)."""
@@ -65,8 +68,8 @@ def render_default(name: str, template: str, dates: Mapping[str, Any]) -> str:
 
 def resolve_templates(params: Mapping[str, Any], defaults: Mapping[str, Any],
                       context: Mapping[str, Any]) -> dict[str, Any]:
-    """``params`` with each :data:`TEMPLATED_FIELDS` value that equals the DAG's default template
-    rendered (:func:`render_default`); every other value unchanged.
+    """``params`` with each top-level string value that equals the DAG's default template rendered
+    (:func:`render_default`); every other value unchanged.
 
     Args:
         params: the run's values (the form's or ``conf``'s over the DAG's defaults).
@@ -79,8 +82,7 @@ def resolve_templates(params: Mapping[str, Any], defaults: Mapping[str, Any],
     """
     out = dict(params)
     dates = schedule_context(context)
-    for name in TEMPLATED_FIELDS:
-        value = out.get(name)
+    for name, value in params.items():
         if not has_jinja(value):
             continue
         if value != defaults.get(name):
@@ -92,14 +94,11 @@ def resolve_templates(params: Mapping[str, Any], defaults: Mapping[str, Any],
 
 
 def dag_defaults(dag: Any) -> dict[str, Any]:
-    """The DAG author's default of each :data:`TEMPLATED_FIELDS` Param of ``dag`` (an Airflow DAG; a
-    Param without a default is left out)."""
+    """The DAG author's string defaults of ``dag``'s Params, by name (an Airflow DAG; Params without a
+    default or of another type are left out)."""
     out: dict[str, Any] = {}
-    for name in TEMPLATED_FIELDS:
-        try:
-            param = dag.params.get_param(name)
-        except KeyError:
-            continue
-        if param.has_value:
+    for name in dag.params:
+        param = dag.params.get_param(name)
+        if param.has_value and isinstance(param.value, str):
             out[name] = param.value
     return out

@@ -69,6 +69,7 @@ def _cases(out: Path) -> list[tuple[str, dict, str]]:
         ("template_variable_in_output_root", {"output_root": f"{out}/{{{{ var.value.planted_var }}}}"}, "output_root: a value given to a run"),
         ("template_xcom_in_duckdb_path", {"duckdb_path": f"{out}/{{{{ ti.xcom_pull(task_ids='plan') }}}}.duckdb"}, "duckdb_path: a value given to a run"),
         ("template_statement_in_table", {"output_table": f"t{{% set p = {pw} %}}{{{{ p|lower }}}}"}, "output_table: a value given to a run"),
+        ("template_in_a_column_name", {"text_column": f"{{{{ {pw} }}}}"}, "text_column: a value given to a run"),
         ("template_comment_smuggling", {"input_uri": f"{out}/{{# {pw} #}}x"}, "input_uri: a value given to a run"),
         ("postgres_conn_not_allowed", {"publish_backend": "postgres", "postgres_conn_id": "planted_pg"}, "postgres_conn_id: 'planted_pg' is not a connection this DAG may"),
         ("iceberg_conn_not_allowed", {"publish_backend": "iceberg", "iceberg_catalog_conn_id": "planted_pg"}, "iceberg_catalog_conn_id: 'planted_pg' is not a connection"),
