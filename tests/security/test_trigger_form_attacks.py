@@ -131,7 +131,7 @@ def attacked(tmp_path_factory: pytest.TempPathFactory, planted) -> dict:
         "defaults": {"input_roots": [str(tmp), str(REPO_ROOT / "data"), OTHER_ROOT],
                      "output_roots": [str(tmp), OTHER_ROOT], "postgres_conn_ids": ["batch_inference_postgres", OTHER_CONN],
                      "iceberg_catalog_conn_ids": [OTHER_CONN], "max_token_budget": 4096, "max_max_tokens": 256,
-                     "max_budget_usd": 50.0, "max_deadline_hours": 48.0, "max_parallelism": 4},
+                     "max_budget_usd": 50.0, "max_deadline_hours": 48.0, "max_parallelism": 8},
         "dags": {"batch_inference_nightly": {"output_roots": [OTHER_ROOT + "-nightly"]}},
     }))
     spec = tmp / "attacks.json"
