@@ -504,7 +504,7 @@ class RunConfig:
 
     def engine_dict(self) -> dict[str, Any]:
         """Engine config dict for the manifest: kind + model_path + the extra options."""
-        engine = {"kind": self.engine, **self.engine_options}
+        engine = {**self.engine_options, "kind": self.engine}  # the engine Param wins over any option
         if self.model:
             engine["model_path"] = self.model
         return engine
@@ -522,6 +522,10 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         """All fields as a plain dict (recorded in the manifest's ``params``)."""
         return asdict(self)
+
+
+ENGINE_PARAM_KEYS = {"kind": "engine", "model_path": "model"}
+"""Engine config keys that have Params of their own: ``engine_options`` may not set them."""
 
 
 def _require(cond: bool, name: str, message: str) -> None:
@@ -611,8 +615,9 @@ def check_allowed_location(name: str, uri: str, roots: Iterable[str] | None = No
     with ``.``/``..`` segments collapsed (whichever way the storage reads them, the object stays under
     the root).
 
-    The message names ``uri`` and ``setting`` (which deployment setting bounds it), never the roots
-    themselves: a trigger-form user learns nothing about the storage other DAGs may use.
+    The message names ``uri`` as given and ``setting`` (which deployment setting bounds it), never the
+    roots nor where ``uri`` resolves to (a symlink's or ``/proc/self/fd/N``'s target): a trigger-form
+    user learns nothing about the storage other DAGs may use or the worker's file system.
 
     Raises:
         ConfigError: ``params.<name>: ... is outside <setting> ...``, or ``uri`` has a scheme no
@@ -622,13 +627,13 @@ def check_allowed_location(name: str, uri: str, roots: Iterable[str] | None = No
 
     roots = allowed_roots() if roots is None else list(roots)
     try:
-        location = storage.normalize(uri)
         if any(storage.is_under(uri, root) for root in roots):
             return
     except storage.StorageError as exc:
         raise ConfigError(f"params.{name}: {exc}") from None
-    shown = f"{uri!r}" if location == uri else f"{uri!r} (resolved {location!r})"
-    raise ConfigError(f"params.{name}: {shown} is outside {setting}; a deployment setting "
+    except OSError as exc:  # resolving the path itself failed (/proc/<pid>/cwd of another user, ...)
+        raise ConfigError(f"params.{name}: {uri!r} cannot be resolved ({type(exc).__name__})") from None
+    raise ConfigError(f"params.{name}: {uri!r} is outside {setting}; a deployment setting "
                       f"({POLICY_SETTING_HINT}) allows more")
 
 
@@ -690,6 +695,9 @@ def resolve_run_config(params: Mapping[str, Any], policy: DagPolicy | None = Non
             raise ConfigError(f"params.{name}: {problem}")
         values[name] = value
     cfg = RunConfig(**values)
+    for key in ENGINE_PARAM_KEYS:  # set by their own Params (and bounded there), never through the options
+        _require(key not in cfg.engine_options, "engine_options",
+                 f"may not set {key!r}: use the {ENGINE_PARAM_KEYS[key]!r} Param")
     try:  # the publish step's own rule (reserved suffixes too), so a run never fails at publish on its name
         PublishTarget(backend="duckdb", table=cfg.output_table, duckdb_path="(name check only)")
     except ValueError as exc:

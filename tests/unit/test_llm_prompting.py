@@ -44,7 +44,7 @@ def tokenizer():
         ("{{ self._TemplateReference__context }}",
          r"^SecurityError: access to attribute '_TemplateReference__context' of 'TemplateReference' object"),
         ("{{ range(10) | list }}", r"^SecurityError: <function safe_range at 0x[0-9a-f]+> is not safely callable"),
-        ("{{ 'a' * 1000000 }}", r"^SecurityError: repetition builds more than 100000 items"),
+        ("{{ 'a' * 1000000 }}", r"^SecurityError: repetition builds more than 100000 characters"),
         ("{{ 9 ** 999999 }}", r"^SecurityError: exponent 999999 is above the template limit 64"),
         ("{{ missing_field }}", r"^UndefinedError: 'missing_field' is undefined"),
     ],

@@ -103,3 +103,23 @@ def test_an_input_inside_what_runs_write_is_refused(tmp_path: Path, area: str) -
     params = _params(tmp_path, input_uri=str(tmp_path / "out" / area / "d" / "r" / "x.parquet"))
     with pytest.raises(ConfigError, match=r"^params\.input_uri: lies in the runs/ or cache/"):
         resolve_run_config(params, policy)
+
+
+@pytest.mark.parametrize("key", ["kind", "model_path"])
+def test_engine_options_cannot_override_the_engine_or_model_params(tmp_path: Path, key: str) -> None:
+    policy = DagPolicy(input_roots=(str(tmp_path),), output_roots=(str(tmp_path),))
+    with pytest.raises(ConfigError, match=rf"^params\.engine_options: may not set '{key}'"):
+        resolve_run_config(_params(tmp_path, engine_options={key: "llm" if key == "kind" else "/etc"}), policy)
+
+
+def test_a_refusal_never_shows_where_a_path_resolves(tmp_path: Path) -> None:
+    secret = tmp_path / "elsewhere" / "team_b_secret_file"
+    secret.parent.mkdir()
+    secret.write_text("x")
+    root = tmp_path / "mine"
+    root.mkdir()
+    (root / "link").symlink_to(secret)
+    policy = DagPolicy(input_roots=(str(root),), output_roots=(str(tmp_path),))
+    with pytest.raises(ConfigError, match=r"^params\.input_uri: .* is outside the input roots") as err:
+        resolve_run_config(_params(tmp_path, input_uri=str(root / "link")), policy)
+    assert "team_b_secret_file" not in str(err.value) and "elsewhere" not in str(err.value)

@@ -139,22 +139,24 @@ def test_read_published_ignores_a_live_table_publish_did_not_create(tmp_path: Pa
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(table=st.from_regex(r"[a-z_][a-z0-9_]{0,20}", fullmatch=True), suffix=st.sampled_from(TABLE_FAMILY),
-       schema=st.sampled_from([DEFAULT_SCHEMA, "main", "analytics"]))
+       schema=st.sampled_from([DEFAULT_SCHEMA, "main", "analytics"]),
+       case=st.sampled_from([str.lower, str.upper, str.title]))
 def test_any_foreign_table_of_the_family_is_refused_before_any_write(
-    tmp_path_factory: pytest.TempPathFactory, table: str, suffix: str, schema: str
+    tmp_path_factory: pytest.TempPathFactory, table: str, suffix: str, schema: str, case
 ) -> None:
+    """Whatever its letter case: DuckDB resolves names case-insensitively, so ``"EMB"`` is ``emb``."""
     if table.endswith(("__staging", "__previous", "__dead_letters", "__publish_log")):
         return
     db = tmp_path_factory.mktemp("fam") / "w.duckdb"
     with duckdb.connect(str(db)) as con:
         con.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
-        con.execute(f'CREATE TABLE "{schema}"."{table}{suffix}" (x INTEGER)')
+        con.execute(f'CREATE TABLE "{schema}"."{case(table + suffix)}" (x INTEGER)')
     digest = hashlib.sha256(db.read_bytes()).hexdigest()
     target = PublishTarget(backend="duckdb", table=table, schema=schema, duckdb_path=str(db))
     for call in (check_target, rollback):
         with pytest.raises(ForeignTableError) as err:
             call(target)
-        assert err.value.tables == [f"{schema}.{table}{suffix}"]
+        assert [t.lower() for t in err.value.tables] == [f"{schema}.{table}{suffix}"]
     assert hashlib.sha256(db.read_bytes()).hexdigest() == digest
 
 

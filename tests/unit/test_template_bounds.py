@@ -82,7 +82,10 @@ def _render(template: str, cap: int = CAP, text: str = TEXT) -> tuple[str | None
          "{{ e + e }}", r"^SecurityError: concatenation \(\+\) would build"),
         ("{% set a = text|list %}{% set b = a + a %}{% set c = b + b %}{% set d = c + c %}{% set e = d + d %}"
          "{{ e + e + e }}", r"^SecurityError: concatenation \(\+\) would build"),
-        ("{{ text * 10000 }}", r"^SecurityError: repetition builds more than 100000 items"),
+        ("{{ text * 10000 }}", r"^SecurityError: repetition builds more than 100000 characters"),
+        ("{{ [text] * 100000 }}", r"^SecurityError: repetition builds more than 100000 characters"),
+        ("{{ ([text] * 400)|tojson }}", r"^SecurityError: repetition \(\*\) would build"),
+        ("{{ [[text, text]] * 30 }}", r"^SecurityError: repetition \(\*\) would build"),
         ("{{ text * 30 }}", r"^SecurityError: repetition \(\*\) would build 6000 characters or items, above the "
                             r"row limit 5000"),
         ("{% set x = 10 ** 64 %}{{ x ** 64 }}", rf"^SecurityError: the power would have more than {MAX_INT_BITS} bits"),

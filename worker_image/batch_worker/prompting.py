@@ -64,7 +64,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import pass_environment, pass_eval_context
 
 MAX_REPEAT_CHARS = 100_000
-"""Largest string/list a template may build with ``*`` (items or characters)."""
+"""Largest string a template may build with ``*``, in characters (a list counts its items' text)."""
 MAX_POWER_EXPONENT = 64
 """Largest exponent a template may use with ``**``."""
 MAX_INT_BITS = 4096
@@ -128,6 +128,19 @@ def render_budget(limit: int) -> Iterator[_Budget]:
 def _size(value: Any) -> int:
     """Characters of a string, items of a list/tuple/dict, else 0 (numbers, generators)."""
     return len(value) if isinstance(value, str | list | tuple | dict) else 0
+
+
+def _weight(value: Any, depth: int = 0) -> int:
+    """Characters ``value`` would print as, estimated without building it: a string's length; a list's or
+    tuple's items' weights plus one per item (so ``[text] * n`` weighs ``n * len(text)``, not ``n``);
+    1 for anything else. Nesting past 8 levels counts one per item."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list | tuple):
+        if depth >= 8:
+            return len(value)
+        return sum(_weight(v, depth + 1) + 1 for v in value)
+    return 1
 
 
 def _int(value: Any, what: str) -> int:
@@ -368,7 +381,7 @@ class RowTemplateEnvironment(ImmutableSandboxedEnvironment):
             return operator.pow(left, right)
         if operator_name == "+":
             if isinstance(left, str | list | tuple) and isinstance(right, str | list | tuple):
-                budget.charge(len(left) + len(right), "concatenation (+)")
+                budget.charge(_weight(left) + _weight(right), "concatenation (+)")
             return operator.add(left, right)
         if operator_name == "%":
             if isinstance(left, str):
@@ -379,9 +392,10 @@ class RowTemplateEnvironment(ImmutableSandboxedEnvironment):
             return operator.mod(left, right)
         for seq, count in ((left, right), (right, left)):
             if isinstance(seq, str | list | tuple) and isinstance(count, int):
-                if len(seq) * count > MAX_REPEAT_CHARS:
-                    raise SecurityError(f"repetition builds more than {MAX_REPEAT_CHARS} items")
-                budget.charge(max(len(seq) * count, 0), "repetition (*)")
+                weight = _weight(seq) * count  # a list repeated prints each item's text that often
+                if weight > MAX_REPEAT_CHARS:
+                    raise SecurityError(f"repetition builds more than {MAX_REPEAT_CHARS} characters")
+                budget.charge(max(weight, 0), "repetition (*)")
         if isinstance(left, int) and isinstance(right, int) and left.bit_length() + right.bit_length() > MAX_INT_BITS:
             raise SecurityError(f"the product would have more than {MAX_INT_BITS} bits")
         return operator.mul(left, right)

@@ -116,11 +116,13 @@ def _schema(target: PublishTarget) -> str:
 
 
 def _relation_exists(con: duckdb.DuckDBPyConnection, schema: str, name: str) -> bool:
-    """Whether a table or view ``schema.name`` exists in the attached file (not counting temp tables)."""
+    """Whether a table or view ``schema.name`` exists in the attached file (not counting temp tables),
+    compared case-insensitively as DuckDB's catalog resolves names (``"EMB"`` blocks ``emb``)."""
     row = con.execute(
         "SELECT (SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
-        "AND schema_name = $s AND table_name = $t AND NOT temporary) + (SELECT count(*) FROM duckdb_views() "
-        "WHERE database_name = current_database() AND schema_name = $s AND view_name = $t AND NOT temporary)",
+        "AND lower(schema_name) = lower($s) AND lower(table_name) = lower($t) AND NOT temporary) + "
+        "(SELECT count(*) FROM duckdb_views() WHERE database_name = current_database() "
+        "AND lower(schema_name) = lower($s) AND lower(view_name) = lower($t) AND NOT temporary)",
         {"s": schema, "t": name},
     ).fetchall()
     return bool(row and row[0][0])
@@ -143,7 +145,7 @@ def _ensure_registry(con: duckdb.DuckDBPyConnection, target: PublishTarget) -> N
 def _comment(con: duckdb.DuckDBPyConnection, target: PublishTarget, suffix: str) -> str | None:
     row = con.execute(
         "SELECT comment FROM duckdb_tables() WHERE database_name = current_database() "
-        "AND schema_name = $s AND table_name = $t AND NOT temporary",
+        "AND lower(schema_name) = lower($s) AND lower(table_name) = lower($t) AND NOT temporary",
         {"s": _schema(target), "t": target.name(suffix)},
     ).fetchall()
     return row[0][0] if row else None
