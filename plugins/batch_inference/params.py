@@ -745,7 +745,8 @@ def check_policy(cfg: RunConfig, policy: DagPolicy) -> RunConfig:
     ``policy.max_budget_usd``.
 
     Paths: ``input_uri`` under ``input_roots`` and not in an output root's ``runs/`` or ``cache/``;
-    ``output_root`` and ``duckdb_path`` under ``output_roots``. Connections: ``postgres_conn_id`` (postgres
+    ``output_root`` and ``duckdb_path`` under ``output_roots``; ``model`` (when set) under ``model_roots``.
+    Connections: ``postgres_conn_id`` (postgres
     backend) and ``iceberg_catalog_conn_id`` (iceberg backend) among the allowed ids. Ceilings:
     ``token_budget``, ``engine_options.max_tokens``, ``budget_usd``, ``deadline_hours``, ``parallelism``
     and ``max_gpus``. No message names an allowed value.
@@ -756,6 +757,8 @@ def check_policy(cfg: RunConfig, policy: DagPolicy) -> RunConfig:
     check_allowed_location("input_uri", cfg.input_uri, policy.input_roots, "the input roots of this DAG")
     for name in ("output_root", "duckdb_path"):
         check_allowed_location(name, getattr(cfg, name), policy.output_roots, "the output roots of this DAG")
+    if cfg.model:
+        check_allowed_location("model", cfg.model, policy.model_roots, "the model roots of this DAG")
     _require(not _input_in_outputs(cfg, policy), "input_uri",
              "lies in the runs/ or cache/ of an output root: read earlier results through their published "
              "table, not their run files")

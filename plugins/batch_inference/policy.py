@@ -6,6 +6,9 @@ bounds those Params must stay inside (docs/security.md):
 * ``input_roots`` / ``output_roots``: storage roots (local directories, ``gs://bucket[/prefix]``) under
   which ``input_uri`` (every file it expands to, after ``realpath``), and ``output_root`` /
   ``duckdb_path`` must lie.
+* ``model_roots``: where ``model`` (a run's model directory, or an Asset event's ``model_path``) must
+  lie: a model directory is loaded as trusted weights and configuration, so the platform team, not a
+  form user, decides where a worker may load one from.
 * ``postgres_conn_ids`` / ``iceberg_catalog_conn_ids``: the only Airflow connections publish may use.
 * ceilings: ``max_token_budget`` (tokens per batch), ``max_max_tokens`` (LLM tokens generated per row),
   ``max_budget_usd`` (a run's budget; a run that gives none gets this one), ``max_deadline_hours``,
@@ -17,7 +20,8 @@ Where they come from: the JSON file named by ``BATCH_INFERENCE_POLICY``
 and an unknown key or a wrong type is a :class:`ConfigError` naming it). Without that file: the roots of
 ``BATCH_INFERENCE_ALLOWED_ROOTS`` (:func:`batch_inference.params.allowed_roots`) for both inputs and
 outputs, the connections of ``BATCH_INFERENCE_ALLOWED_CONN_IDS`` (comma-separated; default
-``batch_inference_postgres``) and the built-in ceilings below.
+``batch_inference_postgres``), those roots plus the bundled model's directory and ``/models`` (the
+worker image's) for models, and the built-in ceilings below.
 
 A value outside these bounds is a ``ConfigError`` naming the Param and the setting, never the allowed
 values themselves (a form user learns nothing about other teams' roots or connections).
@@ -54,6 +58,8 @@ class DagPolicy:
     Attributes:
         input_roots: normalized storage roots inputs may come from.
         output_roots: normalized storage roots run outputs and DuckDB files may go to.
+        model_roots: normalized roots a ``model`` directory must lie under (a path on the machine that
+            runs the worker: the Airflow worker, or inside the worker image for pods).
         postgres_conn_ids: connections the postgres backend may publish through.
         iceberg_catalog_conn_ids: connections the iceberg backend's SQL catalog may use.
         max_token_budget: largest ``token_budget`` (tokens per batch).
@@ -67,6 +73,7 @@ class DagPolicy:
 
     input_roots: tuple[str, ...] = ()
     output_roots: tuple[str, ...] = ()
+    model_roots: tuple[str, ...] = ()
     postgres_conn_ids: tuple[str, ...] = DEFAULT_CONN_IDS
     iceberg_catalog_conn_ids: tuple[str, ...] = DEFAULT_CONN_IDS
     max_token_budget: int = 4_194_304
@@ -82,7 +89,9 @@ class DagPolicy:
         return {"max_line_bytes": self.max_line_bytes, "max_row_group_bytes": self.max_row_group_bytes}
 
 
-_ROOT_KEYS = ("input_roots", "output_roots")
+_ROOT_KEYS = ("input_roots", "output_roots", "model_roots")
+IMAGE_MODEL_ROOT = "/models"
+"""Where the worker image keeps its models (``worker_image/Dockerfile``); a default model root."""
 _ID_KEYS = ("postgres_conn_ids", "iceberg_catalog_conn_ids")
 _INT_KEYS = ("max_token_budget", "max_max_tokens", "max_parallelism", "max_line_bytes", "max_row_group_bytes")
 _NUMBER_KEYS = ("max_budget_usd", "max_deadline_hours")
@@ -129,11 +138,13 @@ def _apply(base: DagPolicy, entry: Any, where: str) -> DagPolicy:
 
 
 def _env_defaults(env: Mapping[str, str]) -> DagPolicy:
-    from batch_inference.params import allowed_roots
+    from batch_inference.params import allowed_roots, default_model_path, normalize_roots
 
     roots = tuple(allowed_roots(env))
     ids = tuple(x.strip() for x in env.get(CONN_IDS_ENV, "").split(",") if x.strip()) or DEFAULT_CONN_IDS
-    return DagPolicy(input_roots=roots, output_roots=roots, postgres_conn_ids=ids, iceberg_catalog_conn_ids=ids)
+    models = tuple(normalize_roots([*roots, os.path.dirname(default_model_path()), IMAGE_MODEL_ROOT], "model_roots"))
+    return DagPolicy(input_roots=roots, output_roots=roots, model_roots=models, postgres_conn_ids=ids,
+                     iceberg_catalog_conn_ids=ids)
 
 
 def policy_for(dag_id: str | None, environ: Mapping[str, str] | None = None) -> DagPolicy:

@@ -79,6 +79,7 @@ def _cases(out: Path) -> list[tuple[str, dict, str]]:
         ("input_from_another_dags_outputs", {"input_uri": str(other_run / "part-00000-x.parquet")}, "input_uri: lies in the runs/ or cache/"),
         ("publish_replaces_a_foreign_table", {"output_table": "users", "duckdb_path": str(out / "prod.duckdb")},
          "output_table: duckdb:"),
+        ("model_outside_the_model_roots", {"model": "/etc/ssl"}, "model: '/etc/ssl' is outside the model roots"),
         ("ceiling_token_budget", {"token_budget": 8192}, "token_budget: 8192 is above this DAG's ceiling"),
         ("ceiling_budget_usd", {"budget_usd": 500.0}, "budget_usd: 500.0 is above this DAG's ceiling"),
         ("ceiling_deadline_hours", {"deadline_hours": 100.0}, "deadline_hours: 100.0 is above"),

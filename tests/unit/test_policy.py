@@ -123,3 +123,11 @@ def test_a_refusal_never_shows_where_a_path_resolves(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"^params\.input_uri: .* is outside the input roots") as err:
         resolve_run_config(_params(tmp_path, input_uri=str(root / "link")), policy)
     assert "team_b_secret_file" not in str(err.value) and "elsewhere" not in str(err.value)
+
+
+def test_a_model_outside_the_model_roots_is_refused(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    policy = DagPolicy(input_roots=(str(tmp_path),), output_roots=(str(tmp_path),), model_roots=(str(models),))
+    assert resolve_run_config(_params(tmp_path, model=str(models / "m1")), policy).model == str(models / "m1")
+    with pytest.raises(ConfigError, match=r"^params\.model: '/tmp/x/\.\./etc' is outside the model roots"):
+        resolve_run_config(_params(tmp_path, model="/tmp/x/../etc"), policy)
