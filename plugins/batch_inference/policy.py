@@ -18,7 +18,7 @@ bounds those Params must stay inside (docs/security.md):
 Where they come from: the JSON file named by ``BATCH_INFERENCE_POLICY``
 (``{"defaults": {...}, "dags": {"<dag_id>": {...}}}``; a DAG's entry overrides the defaults key by key,
 and an unknown key or a wrong type is a :class:`ConfigError` naming it). Without that file: the roots of
-``BATCH_INFERENCE_ALLOWED_ROOTS`` (:func:`batch_inference.params.allowed_roots`) for both inputs and
+``BATCH_INFERENCE_ALLOWED_ROOTS`` (:func:`batch_inference.locations.allowed_roots`) for both inputs and
 outputs, the connections of ``BATCH_INFERENCE_ALLOWED_CONN_IDS`` (comma-separated; default
 ``batch_inference_postgres``), those roots plus the bundled model's directory and ``/models`` (the
 worker image's) for models, and the built-in ceilings below.
@@ -37,6 +37,8 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from batch_contract.engine_config import ConfigError
+
+from batch_inference.locations import allowed_roots, default_model_path, normalize_roots
 
 POLICY_ENV = "BATCH_INFERENCE_POLICY"
 """Path of the deployment's policy file (JSON); unset: the environment's defaults (module docstring)."""
@@ -104,8 +106,6 @@ def _ids(raw: Any, where: str) -> tuple[str, ...]:
 
 
 def _roots(raw: Any, where: str) -> tuple[str, ...]:
-    from batch_inference.params import normalize_roots
-
     return tuple(normalize_roots(_ids(raw, where), where))
 
 
@@ -138,8 +138,6 @@ def _apply(base: DagPolicy, entry: Any, where: str) -> DagPolicy:
 
 
 def _env_defaults(env: Mapping[str, str]) -> DagPolicy:
-    from batch_inference.params import allowed_roots, default_model_path, normalize_roots
-
     roots = tuple(allowed_roots(env))
     ids = tuple(x.strip() for x in env.get(CONN_IDS_ENV, "").split(",") if x.strip()) or DEFAULT_CONN_IDS
     models = tuple(normalize_roots([*roots, os.path.dirname(default_model_path()), IMAGE_MODEL_ROOT], "model_roots"))
