@@ -136,7 +136,7 @@ def engine_only(config: LLMConfig, table: pa.Table) -> dict:
     out = engine.process(engine.prepare(rows), lambda: False)
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     engine.close()
-    return {"seconds": seconds, "cpu": cpu, "output_tokens": out.tokens_output}
+    return {"seconds": seconds, "cpu": cpu, "output_tokens": out.tokens.output}
 
 
 def worker(root: Path, table: pa.Table, engine: dict) -> dict:

@@ -15,14 +15,13 @@ Stdlib + the contract only (both sides import this module).
 
 from __future__ import annotations
 
-import json
 import re
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
-from batch_contract.jsonutil import pretty_json
 from batch_contract.layout import join_uri
-from batch_contract.version import SCHEMA_VERSION, check_schema_version
+from batch_contract.records import JsonRecord
+from batch_contract.version import SCHEMA_VERSION
 
 CANARY_NAME = "canary.json"
 PROJECTION_NAME = "projection.json"
@@ -96,7 +95,7 @@ def json_valid_rate(valid_rows: int, invalid_rows: int) -> float | None:
 
 
 @dataclass
-class CanaryResult:
+class CanaryResult(JsonRecord):
     """What the canary measured (``runs/<run_id>/canary.json``). Units: seconds, bytes, tokens, rows.
 
     Attributes:
@@ -146,7 +145,14 @@ class CanaryResult:
             re-created to change the batch settings).
         elapsed_seconds: the canary's wall time in the worker (process start-up excluded).
         created_at: ISO-8601 UTC.
+
+    Read with :meth:`~batch_contract.records.JsonRecord.from_json_bytes`: keys from a newer writer
+    are ignored; a missing ``schema_version`` reads as the current one.
     """
+
+    RECORD_NAME: ClassVar[str] = CANARY_NAME
+    IGNORE_UNKNOWN: ClassVar[bool] = True
+    MISSING_SCHEMA_VERSION: ClassVar[int] = SCHEMA_VERSION
 
     run_id: str
     fingerprint: str
@@ -190,24 +196,10 @@ class CanaryResult:
             raise ValueError(f"canary strategy {self.strategy!r} is not one of {STRATEGIES}")
         self.trials = [t if isinstance(t, AutotuneTrial) else AutotuneTrial(**t) for t in self.trials]
 
-    def to_json_bytes(self) -> bytes:
-        return pretty_json(asdict(self))
-
-    @classmethod
-    def from_json_bytes(cls, raw: bytes) -> CanaryResult:
-        """Parse ``canary.json`` (unknown keys from a newer writer are ignored).
-
-        Raises:
-            ValueError: unreadable schema version or invalid strategy.
-        """
-        data = json.loads(raw)
-        check_schema_version(int(data.get("schema_version", SCHEMA_VERSION)), CANARY_NAME)
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
 
 
 @dataclass
-class TuningProfile:
+class TuningProfile(JsonRecord):
     """Batch settings found by a search, saved for reuse by later runs of the same model on the same device.
 
     Attributes:
@@ -219,6 +211,10 @@ class TuningProfile:
         threads: intra-op threads the search ran with.
         run_id / created_at: where and when it was found.
     """
+
+    RECORD_NAME: ClassVar[str] = "tuning profile"
+    IGNORE_UNKNOWN: ClassVar[bool] = True
+    MISSING_SCHEMA_VERSION: ClassVar[int] = SCHEMA_VERSION
 
     engine_kind: str
     model_digest: str
@@ -234,15 +230,6 @@ class TuningProfile:
     def __post_init__(self) -> None:
         self.trials = [t if isinstance(t, AutotuneTrial) else AutotuneTrial(**t) for t in self.trials]
 
-    def to_json_bytes(self) -> bytes:
-        return pretty_json(asdict(self))
-
-    @classmethod
-    def from_json_bytes(cls, raw: bytes) -> TuningProfile:
-        data = json.loads(raw)
-        check_schema_version(int(data.get("schema_version", SCHEMA_VERSION)), "tuning profile")
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
 
 
 def _slug(text: str) -> str:

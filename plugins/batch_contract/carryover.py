@@ -29,17 +29,17 @@ directory the plan task cannot read (unless the kubernetes runner pins it inside
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from batch_contract import storage
-from batch_contract.jsonutil import canonical_json, pretty_json, sha256_hex
+from batch_contract.jsonutil import canonical_json, sha256_hex
 from batch_contract.layout import join_uri
 from batch_contract.manifest import InputSpec, Segment
+from batch_contract.records import JsonRecord
 from batch_contract.resultcache import CACHE_DIR
-from batch_contract.version import SCHEMA_VERSION, check_schema_version
+from batch_contract.version import SCHEMA_VERSION
 
 CARRYOVER_NAME = "carryover.json"
 INDEX_DIR = "shards"
@@ -99,7 +99,7 @@ def carryover_uri(run_dir: str) -> str:
 
 
 @dataclass
-class ShardIndexEntry:
+class ShardIndexEntry(JsonRecord):
     """Where a published shard's results are (``cache/shards/<key>.json``).
 
     Attributes:
@@ -111,6 +111,8 @@ class ShardIndexEntry:
             the source shard itself avoided by reuse), for the cost report's "cost avoided".
     """
 
+    RECORD_NAME: ClassVar[str] = "shard index entry"
+
     run_dir: str
     shard_id: str
     fingerprint: str
@@ -119,14 +121,6 @@ class ShardIndexEntry:
     seconds: float = 0.0
     schema_version: int = SCHEMA_VERSION
 
-    def to_json_bytes(self) -> bytes:
-        return pretty_json(asdict(self))
-
-    @classmethod
-    def from_json_bytes(cls, raw: bytes) -> ShardIndexEntry:
-        data = json.loads(raw)
-        check_schema_version(int(data.get("schema_version", -1)), "shard index entry")
-        return cls(**data)
 
 
 @dataclass
@@ -140,7 +134,7 @@ class CarriedShard:
 
 
 @dataclass
-class CarryOverPlan:
+class CarryOverPlan(JsonRecord):
     """``runs/<run_id>/carryover.json``: the carry-over decisions of one run (see the module docstring).
 
     Attributes:
@@ -151,20 +145,14 @@ class CarryOverPlan:
         disabled: why carry-over was off for this run (empty when it was on).
     """
 
+    RECORD_NAME: ClassVar[str] = "carry-over plan"
+
     keys: dict[str, str] = field(default_factory=dict)
     carried: dict[str, dict[str, Any]] = field(default_factory=dict)
     pinned: dict[str, Any] = field(default_factory=dict)
     disabled: str = ""
     schema_version: int = SCHEMA_VERSION
 
-    def to_json_bytes(self) -> bytes:
-        return pretty_json(asdict(self))
-
-    @classmethod
-    def from_json_bytes(cls, raw: bytes) -> CarryOverPlan:
-        data = json.loads(raw)
-        check_schema_version(int(data.get("schema_version", -1)), "carry-over plan")
-        return cls(**data)
 
 
 def read_plan(run_dir: str) -> CarryOverPlan | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -31,3 +32,24 @@ def ordered_json(obj: Any) -> str:
     """Compact JSON in the object's own key order (not sorted): for hashing a value whose key order
     means something (a JSON schema's ``properties``: structured output writes keys in that order)."""
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def json_type_name(value: Any) -> str:
+    """The JSON type name of a Python value: ``null``, ``boolean``, ``integer``, ``number``, ``string``,
+    ``array`` (list, tuple) or ``object`` (any mapping); for a value JSON has no type for, its Python
+    type name (``bytes``, ``set``). ``bool`` is tested before ``int``: ``True`` is a boolean."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list | tuple):
+        return "array"
+    if isinstance(value, Mapping):
+        return "object"
+    return type(value).__name__

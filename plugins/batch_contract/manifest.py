@@ -7,15 +7,15 @@ own row order (Parquet row order; JSONL line order counting only non-blank lines
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from batch_contract.engine_config import ConfigError, WorkerSettings
 from batch_contract.engines import EngineConfig, engine_config_from_dict
 from batch_contract.enums import InputFormat
-from batch_contract.jsonutil import canonical_json, ordered_json, pretty_json, sha256_hex
+from batch_contract.jsonutil import canonical_json, ordered_json, sha256_hex
+from batch_contract.records import JsonRecord
 from batch_contract.version import SCHEMA_VERSION, check_schema_version
 
 
@@ -143,7 +143,7 @@ def result_fingerprint(config_fp: str, model_digest: str, resolved: Mapping[str,
 
 
 @dataclass(frozen=True)
-class Manifest:
+class Manifest(JsonRecord):
     """The whole plan of one run.
 
     Attributes:
@@ -158,7 +158,14 @@ class Manifest:
         params: the run's user-facing parameters, for the record (table name, costs, ...).
         config_fingerprint: :func:`config_fingerprint` of ``engine``; one read from a stored manifest
             is kept as written (a run keeps the fingerprint it was planned with).
+
+    Written (:meth:`~batch_contract.records.JsonRecord.to_json_bytes`) as indented JSON in field
+    order, mappings in their own order (not sorted: the engine config's JSON schema keeps its property
+    order, see :func:`fingerprint_dict`); read by :meth:`from_dict`.
     """
+
+    RECORD_NAME: ClassVar[str] = "manifest"
+    SORT_KEYS: ClassVar[bool] = False
 
     run_id: str
     input: InputSpec
@@ -203,14 +210,16 @@ class Manifest:
             del data["input"]["roots"]
         return data
 
-    def to_json_bytes(self) -> bytes:
-        """Indented JSON in field order, mappings in their own order (not sorted: the engine config's
-        JSON schema keeps its property order, see :func:`fingerprint_dict`)."""
-        return pretty_json(self.to_dict(), sort_keys=False)
-
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Manifest:
-        check_schema_version(int(data.get("schema_version", -1)), "manifest")
+        """The manifest of a parsed ``manifest.json`` object (keys it does not know are ignored).
+
+        Raises:
+            ValueError: unreadable ``schema_version``. KeyError / TypeError: a required key is absent
+                or a nested record has a field it does not know. ConfigError: an invalid engine
+                config or input spec (the message names the field).
+        """
+        check_schema_version(int(data.get("schema_version", -1)), cls.RECORD_NAME)
         inp = dict(data["input"])
         inp["files"] = [InputFile(**f) for f in inp["files"]]
         inp["roots"] = list(inp.get("roots", []))
@@ -233,7 +242,3 @@ class Manifest:
             config_fingerprint=data.get("config_fingerprint", ""),
             schema_version=int(data["schema_version"]),
         )
-
-    @classmethod
-    def from_json_bytes(cls, raw: bytes) -> Manifest:
-        return cls.from_dict(json.loads(raw))

@@ -11,12 +11,12 @@
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
-from batch_contract.jsonutil import pretty_json
-from batch_contract.version import SCHEMA_VERSION, check_schema_version
+from batch_contract.records import JsonRecord
+from batch_contract.tokens import TokenCounts
+from batch_contract.version import SCHEMA_VERSION
 
 STAGES = ("model_load", "input_read", "tokenize", "inference", "write", "idle", "reuse")
 """Stage names used in ``stage_seconds`` everywhere (worker stats, markers, the cost report). ``reuse``:
@@ -24,7 +24,7 @@ the result-cache pass before model load (read + hash the shard's texts, look key
 
 
 @dataclass
-class AttemptRecord:
+class AttemptRecord(JsonRecord):
     """One start of the worker on a shard.
 
     Attributes:
@@ -34,6 +34,8 @@ class AttemptRecord:
             difference to ``rows_committed`` is work lost to the interruption (re-done later).
         stage_seconds: seconds per stage (see :data:`STAGES`).
     """
+
+    RECORD_NAME: ClassVar[str] = "attempt record"
 
     attempt_id: str
     shard_id: str
@@ -77,19 +79,12 @@ class AttemptRecord:
     """The machine this attempt ran on (:func:`batch_contract.hostinfo.host_facts`: CPU model, cores,
     caches, bf16/AMX, memory, load average at start); ``{}`` in records written before this field."""
 
-    def to_json_bytes(self) -> bytes:
-        return pretty_json(asdict(self))
-
-    @classmethod
-    def from_json_bytes(cls, raw: bytes) -> AttemptRecord:
-        data = json.loads(raw)
-        check_schema_version(int(data.get("schema_version", -1)), "attempt record")
-        return cls(**data)
-
 
 @dataclass
-class ShardProgress:
+class ShardProgress(JsonRecord):
     """Live progress of one shard (``_PROGRESS.json``)."""
+
+    RECORD_NAME: ClassVar[str] = "progress object"
 
     shard_id: str
     status: str
@@ -102,18 +97,9 @@ class ShardProgress:
     attempt_id: str = ""
     schema_version: int = SCHEMA_VERSION
 
-    def to_json_bytes(self) -> bytes:
-        return pretty_json(asdict(self))
-
-    @classmethod
-    def from_json_bytes(cls, raw: bytes) -> ShardProgress:
-        data = json.loads(raw)
-        check_schema_version(int(data.get("schema_version", -1)), "progress object")
-        return cls(**data)
-
 
 @dataclass
-class ShardMarker:
+class ShardMarker(JsonRecord):
     """Completion marker of one shard (``_SUCCESS.json``), with the stats the cost report needs.
 
     Counts are rows; tokens are tokenizer tokens; seconds are wall-clock seconds summed over attempts.
@@ -138,6 +124,8 @@ class ShardMarker:
             fingerprint) by the time the marker was written.
         rows_reused / reuse_seconds_avoided: see the fields.
     """
+
+    RECORD_NAME: ClassVar[str] = "shard marker"
 
     run_id: str
     shard_id: str
@@ -178,6 +166,11 @@ class ShardMarker:
     schema_version: int = SCHEMA_VERSION
 
     @property
+    def tokens(self) -> TokenCounts:
+        """The marker's ``tokens_*`` fields as one :class:`~batch_contract.tokens.TokenCounts`."""
+        return TokenCounts.from_dict(vars(self))
+
+    @property
     def padding_efficiency(self) -> float | None:
         return self.tokens_real / self.tokens_padded if self.tokens_padded else None
 
@@ -186,12 +179,3 @@ class ShardMarker:
         """LLM: share of prompt tokens served from the prefix cache (``tokens_cached / tokens_prompt``);
         ``None`` without LLM prompt tokens (encoder shards)."""
         return self.tokens_cached / self.tokens_prompt if self.tokens_prompt else None
-
-    def to_json_bytes(self) -> bytes:
-        return pretty_json(asdict(self))
-
-    @classmethod
-    def from_json_bytes(cls, raw: bytes) -> ShardMarker:
-        data = json.loads(raw)
-        check_schema_version(int(data.get("schema_version", -1)), "shard marker")
-        return cls(**data)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from batch_contract.engine_config import AUTO_TOKEN_BUDGET, MIN_TOKEN_BUDGET, ConfigError, WorkerSettings
 from batch_contract.engines import DEFAULT_ENGINE_KIND, engine_kinds
 from batch_contract.enums import EngineKind
+from batch_contract.jsonutil import json_type_name
 
 from batch_inference.locations import (  # noqa: F401 - re-exported: callers read them as params.*
     ALLOWED_ROOTS_ENV,
@@ -74,25 +75,6 @@ MAX_TOKEN_BUDGET = 4_194_304
 """Largest ``token_budget`` the form accepts (tokens per batch)."""
 
 _JSON_TYPES = ("string", "integer", "number", "boolean", "object")
-
-
-def _json_type_of(value: Any) -> str:
-    """The JSON type ``value`` would have (``bool`` before ``int``: ``True`` is a boolean)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list | tuple):
-        return "array"
-    if isinstance(value, Mapping):
-        return "object"
-    return type(value).__name__
 
 
 def _shown(value: Any, limit: int = 80) -> str:
@@ -217,7 +199,7 @@ class ParamField:
         if value is None and self.nullable:
             return None
         if not self._type_ok(value):
-            return f"{_shown(value)} is not {self.describe()} (got {_json_type_of(value)})"
+            return f"{_shown(value)} is not {self.describe()} (got {json_type_name(value)})"
         if not self._bounds_ok(value):
             return f"{_shown(value)} is not {self.describe()}"
         return None
@@ -592,7 +574,7 @@ def resolve_run_config(params: Mapping[str, Any], policy: DagPolicy | None = Non
             ``params.<field>:``.
     """
     if not isinstance(params, Mapping):
-        raise ConfigError(f"params: expected a mapping of Param names to values, got {_json_type_of(params)}")
+        raise ConfigError(f"params: expected a mapping of Param names to values, got {json_type_name(params)}")
     values: dict[str, Any] = {}
     for name, spec in PARAM_FIELDS.items():
         if name not in params:
@@ -629,7 +611,7 @@ def resolve_run_config(params: Mapping[str, Any], policy: DagPolicy | None = Non
 def _input_in_outputs(cfg: RunConfig, policy: DagPolicy) -> bool:
     """Whether ``input_uri`` lies in what runs write (``runs/`` and ``cache/`` of an output root): run
     outputs are read back only through the published table, never as another run's input."""
-    from batch_contract import storage
+    from batch_contract import storage  # pyarrow: imported at run time only, not when a DAG file parses
     from batch_contract.layout import join_uri
 
     for root in (*policy.output_roots, cfg.output_root):

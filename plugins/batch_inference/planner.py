@@ -38,11 +38,11 @@ from batch_contract.engine_config import (
 )
 from batch_contract.engines import engine_config_from_dict
 from batch_contract.enums import InputFormat
+from batch_contract.jsonutil import json_type_name
 from batch_contract.layout import RunLayout, shard_id_for
 from batch_contract.llm_config import LLMConfig, check_user_template, user_template_fields
 from batch_contract.manifest import InputFile, InputSpec, Manifest, Segment, ShardSpec
 from batch_contract.rows import OversizedLine, decode_line, iter_jsonl_lines, row_group_read_bytes
-from batch_contract.runstore import RunStore
 
 from batch_inference.params import DEFAULT_MAX_MAP_LENGTH, SHARD_BY, param_default
 
@@ -366,15 +366,11 @@ def _leaf_index(pf: pq.ParquetFile, column: str) -> int | None:
 
 
 def _jsonl_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "other:bool"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, str):
-        return "string"
-    return f"other:{type(value).__name__}"
+    """Type class of a JSONL value, as :func:`_type_class` names Arrow types: ``null``, ``integer``,
+    ``string`` (:func:`~batch_contract.jsonutil.json_type_name`), else ``other:<python type>``
+    (``other:bool``, ``other:float``, ``other:dict``)."""
+    name = json_type_name(value)
+    return name if name in ("null", "integer", "string") else f"other:{type(value).__name__}"
 
 
 def _jsonl_meta(uri: str, columns: dict[str, str], limits: _Limits) -> tuple[_FileMeta, dict[str, str]]:
@@ -672,12 +668,6 @@ def _input_columns(fmt: InputFormat, metas: list[_FileMeta], roots: Sequence[str
     return None
 
 
-def manifest_for(run_dir: str) -> Manifest:
-    """Read the committed manifest of ``run_dir`` through the run store (``FileNotFoundError`` if the
-    run was never planned)."""
-    return RunStore.open(run_dir).manifest
-
-
-__all__ = ["DEFAULT_MAX_MAP_LENGTH", "PlanError", "PlanRequest", "build_shards", "manifest_for", "plan",
+__all__ = ["DEFAULT_MAX_MAP_LENGTH", "PlanError", "PlanRequest", "build_shards", "plan",
            "read_metadata", "resolve_input_files", "shard_count", "shard_refs",
            "split_boundaries"]

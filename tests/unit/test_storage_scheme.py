@@ -20,6 +20,7 @@ from batch_contract.layout import TEMP_MARK, RunLayout
 from batch_contract.marker import ShardMarker
 from batch_contract.schemas import part_schema
 from batch_contract.storage import AlreadyExistsError, StorageBackend, StorageError
+from batch_contract.tokens import TokenCounts
 from batch_worker.engines.base import ChunkOutput, Engine, LoadedModel
 
 
@@ -179,12 +180,13 @@ class _LengthEngine(Engine):
             "truncated": pa.array([False] * n),
             "embedding": pa.array([[float(len(t)), 1.0] for t in prepared.texts], pa.list_(pa.float32(), 2)),
         })
-        return ChunkOutput(table=table, rejects=[], interrupted=False, tokens_real=n, tokens_padded=n)
+        return ChunkOutput(table=table, rejects=[], interrupted=False, tokens=TokenCounts(real=n, padded=n))
 
 
 def test_plan_run_publish_on_the_new_scheme(mem: MemBackend, tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    from batch_inference.planner import PlanRequest, manifest_for, plan
+    from batch_inference.planned import manifest_for
+    from batch_inference.planner import PlanRequest, plan
     from batch_inference.publish import PublishTarget, publish_run
     from batch_worker import runtime
 

@@ -17,6 +17,7 @@ import pytest
 from batch_contract.enums import DeadLetterReason, EngineKind, ExitCode
 from batch_contract.marker import AttemptRecord, ShardMarker
 from batch_contract.schemas import part_schema
+from batch_contract.tokens import TokenCounts
 from batch_worker import cli, runtime
 from batch_worker.engines.base import ChunkOutput, ChunkRows, Engine, LoadedModel, Reject
 from run_helpers import write_run
@@ -69,7 +70,8 @@ class TinyEngine(Engine):
             "embedding": pa.array(vecs, pa.list_(pa.float32(), 3)),
         })
         return ChunkOutput(table=table, rejects=rejects, interrupted=interrupted,
-                           tokens_real=sum(int(v[0]) for v in vecs), tokens_padded=sum(int(v[0]) for v in vecs) + n)
+                           tokens=TokenCounts(real=sum(int(v[0]) for v in vecs),
+                                              padded=sum(int(v[0]) for v in vecs) + n))
 
 
 @pytest.fixture(autouse=True)

@@ -268,10 +268,10 @@ class Canary:
             self.json_invalid += sum(r.reason is DeadLetterReason.INVALID_OUTPUT for r in out.rejects)
             self.json_valid += out.table.num_rows
         return AutotuneTrial(token_budget=budget, max_batch_rows=max_rows, rows=len(rows),
-                             tokens_real=int(out.tokens_real), tokens_padded=int(out.tokens_padded),
+                             tokens_real=int(out.tokens.real), tokens_padded=int(out.tokens.padded),
                              seconds=round(seconds, 6), batches=int(out.batches),
                              oom=self._memory_events() > events, warmup=warmup,
-                             output_tokens=int(out.tokens_output))
+                             output_tokens=int(out.tokens.output))
 
     def _commit(self, sample: Sample, rows: ChunkRows, owners: list[str], out: Any, seconds: float) -> None:
         """Commit the slice's results and engine dead letters into each owning shard's directory."""

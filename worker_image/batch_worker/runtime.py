@@ -38,6 +38,7 @@ from batch_contract.marker import AttemptRecord, ShardMarker
 from batch_contract.partfiles import digest_of, quarantined_count
 from batch_contract.runstore import RunStore, is_complete
 from batch_contract.storage import AlreadyExistsError
+from batch_contract.tokens import TokenCounts
 
 from batch_worker.engines.base import ChunkOutput, Engine, LoadedModel, check_chunk_output, engine_class
 from batch_worker.errors import BadInputError
@@ -402,8 +403,8 @@ class ShardRun:
                                committed[0], part, rows, time.perf_counter() - t0)
         if dead or n_ok:
             self.attempt.chunks_committed += 1
-        self.attempt.tokens_real += out.tokens_real
-        self.attempt.tokens_padded += out.tokens_padded
+        self.attempt.tokens_real += out.tokens.real
+        self.attempt.tokens_padded += out.tokens.padded
         self.counters.add_committed(n_ok + len(dead), len(dead), n_ok + len(out.rejects))
         self._last_chunk_complete = not out.interrupted
         return out.interrupted
@@ -469,6 +470,9 @@ class ShardRun:
             t = read_parquet_columns(join_uri(ctx.shard_dir, name), ["reason"])
             for reason in t.column("reason").to_pylist():
                 reasons[reason] = reasons.get(reason, 0) + 1
+        # tokens_padded is the attempts' sum, set by _finish
+        tokens = TokenCounts(real=tokens_real, prompt=llm_tokens["prompt_tokens"], cached=llm_tokens["cached_tokens"],
+                             output=llm_tokens["output_tokens"])
         return ShardMarker(
             run_id=ctx.manifest.run_id,
             shard_id=ctx.shard_id,
@@ -479,10 +483,7 @@ class ShardRun:
             rows_truncated=truncated,
             rows_text_repaired=repaired,
             dead_letter_reasons=reasons,
-            tokens_real=tokens_real,
-            tokens_prompt=llm_tokens["prompt_tokens"],
-            tokens_cached=llm_tokens["cached_tokens"],
-            tokens_output=llm_tokens["output_tokens"],
+            **tokens.to_dict(),
             steady_rows_per_s=round(self.steady_rate, 2),
             engine={**loaded.info, "resolved": ctx.engine.resolved_settings()},
             gpu=self.gpu.summary(),

@@ -121,16 +121,16 @@ def test_token_and_cache_accounting_equal_what_the_engine_reported(free_text_eng
     out = free_text_engine.process(free_text_engine.prepare(rows), lambda: False)
     after = metric_totals(free_text_engine)
     table = out.table
-    assert out.tokens_prompt == sum(table.column("prompt_tokens").to_pylist())
-    assert out.tokens_cached == sum(table.column("cached_tokens").to_pylist())
-    assert out.tokens_output == sum(table.column("output_tokens").to_pylist())
-    assert out.tokens_prompt == after["vllm:prompt_tokens"] - before["vllm:prompt_tokens"]
-    assert out.tokens_output == after["vllm:generation_tokens"] - before["vllm:generation_tokens"]
-    assert out.tokens_cached == after["vllm:prompt_tokens_cached"] - before["vllm:prompt_tokens_cached"]
+    assert out.tokens.prompt == sum(table.column("prompt_tokens").to_pylist())
+    assert out.tokens.cached == sum(table.column("cached_tokens").to_pylist())
+    assert out.tokens.output == sum(table.column("output_tokens").to_pylist())
+    assert out.tokens.prompt == after["vllm:prompt_tokens"] - before["vllm:prompt_tokens"]
+    assert out.tokens.output == after["vllm:generation_tokens"] - before["vllm:generation_tokens"]
+    assert out.tokens.cached == after["vllm:prompt_tokens_cached"] - before["vllm:prompt_tokens_cached"]
     # the ~300-token shared system prompt is served from the prefix cache for most rows
     prefix = free_text_engine.load().info["prefix_tokens"]
     assert prefix >= 256
-    assert out.tokens_cached >= 256 * (len(rows) // 2)
+    assert out.tokens.cached >= 256 * (len(rows) // 2)
 
 
 def test_interruption_aborts_unfinished_requests_and_engine_stays_usable(free_text_engine, records):
@@ -179,4 +179,4 @@ def test_schema_invalid_outputs_are_dead_lettered_with_the_reason(tiny_model, re
     assert out.table.num_rows == 0 and len(out.rejects) == 12
     assert {r.reason for r in out.rejects} == {DeadLetterReason.INVALID_OUTPUT}
     assert all(expected in r.detail for r in out.rejects)
-    assert out.tokens_output > 0  # tokens spent on rejected outputs still count in the totals
+    assert out.tokens.output > 0  # tokens spent on rejected outputs still count in the totals

@@ -43,6 +43,7 @@ import pyarrow as pa
 from batch_contract.engine_config import ConfigError, WorkerSettings
 from batch_contract.enums import DeadLetterReason, EngineKind
 from batch_contract.resultcache import text_key
+from batch_contract.tokens import TokenCounts
 
 
 @dataclass(frozen=True)
@@ -119,9 +120,10 @@ class ChunkOutput:
             ``text_repaired`` (``n_tokens`` int32 real input tokens, ``truncated`` bool, outputs).
         rejects: rows dead-lettered by the engine (template error, invalid output, engine error).
         interrupted: ``should_stop()`` became true and some rows were left unprocessed.
-        tokens_real: non-pad input tokens processed (sum of ``n_tokens`` of processed rows).
-        tokens_padded: input tokens processed including padding (encoder; = tokens_real for LLMs).
-        tokens_prompt / tokens_cached / tokens_output: LLM token accounting (0 for encoders).
+        tokens: the chunk's token counters (:class:`~batch_contract.tokens.TokenCounts`): ``real``
+            is the sum of ``n_tokens`` of the processed rows, ``padded`` includes padding (encoder;
+            = ``real`` for LLMs), ``prompt`` / ``cached`` / ``output`` are the LLM accounting (0 for
+            encoders).
         stage_seconds: seconds spent by stage name (``batch_contract.marker.STAGES``), e.g.
             ``{"inference": 12.3}``; ``prepare`` time is measured by the runtime itself.
         batches: number of engine batches run.
@@ -130,11 +132,7 @@ class ChunkOutput:
     table: pa.Table
     rejects: list[Reject] = field(default_factory=list)
     interrupted: bool = False
-    tokens_real: int = 0
-    tokens_padded: int = 0
-    tokens_prompt: int = 0
-    tokens_cached: int = 0
-    tokens_output: int = 0
+    tokens: TokenCounts = TokenCounts()
     stage_seconds: dict[str, float] = field(default_factory=dict)
     batches: int = 0
 

@@ -23,6 +23,7 @@ import pyarrow as pa
 from batch_contract.engine_config import MIN_TOKEN_BUDGET, ConfigError, EncoderConfig, WorkerSettings
 from batch_contract.enums import DeadLetterReason, EngineKind
 from batch_contract.schemas import embedding_type, part_schema
+from batch_contract.tokens import TokenCounts
 
 from batch_worker.batching import plan_batches, round_up
 from batch_worker.digest import model_digest
@@ -564,8 +565,7 @@ class EncoderEngine(Engine):
             table=self._table(rows, prepared, order, host[order]),
             rejects=rejects,
             interrupted=interrupted,
-            tokens_real=int(prepared.lengths[order].sum()),
-            tokens_padded=int(padded),
+            tokens=TokenCounts(real=int(prepared.lengths[order].sum()), padded=int(padded)),
             stage_seconds={"inference": seconds},
             batches=n_batches,
         )

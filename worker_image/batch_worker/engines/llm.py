@@ -73,6 +73,7 @@ from batch_contract.enums import DeadLetterReason, EngineKind
 from batch_contract.llm_config import LLMConfig
 from batch_contract.resultcache import text_key
 from batch_contract.schemas import part_schema
+from batch_contract.tokens import TokenCounts
 
 from batch_worker.digest import model_digest
 from batch_worker.engines.base import ChunkOutput, ChunkRows, Engine, LoadedModel, Reject
@@ -553,11 +554,8 @@ class LLMEngine(Engine):
             table=table,
             rejects=rejects,
             interrupted=interrupted,
-            tokens_real=real,
-            tokens_padded=real,
-            tokens_prompt=totals["prompt"],
-            tokens_cached=totals["cached"],
-            tokens_output=totals["output"],
+            tokens=TokenCounts(real=real, padded=real, prompt=totals["prompt"], cached=totals["cached"],
+                               output=totals["output"]),
             stage_seconds={"inference": time.perf_counter() - t0},
             batches=1 if prepared.ids else 0,
         )
