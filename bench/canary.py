@@ -47,9 +47,9 @@ from batch_inference.canary_task import canary_and_project  # noqa: E402
 from batch_inference.local_runner import auto_parallelism, machine_cores, run_shard  # noqa: E402
 from batch_inference.params import ALLOWED_ROOTS_ENV, resolve_run_config  # noqa: E402
 from batch_inference.planner import PlanRequest, plan  # noqa: E402
+from batch_inference.pricing import cost_params_from_dict  # noqa: E402
 from batch_inference.projection import Limits, project  # noqa: E402
 from batch_inference.report import build_report  # noqa: E402
-from batch_inference.report.prices import cost_params_from_dict  # noqa: E402
 
 SAMPLE = REPO / "data" / "sample" / "debian_descriptions_sample.parquet"
 ROWS_PER_SHARD = 3000

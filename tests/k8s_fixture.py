@@ -41,11 +41,12 @@ def k8s_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClust
 
 
 def shard_pod_manifest(ref: dict, run_id: str, name: str, env: dict[str, str] | None = None) -> dict:
-    """The pod the ``kubernetes`` runner submits for one shard (``pod_spec.build_pod`` with
+    """The pod the ``kubernetes`` runner submits for one shard (``shard_pod.build_pod`` with
     ``K8sSettings`` defaults, serialized by the provider), renamed ``name``, with ``env`` added to the
     worker container (e.g. ``STORAGE_EMULATOR_HOST``)."""
     from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
-    from batch_inference.pod_spec import K8sSettings, build_pod
+    from batch_inference.pod_spec import K8sSettings
+    from batch_inference.shard_pod import build_pod
 
     manifest = PodGenerator.serialize_pod(build_pod(ref, run_id, K8sSettings()))
     manifest["metadata"]["name"] = name

@@ -4,7 +4,7 @@ The check never imports ``batch_inference.report`` (nor ``batch_contract``): it 
 files directly (``json`` for the manifest, the markers and the attempt records, ``pyarrow`` for the id
 columns of the committed files) and re-implements the documented formulas itself, so a bug in the
 report code cannot hide behind the same bug in the check. Sources and formulas are those of
-``docs/cost-report.md`` ("Where each number comes from", "Cost model") and ``report/cost.py``.
+``docs/cost-report.md`` ("Where each number comes from", "Cost model") and ``plugins/batch_inference/pricing.py``.
 
 What is checked
 ===============

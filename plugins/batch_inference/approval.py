@@ -41,6 +41,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.providers.standard.operators.hitl import ApprovalOperator
+from batch_contract.jsonutil import pretty_json
+from batch_contract.layout import join_uri
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +56,6 @@ TASK_ID = "approve"
 
 def approval_uri(run_dir: str) -> str:
     """``<run_dir>/approval.json``."""
-    from batch_contract.layout import join_uri
-
     return join_uri(run_dir, APPROVAL_NAME)
 
 
@@ -70,7 +70,7 @@ def read_approval(run_dir: str) -> dict[str, Any] | None:
     Raises:
         ValueError: the file is not JSON.
     """
-    from batch_contract import storage
+    from batch_contract import storage  # parse time: pyarrow
 
     try:
         return json.loads(storage.read_bytes(approval_uri(run_dir)))
@@ -80,8 +80,7 @@ def read_approval(run_dir: str) -> dict[str, Any] | None:
 
 def write_approval(run_dir: str, record: Mapping[str, Any]) -> None:
     """Write (replace) the run's approval record (see :func:`read_approval` for its fields)."""
-    from batch_contract import storage
-    from batch_contract.jsonutil import pretty_json
+    from batch_contract import storage  # parse time: pyarrow
 
     if record.get("decision") not in APPROVAL_DECISIONS:
         raise ValueError(f"approval decision must be one of {APPROVAL_DECISIONS}, got {record.get('decision')!r}")
@@ -158,7 +157,7 @@ def approval_body(projection: Mapping[str, Any], *, run_dir: str, shards: int,
         run_started_at: the DAG run's start (aware datetime); when given, the finish is also shown as a
             UTC time.
     """
-    from batch_inference.projection import format_table
+    from batch_inference.projection import format_table  # parse time: pyarrow (projection reads storage)
 
     f = key_figures(projection)
     finish = _hours(f["finish_seconds"]) + " after the run started"
@@ -254,8 +253,9 @@ class ProjectionApprovalOperator(ApprovalOperator):
         super().__init__(task_id=task_id, defaults=ApprovalOperator.REJECT, **kwargs)
 
     def execute(self, context: Any) -> Any:
-        from batch_inference.canary_task import read_projection
-        from batch_inference.tasks import planned_run
+        # parse time: both read storage (pyarrow); this module is imported when a DAG file parses
+        from batch_inference.planned import planned_run
+        from batch_inference.projection import read_projection
 
         cfg, manifest, run_dir = planned_run(context)
         canary_result = context["ti"].xcom_pull(task_ids="canary")
@@ -282,7 +282,7 @@ class ProjectionApprovalOperator(ApprovalOperator):
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
         """Record the answer in ``approval.json``, then let ``ApprovalOperator`` act on it (Reject skips
         ``choose_runner``, so no shard starts). Returns the approval record."""
-        from batch_inference.tasks import planned_run
+        from batch_inference.planned import planned_run  # parse time: pyarrow (the run store)
 
         _cfg, _manifest, run_dir = planned_run(context)
         record = read_approval(run_dir) or {}

@@ -29,6 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 from batch_inference.pod_outcome import run_window
+from batch_inference.pod_spec import canary_command
 from batch_inference.shard_pod import ShardPodOperator
 
 RUNNERS = ("local", "kubernetes")
@@ -55,8 +56,10 @@ class CanaryPodOperator(ShardPodOperator):
             AirflowException: the local canary failed otherwise (retried).
             TaskDeferred: the canary pod was created (runner=kubernetes).
         """
-        from batch_inference.canary_task import decide, local_canary, read_projection, skip_reason, skipped
-        from batch_inference.tasks import planned_run
+        # parse time: these read storage (pyarrow); this module is imported when a DAG file parses
+        from batch_inference.canary_task import decide, local_canary, skip_reason, skipped
+        from batch_inference.planned import planned_run
+        from batch_inference.projection import read_projection
 
         cfg, manifest, run_dir = planned_run(context)
         why = skip_reason(cfg, manifest, run_dir, RUNNERS)
@@ -80,11 +83,12 @@ class CanaryPodOperator(ShardPodOperator):
             AirflowException: the pod failed otherwise (retried).
             TaskDeferred: a preempted pod was replaced.
         """
+        # parse time: these read storage (pyarrow); this module is imported when a DAG file parses
         from batch_contract.runstore import RunStore
 
         from batch_inference.canary_task import _elapsed_seconds, decide, project_canary
         from batch_inference.local_runner import machine_cores
-        from batch_inference.tasks import planned_run
+        from batch_inference.planned import planned_run
 
         cfg, manifest, run_dir = planned_run(context)
         self._set_command(cfg, run_dir, context)  # a relaunch builds its pod from these
@@ -105,8 +109,7 @@ class CanaryPodOperator(ShardPodOperator):
         return self._result(context, decide(projection))
 
     def _set_command(self, cfg: Any, run_dir: str, context: Any) -> None:
-        from batch_inference.canary_task import canary_options
-        from batch_inference.pod_spec import canary_command
+        from batch_inference.canary_task import canary_options  # parse time: pyarrow (see execute)
 
         command = canary_command(run_dir, context["run_id"], canary_options(cfg))
         self.arguments = command["arguments"]

@@ -17,7 +17,6 @@ Airflow side: no torch import (the canary runs in a worker subprocess or pod).
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -28,8 +27,17 @@ from batch_contract.jsonutil import pretty_json
 from batch_contract.layout import RunLayout
 from batch_contract.runstore import RunStore
 
+from batch_inference.local_runner import (
+    ShardBadInputError,
+    ShardRetryableError,
+    auto_parallelism,
+    machine_cores,
+    run_canary,
+)
 from batch_inference.params import RunConfig
-from batch_inference.projection import Limits, format_table, project
+from batch_inference.planned import planned_run
+from batch_inference.pricing import cost_params_from_dict
+from batch_inference.projection import Limits, format_table, project, read_projection
 
 log = logging.getLogger(__name__)
 
@@ -38,14 +46,6 @@ def canary_options(cfg: RunConfig) -> list[str]:
     """``batch-worker canary`` arguments from the run's Params."""
     return ["--fraction", str(cfg.canary_fraction), "--min-rows", str(cfg.canary_min_rows),
             "--max-seconds", str(cfg.canary_max_seconds)]
-
-
-def read_projection(run_dir: str) -> dict[str, Any] | None:
-    """The run's ``projection.json``, or ``None`` when the run had no canary (or it has not run)."""
-    try:
-        return json.loads(storage.read_bytes(RunLayout.from_run_dir(run_dir).projection_uri))
-    except FileNotFoundError:
-        return None
 
 
 def refusal_message(run_dir: str) -> str | None:
@@ -57,43 +57,6 @@ def refusal_message(run_dir: str) -> str | None:
     if projection and projection.get("decision", "go") != "go":
         return str(projection.get("message"))
     return None
-
-
-BUDGET_TOLERANCE = 0.10
-"""A run stops launching shards once its actual spend passes ``budget_usd`` by this share (10%): the
-projection's error on the development machine stayed within about 25%, so a tighter line would stop
-runs the canary rightly let through, a looser one would let a mis-projected run overspend further."""
-
-
-def spent_usd(markers: list[Any], canary: Any, params: Any) -> float:
-    """USD spent so far: the complete shards' stage seconds (the report's worker-seconds) plus the
-    canary's own (idle excluded), priced as the report prices them."""
-    from batch_inference.report.cost import worker_cost
-
-    seconds = sum(float(v) for m in markers for v in m.stage_seconds.values())
-    if canary is not None:
-        seconds += sum(v for k, v in canary.stage_seconds.items() if k != "idle")
-    return worker_cost(seconds, params)
-
-
-def over_budget_message(run_dir: str, cfg: RunConfig, shard_id: str) -> str | None:
-    """Why shard ``shard_id`` must not start: the run's actual spend (:func:`spent_usd`) has passed
-    ``budget_usd`` by more than :data:`BUDGET_TOLERANCE`; ``None`` when there is no budget or it holds."""
-    from batch_inference.report.prices import cost_params_from_dict
-
-    if cfg.budget_usd is None:
-        return None
-    store = RunStore.open(run_dir)
-    markers = list(store.poll().values())
-    canary = store.canary()
-    spent = spent_usd(markers, canary, cost_params_from_dict(cfg.cost_params()))
-    limit = cfg.budget_usd * (1 + BUDGET_TOLERANCE)
-    if spent <= limit:
-        return None
-    what = f"{len(markers)} complete shard(s)" + (" and the canary" if canary is not None else "")
-    return (f"BUDGET EXCEEDED: the run has spent ${spent:.6g} ({what}) "
-            f"> budget_usd={cfg.budget_usd:g} + {BUDGET_TOLERANCE:.0%}; shard {shard_id} is not started. Every "
-            "committed row is kept: raise budget_usd and clear the failed shard tasks to finish the run.")
 
 
 def _elapsed_seconds(context: Mapping[str, Any]) -> float:
@@ -154,8 +117,6 @@ def project_canary(cfg: RunConfig, manifest: Any, run_dir: str, *, wall_seconds:
     Raises:
         RuntimeError: there is no ``canary.json`` (the worker exited 0 without writing it).
     """
-    from batch_inference.report.prices import cost_params_from_dict
-
     canary = RunStore.open(run_dir).canary()
     if canary is None:
         raise RuntimeError(f"canary: the worker exited 0 but wrote no {RunLayout.from_run_dir(run_dir).canary_uri}")
@@ -165,7 +126,7 @@ def project_canary(cfg: RunConfig, manifest: Any, run_dir: str, *, wall_seconds:
                          canary_wall_seconds=wall_seconds)
     projection["created_at"] = datetime.now(UTC).isoformat(timespec="seconds")
     if cfg.upgrade_gate != "off":  # compare with the previous model's published rows (upgrade_gate.py)
-        from batch_inference import upgrade_gate
+        from batch_inference import upgrade_gate  # numpy, pyarrow.compute, duckdb: only when the gate is on
 
         projection = upgrade_gate.apply(projection, cfg, run_dir, canary)
     storage.write_replace(RunLayout.from_run_dir(run_dir).projection_uri, pretty_json(projection))
@@ -183,8 +144,6 @@ def canary_and_project(cfg: RunConfig, manifest: Any, run_dir: str, elapsed_seco
     Raises:
         ShardBadInputError / ShardRetryableError: the canary worker failed (see ``local_runner.run_canary``).
     """
-    from batch_inference.local_runner import auto_parallelism, machine_cores, run_canary
-
     existing = read_projection(run_dir)
     if existing is not None:
         log.info("canary: %s exists: reusing its projection", RunLayout.from_run_dir(run_dir).projection_uri)
@@ -231,8 +190,6 @@ def local_canary(cfg: RunConfig, manifest: Any, run_dir: str, context: Mapping[s
     """
     from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-    from batch_inference.local_runner import ShardBadInputError, ShardRetryableError
-
     try:
         projection = canary_and_project(cfg, manifest, run_dir, _elapsed_seconds(context))
     except ShardBadInputError as exc:
@@ -254,8 +211,6 @@ def canary_task(context: Mapping[str, Any]) -> dict[str, Any]:
             canary hit bad input or config.
         AirflowException: the canary worker failed otherwise (retried).
     """
-    from batch_inference.tasks import planned_run
-
     cfg, manifest, run_dir = planned_run(context)
     why = skip_reason(cfg, manifest, run_dir)
     if why:
@@ -263,6 +218,5 @@ def canary_task(context: Mapping[str, Any]) -> dict[str, Any]:
     return local_canary(cfg, manifest, run_dir, context)
 
 
-__all__ = ["BUDGET_TOLERANCE", "canary_and_project", "canary_options", "canary_task", "decide", "local_canary",
-           "over_budget_message", "project_canary", "read_projection", "refusal_message", "skip_reason", "skipped",
-           "spent_usd"]
+__all__ = ["canary_and_project", "canary_options", "canary_task", "decide", "local_canary", "project_canary",
+           "refusal_message", "skip_reason", "skipped"]

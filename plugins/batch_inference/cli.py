@@ -32,6 +32,7 @@ from typing import Any
 
 from batch_contract import storage
 from batch_contract.engine_config import ConfigError
+from batch_contract.runstore import RunStore
 
 from batch_inference.params import (
     ALLOWED_ROOTS_ENV,
@@ -40,8 +41,13 @@ from batch_inference.params import (
     SAMPLE_INPUT,
     ParamField,
     allowed_roots_value,
+    check_known_params,
     param_default,
+    resolve_run_config,
 )
+from batch_inference.planner import PlanRequest, plan
+from batch_inference.pod_spec import K8sSettings
+from batch_inference.templating import resolve_templates
 from batch_inference.terminal import DagTestOutput, Printer, ProgressWatcher
 
 AIRFLOW_HOME = Path(os.environ.get("BATCH_CLI_AIRFLOW_HOME") or REPO_ROOT / "airflow_home")
@@ -225,9 +231,6 @@ def precheck(conf: dict[str, Any]) -> None:
     Raises:
         ConfigError: naming ``params.<field>``.
     """
-    from batch_inference.params import check_known_params, resolve_run_config
-    from batch_inference.templating import resolve_templates
-
     check_known_params(conf)
     resolve_templates(conf, {}, {})  # a run's own value is never a template: refuse Jinja at once
     previous = os.environ.get(ALLOWED_ROOTS_ENV)
@@ -261,8 +264,6 @@ def run_allowed_roots(conf: dict[str, Any], env: dict[str, str]) -> str:
 
 def _timing(report_uri: str, wall_s: float) -> dict[str, Any]:
     """Share of wall time in worker inference and in whole worker processes, from the run's markers."""
-    from batch_contract.runstore import RunStore
-
     store = RunStore.open(report_uri.rsplit("/", 1)[0])
     inference = worker = 0.0
     for marker in store.markers().values():
@@ -294,9 +295,7 @@ def task_seconds(db_path: Path, run_id: str) -> dict[str, float]:
 
 
 def _print_summary(report_uri: str, timing: dict[str, Any]) -> None:
-    from batch_contract import storage
-
-    from batch_inference.report import text_summary
+    from batch_inference.report import text_summary  # numpy: only for the summary of a finished run
 
     report = json.loads(storage.read_bytes(report_uri))
     print(text_summary(report))
@@ -362,8 +361,8 @@ def _report_failure(output: DagTestOutput, code: int, log_path: Path) -> int:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from batch_inference.planner import PlanRequest, plan
-    from batch_inference.pod_spec import K8sSettings, render_pod_manifests
+    # the kubernetes provider (~1 s of CPU): render-k8s only
+    from batch_inference.shard_pod import render_pod_manifests
 
     run_id = args.run_id or "render__" + datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     # the DAG's defaults for everything not on the command line (shard_by and the shard cap: PlanRequest's)

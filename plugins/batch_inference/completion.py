@@ -78,7 +78,7 @@ def progress_line(run: str | RunStore, status: CompletionStatus) -> str:
     rows/s and ETA first, shard counts, the shards waited on) when that module is installed, else the
     shard counts and missing shards."""
     try:
-        from batch_inference.progress import collect_progress, format_progress
+        from batch_inference.progress import collect_progress, format_progress  # optional: see the docstring
     except ImportError:
         line = (f"shards complete {status.shards_complete}/{status.shards_total}, rows in complete shards "
                 f"{status.rows_complete}/{status.rows_total}")

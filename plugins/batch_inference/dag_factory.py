@@ -47,7 +47,7 @@ from batch_contract.engine_config import ConfigError
 from batch_inference.approval import ProjectionApprovalOperator
 from batch_inference.assets import MODEL_ASSET, published_alias, table_asset
 from batch_inference.params import REPO_ROOT, RUNNERS, base_params, param_default, replace_field
-from batch_inference.pod_spec import K8sSettings
+from batch_inference.pod_spec import K8sSettings, canary_pod_kwargs, kpo_partial_kwargs
 from batch_inference.sensors import ShardMarkerSensor
 from batch_inference.templating import has_jinja
 
@@ -265,12 +265,11 @@ def build_dag(spec: DagSpec, k8s: K8sSettings | None = None,
 def _k8s_pods(k8s: K8sSettings, planned: Any):
     """``kpo_args`` and the mapped ``infer_k8s`` pod task (``ShardPodOperator``; the provider is imported
     here, only when the ``kubernetes`` runner is enabled). Returns ``(kpo_args task, infer_k8s task)``."""
-    from batch_inference.pod_spec import kpo_partial_kwargs
-    from batch_inference.shard_pod import ShardPodOperator
+    from batch_inference.shard_pod import ShardPodOperator  # parse time: kubernetes runner only
 
     @task
     def kpo_args(refs: list[dict[str, Any]], **context: Any) -> list[dict[str, Any]]:
-        from batch_inference import tasks
+        from batch_inference import tasks  # parse time: a task body imports its module when it runs
 
         return tasks.kpo_args_task(refs, context)
 
@@ -284,8 +283,7 @@ def _k8s_pods(k8s: K8sSettings, planned: Any):
 def _canary_pod(k8s: K8sSettings):
     """The ``canary`` task when the ``kubernetes`` runner is enabled: ``CanaryPodOperator`` (a pod for
     ``runner=kubernetes``, the local subprocess for ``runner=local``; chosen when it runs)."""
-    from batch_inference.canary_pod import CanaryPodOperator
-    from batch_inference.pod_spec import canary_pod_kwargs
+    from batch_inference.canary_pod import CanaryPodOperator  # parse time: kubernetes runner only
 
     return CanaryPodOperator(task_id="canary", **canary_pod_kwargs(k8s))
 
@@ -293,43 +291,43 @@ def _canary_pod(k8s: K8sSettings):
 def _wire(spec: DagSpec, k8s: K8sSettings | None, alias: AssetAlias, runners: tuple[str, ...]) -> None:
     @task
     def plan(**context: Any) -> list[dict[str, Any]]:
-        from batch_inference import tasks
+        from batch_inference import tasks  # parse time: a task body imports its module when it runs
 
         return tasks.plan_task(context, model_from_asset=spec.model_from_asset)
 
     @task
     def canary(**context: Any) -> dict[str, Any]:
-        from batch_inference import canary_task
+        from batch_inference import canary_task  # parse time: a task body imports its module when it runs
 
         return canary_task.canary_task(context)
 
     @task.branch
     def choose_runner(**context: Any) -> str:
-        from batch_inference import tasks
+        from batch_inference import tasks  # parse time: a task body imports its module when it runs
 
         return tasks.choose_runner_task(context, runners=runners)
 
     @task(max_active_tis_per_dagrun=64, retries=3, map_index_template=LOCAL_SHARD_LABEL)
     def infer_local(ref: dict[str, Any], **context: Any) -> dict[str, Any]:
-        from batch_inference import tasks
+        from batch_inference import tasks  # parse time: a task body imports its module when it runs
 
         return tasks.infer_local_task(ref, context)
 
     @task
     def render_k8s(refs: list[dict[str, Any]], **context: Any) -> list[str]:
-        from batch_inference import tasks
+        from batch_inference import tasks  # parse time: a task body imports its module when it runs
 
         return tasks.render_k8s_task(refs, context)
 
     @task(outlets=[alias])
     def publish(gate: dict[str, Any], **context: Any) -> dict[str, Any]:
-        from batch_inference import tasks
+        from batch_inference import tasks  # parse time: a task body imports its module when it runs
 
         return tasks.publish_and_report_task(context, gate, alias)
 
     @task
     def summary(result: dict[str, Any], **context: Any) -> str:
-        from batch_inference import tasks
+        from batch_inference import tasks  # parse time: a task body imports its module when it runs
 
         return tasks.summary_task(result, context)
 

@@ -1,10 +1,13 @@
-"""One shard-task spec for the kubernetes runner: KubernetesPodOperator kwargs and offline rendering.
+"""What the kubernetes runner's pods are: cluster settings and the KubernetesPodOperator kwargs.
 
 :func:`kpo_partial_kwargs` gives the kwargs shared by every shard's pod (``.partial(...)``), and
 :func:`kpo_expand_kwargs` the per-shard ones (``.expand_kwargs(...)``): the worker command and the
-run-id / shard-id labels. :func:`render_pod_manifests` builds the exact pod the provider would submit
-(``build_pod_request_obj(dry_run=True)`` + ``PodGenerator.serialize_pod``) and writes it as YAML,
-with no cluster.
+run-id / shard-id labels; :func:`canary_pod_kwargs` / :func:`canary_command` the canary pod's. The
+operators that run these pods, and the offline build of the exact pod the provider would submit
+(``build_pod`` / ``render_pod_manifests``), are in :mod:`batch_inference.shard_pod`.
+
+Imported when a DAG file parses: the Kubernetes client and provider are imported inside the functions
+that build their objects, not with this module.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ import os
 import re
 from dataclasses import dataclass, field
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from batch_contract.engine_config import ConfigError, WorkerSettings
@@ -136,7 +138,7 @@ class K8sSettings:
 
 
 def _resources(settings: K8sSettings):
-    from kubernetes.client import models as k8s
+    from kubernetes.client import models as k8s  # parse time: kubernetes runner only
 
     limits = {"memory": settings.memory}
     if settings.gpus:
@@ -146,7 +148,7 @@ def _resources(settings: K8sSettings):
 
 
 def _affinity(settings: K8sSettings):
-    from kubernetes.client import models as k8s
+    from kubernetes.client import models as k8s  # parse time: kubernetes runner only
 
     if not settings.prefer_spot:
         return None
@@ -158,13 +160,13 @@ def _affinity(settings: K8sSettings):
 
 
 def _tolerations(settings: K8sSettings):
-    from kubernetes.client import models as k8s
+    from kubernetes.client import models as k8s  # parse time: kubernetes runner only
 
     return [k8s.V1Toleration(**t) for t in settings.tolerations]
 
 
 def _secrets(settings: K8sSettings):
-    from airflow.providers.cncf.kubernetes.secret import Secret
+    from airflow.providers.cncf.kubernetes.secret import Secret  # parse time: kubernetes runner only
 
     out = []
     for env_name, ref in sorted(settings.secret_env.items()):
@@ -312,34 +314,3 @@ def shard_of(arguments: list[str] | None) -> tuple[str, str] | None:
         return args[args.index("--run-dir") + 1], args[args.index("--shard") + 1]
     except IndexError:
         return None
-
-
-def build_pod(ref: dict[str, Any], run_id: str, settings: K8sSettings, worker: WorkerSettings | None = None):
-    """The ``V1Pod`` the provider would create for one shard, built offline (no cluster, no context)."""
-    from batch_inference.shard_pod import ShardPodOperator
-
-    kwargs = {**kpo_partial_kwargs(settings, worker), **kpo_expand_kwargs(ref, run_id)}
-    kwargs["name"] = f"batch-worker-{ref['shard_id']}"
-    op = ShardPodOperator(task_id=f"infer_k8s_{ref['shard_id']}", **kwargs)
-    return op.build_pod_request_obj(None, dry_run=True)
-
-
-def render_pod_manifests(refs: list[dict[str, Any]], run_id: str, settings: K8sSettings, out_dir: str,
-                         worker: WorkerSettings | None = None) -> list[str]:
-    """Write one pod manifest per shard to ``out_dir/<run label>-<shard_id>.yaml``.
-
-    Returns:
-        The written file paths, in shard order.
-    """
-    import yaml
-    from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for ref in refs:
-        manifest = PodGenerator.serialize_pod(build_pod(ref, run_id, settings, worker))
-        path = out / f"{label_value(run_id)}-{ref['shard_id']}.yaml"
-        path.write_text(yaml.safe_dump(manifest, sort_keys=False))
-        paths.append(str(path))
-    return paths

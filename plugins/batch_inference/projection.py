@@ -1,7 +1,8 @@
 """From the canary's measurements to a plan a person reads at a glance: worker-seconds, GPU-hours, cost
 and finish time per parallelism; the cheapest parallelism that meets the deadline; go or refuse.
 
-Pure functions (no Airflow, no torch); ``batch_inference.canary_task`` does the I/O.
+Pure functions (no Airflow, no torch), plus :func:`read_projection`, which reads a run's
+``projection.json`` back; ``batch_inference.canary_task`` runs the canary and writes it.
 
 The model (every figure in seconds, tokens or USD):
 
@@ -21,7 +22,7 @@ The model (every figure in seconds, tokens or USD):
 * **finish time** at parallelism ``p``: the canary's wall time plus the makespan of the shards
   (worker-seconds + process start-up, measured as the canary's wall minus its own elapsed time)
   scheduled longest first on ``p`` workers (the order the fan-out roughly follows);
-* **cost**: worker-seconds priced as the report prices them (``report.cost.worker_cost``, spot and
+* **cost**: worker-seconds priced as the report prices them (``batch_inference.pricing.worker_cost``, spot and
   on-demand), plus the canary's own worker-seconds; **GPU-hours**: worker-seconds x GPUs per worker.
 
 Decision: the parallelisms considered are ``1..max_gpus`` for the kubernetes runner and the local
@@ -34,15 +35,17 @@ limit and what would fit (a row limit, spot pricing, more GPUs).
 from __future__ import annotations
 
 import heapq
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from batch_contract import storage
 from batch_contract.canary import CanaryResult
+from batch_contract.layout import RunLayout
 from batch_contract.manifest import Manifest
 
-from batch_inference.report.cost import worker_cost
-from batch_inference.report.prices import CostParams
+from batch_inference.pricing import CostParams, worker_cost
 
 PROJECTION_SCHEMA_VERSION = 1
 DECISIONS = ("go", "refused_budget", "refused_deadline", "refused_upgrade")
@@ -368,5 +371,19 @@ def _llm_line(c: dict[str, Any]) -> list[str]:
     return ["; ".join(parts)]
 
 
+def read_projection(run_dir: str) -> dict[str, Any] | None:
+    """The run's ``projection.json`` (``runs/<run_id>/projection.json``), or ``None`` when the run had no
+    canary (or it has not run).
+
+    Raises:
+        OSError: the file could not be read (other than not found).
+        ValueError: the file is not JSON.
+    """
+    try:
+        return json.loads(storage.read_bytes(RunLayout.from_run_dir(run_dir).projection_uri))
+    except FileNotFoundError:
+        return None
+
+
 __all__ = ["DECISIONS", "Limits", "RunRefused", "calibration", "format_table", "makespan", "project",
-           "shard_loads", "speed_factor"]
+           "read_projection", "shard_loads", "speed_factor"]

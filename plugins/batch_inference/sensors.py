@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+from batch_inference.approval import rejection_message
 from batch_inference.params import PARAM_FIELDS
 
 if TYPE_CHECKING:
@@ -119,13 +120,13 @@ class ShardMarkerSensor(BaseSensorOperator):
     def _store(self) -> RunStore:
         """One store for this task's life (manifest read once, markers once each)."""
         if getattr(self, "_run_store", None) is None:
-            from batch_contract.runstore import RunStore
+            from batch_contract.runstore import RunStore  # parse time: pyarrow
 
             self._run_store = RunStore.open(self.run_dir)
         return self._run_store
 
     def poke(self, context: Any) -> bool:
-        from batch_inference.completion import check_completion, progress_line
+        from batch_inference.completion import check_completion, progress_line  # parse time: pyarrow
 
         status = check_completion(self._store(), float(self.min_success_ratio))
         self.log.info("%s", progress_line(self._store(), status))
@@ -136,6 +137,8 @@ class ShardMarkerSensor(BaseSensorOperator):
         return False
 
     def execute(self, context: Any) -> dict:
+        # parse time: pyarrow (the run store); this module is imported when a DAG file parses
+        from batch_inference.canary_task import refusal_message
         from batch_inference.completion import check_completion, progress_line
         from batch_inference.triggers import ShardMarkerTrigger
 
@@ -147,14 +150,10 @@ class ShardMarkerSensor(BaseSensorOperator):
                 "(its error, e.g. a missing column or a bad Param, is in the plan task's log); fix it and "
                 "trigger a new run"
             )
-        from batch_inference.canary_task import refusal_message
-
         refused = refusal_message(str(self.run_dir))
         if refused:
             raise AirflowFailException(f"completion gate: nothing to wait for: the canary refused the run "
                                        f"before the fan-out: {refused}")
-        from batch_inference.approval import rejection_message
-
         rejected = rejection_message(str(self.run_dir))
         if rejected:
             raise AirflowFailException(f"completion gate: nothing to wait for: {rejected}")
@@ -187,7 +186,7 @@ class ShardMarkerSensor(BaseSensorOperator):
         return {}
 
     def _fail(self, status: dict[str, Any], why: str) -> None:
-        from batch_inference.completion import name_shards
+        from batch_inference.completion import name_shards  # parse time: pyarrow
 
         missing = list(status.get("missing", []))
         raise AirflowFailException(
@@ -199,7 +198,7 @@ class ShardMarkerSensor(BaseSensorOperator):
 
     def _causes(self, missing: list[str]) -> str:
         """Why the missing shards stopped, from their last attempt records, and what fixes each cause."""
-        from batch_inference.completion import name_shards
+        from batch_inference.completion import name_shards  # parse time: pyarrow
 
         by_cause: dict[str, list[str]] = {}
         for sid in missing[:MAX_CAUSE_READS]:

@@ -18,8 +18,8 @@ finished pod means (:func:`batch_inference.pod_outcome.classify`):
   ``AirflowException``, so the normal ``retries`` with exponential backoff apply.
 
 **Budget stop**: before a try creates a shard's pod, :meth:`ShardPodOperator.execute` prices what the run
-has spent so far (``canary_task.over_budget_message``: the complete shards' markers and the canary); past
-``budget_usd`` by ``canary_task.BUDGET_TOLERANCE`` the try fails with ``AirflowFailException``
+has spent so far (``budget.over_budget_message``: the complete shards' markers and the canary); past
+``budget_usd`` by ``budget.BUDGET_TOLERANCE`` the try fails with ``AirflowFailException``
 (``BUDGET EXCEEDED: ...``, no retry) and no pod is created. A preempted pod's replacement within a try is
 not checked (its shard has already started), nor is a pod a retry reattaches to.
 
@@ -28,14 +28,23 @@ deleted at the timeout, and killing or clearing the task deletes the running pod
 ``on_kill``; while deferred, ``KubernetesPodTrigger.on_kill``, which the Airflow 3.3 triggerer calls
 when a user clears the task or marks it failed or succeeded, and not when the triggerer restarts). Failed pods (exit 1 and 2) are kept, marked
 ``already_checked``, for ``kubectl logs`` (``on_finish_action="delete_succeeded_pod"``).
+
+**Offline**: :func:`build_pod` builds the exact pod this operator would submit for a shard
+(``build_pod_request_obj(dry_run=True)``), and :func:`render_pod_manifests` writes it as YAML
+(``PodGenerator.serialize_pod``), with no cluster: the dry run's ``render_k8s`` task and
+``python -m batch_inference.cli`` use them. The kwargs themselves come from :mod:`batch_inference.pod_spec`.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import yaml
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from batch_contract.engine_config import WorkerSettings
 from kubernetes.client.exceptions import ApiException
 
 from batch_inference.pod_outcome import (
@@ -49,6 +58,7 @@ from batch_inference.pod_outcome import (
     scheduling_failure,
     start_failure,
 )
+from batch_inference.pod_spec import K8sSettings, kpo_expand_kwargs, kpo_partial_kwargs, label_value, shard_of
 
 DEFAULT_MAX_PREEMPTIONS = 20
 """Preempted pods one try may replace before it fails (issue 14: spot deaths are expected)."""
@@ -82,7 +92,7 @@ class ShardPodOperator(KubernetesPodOperator):
         provider's ``execute`` (create the pod and defer).
 
         Raises:
-            AirflowFailException: ``BUDGET EXCEEDED: ...`` (``canary_task.over_budget_message``).
+            AirflowFailException: ``BUDGET EXCEEDED: ...`` (``budget.over_budget_message``).
         """
         message = self.over_budget()
         if message:
@@ -92,14 +102,12 @@ class ShardPodOperator(KubernetesPodOperator):
     def over_budget(self) -> str | None:
         """The ``BUDGET EXCEEDED`` message when this task's shard must not start, else ``None`` (also for a
         command that is not a shard's, e.g. the canary's). Reads the run's manifest and markers."""
-        from batch_inference.pod_spec import shard_of
-
         shard = shard_of(self.arguments)
         if shard is None:
             return None
-        from batch_inference.canary_task import over_budget_message
-        from batch_inference.planner import manifest_for
-        from batch_inference.tasks import run_config_of
+        # parse time: the run store imports pyarrow; this module is imported when a DAG file parses
+        from batch_inference.budget import over_budget_message
+        from batch_inference.planned import manifest_for, run_config_of
 
         run_dir, shard_id = shard
         return over_budget_message(run_dir, run_config_of(manifest_for(run_dir)), shard_id)
@@ -202,3 +210,37 @@ class ShardPodOperator(KubernetesPodOperator):
         self.log.error("%s; deleting the pod", message)
         self.pod_manager.delete_pod(pod)
         raise AirflowException(message)
+
+
+# -- the pod, built offline ------------------------------------------------------------------------
+def build_pod(ref: dict[str, Any], run_id: str, settings: K8sSettings, worker: WorkerSettings | None = None):
+    """The ``V1Pod`` the provider would create for one shard, built offline (no cluster, no context).
+
+    Raises:
+        ConfigError: grace period too short (:func:`~batch_inference.pod_spec.kpo_partial_kwargs`).
+    """
+    kwargs = {**kpo_partial_kwargs(settings, worker), **kpo_expand_kwargs(ref, run_id)}
+    kwargs["name"] = f"batch-worker-{ref['shard_id']}"
+    op = ShardPodOperator(task_id=f"infer_k8s_{ref['shard_id']}", **kwargs)
+    return op.build_pod_request_obj(None, dry_run=True)
+
+
+def render_pod_manifests(refs: list[dict[str, Any]], run_id: str, settings: K8sSettings, out_dir: str,
+                         worker: WorkerSettings | None = None) -> list[str]:
+    """Write one pod manifest per shard to ``out_dir/<run label>-<shard_id>.yaml``.
+
+    Returns:
+        The written file paths, in shard order.
+
+    Raises:
+        ConfigError: grace period too short (:func:`~batch_inference.pod_spec.kpo_partial_kwargs`).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for ref in refs:
+        manifest = PodGenerator.serialize_pod(build_pod(ref, run_id, settings, worker))
+        path = out / f"{label_value(run_id)}-{ref['shard_id']}.yaml"
+        path.write_text(yaml.safe_dump(manifest, sort_keys=False))
+        paths.append(str(path))
+    return paths

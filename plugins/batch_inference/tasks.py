@@ -5,26 +5,35 @@ step testable without a scheduler. Airflow-side only: no torch, no vLLM.
 
 The plan task is the only one that resolves the Params (:func:`run_config`: render, validate, apply the
 Asset event's model); it records the resolved :class:`RunConfig` in the manifest's ``params``. Every later
-task reads that record (:func:`planned_run`) instead of resolving the raw Params again, so all tasks of a
-run see one config.
+task reads that record (:func:`batch_inference.planned.planned_run`) instead of resolving the raw Params
+again, so all tasks of a run see one config.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import fields
-from pathlib import Path
 from typing import Any
 
+from batch_contract import storage
 from batch_contract.engine_config import ConfigError
 from batch_contract.layout import RunLayout
 from batch_contract.manifest import Manifest
 
-from batch_inference.params import REPO_ROOT, RunConfig, resolve_run_config
-from batch_inference.planner import PlanRequest, manifest_for, plan
+from batch_inference.assets import table_asset
+from batch_inference.budget import over_budget_message
+from batch_inference.carryover import carry_over, index_published
+from batch_inference.local_runner import ShardBadInputError, ShardRetryableError, run_shard
+from batch_inference.params import REPO_ROOT, RunConfig, default_model_path, resolve_run_config
+from batch_inference.planned import manifest_for, planned_run, run_config_of, run_dir_of
+from batch_inference.planner import PlanRequest, plan
+from batch_inference.pod_spec import K8sSettings, kpo_expand_kwargs
 from batch_inference.policy import policy_for
+from batch_inference.publish.target import DEFAULT_SCHEMA
+from batch_inference.run_target import check_publish_target, publish_target
+from batch_inference.templating import dag_defaults, resolve_templates
 
 log = logging.getLogger(__name__)
 
@@ -41,39 +50,10 @@ def run_config(context: Mapping[str, Any], overrides: Mapping[str, Any] | None =
     Raises:
         ConfigError: naming ``params.<field>`` (or ``BATCH_INFERENCE_POLICY`` for a broken policy file).
     """
-    from batch_inference.templating import dag_defaults, resolve_templates
-
     params = dict(context["params"])
     params.update(overrides or {})
     params = resolve_templates(params, dag_defaults(context["dag"]), context)
     return resolve_run_config(params, policy_for(context["dag"].dag_id))
-
-
-def run_dir_of(cfg: RunConfig, run_id: str, dag_id: str) -> str:
-    """``<output_root>/runs/<dag_id>/<run_id>`` (:class:`batch_contract.layout.RunLayout`)."""
-    return RunLayout(cfg.output_root, run_id, dag_id).run_dir
-
-
-def run_config_of(manifest: Manifest) -> RunConfig:
-    """The :class:`RunConfig` the plan task resolved, read back from ``manifest.params`` (other keys
-    there, such as ``dag_id``, are ignored; a field missing from an older manifest takes its default)."""
-    names = {f.name for f in fields(RunConfig)}
-    return RunConfig(**{k: v for k, v in manifest.params.items() if k in names})
-
-
-def planned_run(context: Mapping[str, Any]) -> tuple[RunConfig, Manifest, str]:
-    """``(config, manifest, run_dir)`` of this run as planned: the run dir the plan task pushed as XCom
-    ``run_dir``, its manifest, and the resolved config recorded in it.
-
-    Raises:
-        ConfigError: the plan task pushed no run dir (it did not run in this DAG run).
-        FileNotFoundError: no manifest under that run dir.
-    """
-    run_dir = context["ti"].xcom_pull(task_ids="plan", key="run_dir")
-    if not run_dir:
-        raise ConfigError("run_dir: the plan task pushed no XCom 'run_dir' in this DAG run; plan first")
-    manifest = manifest_for(run_dir)
-    return run_config_of(manifest), manifest, run_dir
 
 
 def _extra_of(event: Any) -> dict[str, Any]:
@@ -165,10 +145,6 @@ def carry_over_task(cfg: RunConfig, manifest: Manifest, run_dir: str, refs: list
     task (no pod, no subprocess). Off for ``reuse: off``, dry runs and empty plans."""
     if cfg.reuse != "same_root" or cfg.dry_run or not manifest.shards:
         return refs
-    from batch_inference.carryover import carry_over
-    from batch_inference.params import default_model_path
-    from batch_inference.pod_spec import K8sSettings
-
     image = K8sSettings.from_env().image if cfg.runner == "kubernetes" else None
     plan = carry_over(manifest, run_dir, runner=cfg.runner, image=image, default_model=default_model_path())
     if plan.disabled:
@@ -208,16 +184,12 @@ def infer_local_task(ref: dict[str, Any], context: Mapping[str, Any]) -> dict[st
 
     Raises:
         AirflowFailException: worker exit 2 (bad input), or the run's actual spend has passed ``budget_usd``
-            (``canary_task.over_budget_message``; the shard is not started): no retry.
+            (``budget.over_budget_message``; the shard is not started): no retry.
         AirflowException: worker exit 75 / 1 / other: retried with backoff.
     """
     from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-    from batch_inference.local_runner import ShardBadInputError, ShardRetryableError, run_shard
-
     parallelism = int(context["params"].get("parallelism", 0))  # 0: fit the machine
-    from batch_inference.canary_task import over_budget_message
-
     over = over_budget_message(ref["run_dir"], run_config_of(manifest_for(ref["run_dir"])), ref["shard_id"])
     if over:
         raise AirflowFailException(over)
@@ -231,14 +203,12 @@ def infer_local_task(ref: dict[str, Any], context: Mapping[str, Any]) -> dict[st
 
 def kpo_args_task(refs: list[dict[str, Any]], context: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Per-shard ``expand_kwargs`` for the mapped pod task (see :func:`pod_spec.kpo_expand_kwargs`)."""
-    from batch_inference.pod_spec import kpo_expand_kwargs
-
     return [kpo_expand_kwargs(ref, context["run_id"]) for ref in refs]
 
 
 def render_k8s_task(refs: list[dict[str, Any]], context: Mapping[str, Any], out_dir: str = RENDER_DIR) -> list[str]:
     """Dry run: write the pod manifests the kubernetes runner would create to ``out_dir``."""
-    from batch_inference.pod_spec import K8sSettings, render_pod_manifests
+    from batch_inference.shard_pod import render_pod_manifests  # the kubernetes provider: dry runs only
 
     if not refs:
         log.info("dry run: the plan has no shards, so no pod manifests")
@@ -250,67 +220,8 @@ def render_k8s_task(refs: list[dict[str, Any]], context: Mapping[str, Any], out_
     return paths
 
 
-def publish_target(cfg: RunConfig):
-    """The :class:`PublishTarget` for the run; resolves ``postgres_conn_id`` (postgres) or
-    ``iceberg_catalog_conn_id`` (iceberg, optional) to a DSN via Airflow. The Iceberg warehouse is
-    ``<output_root>/iceberg/warehouse``.
-
-    Raises:
-        ConfigError: the connection id does not exist.
-    """
-    from batch_inference.publish import PublishTarget
-
-    if cfg.publish_backend == "duckdb":
-        Path(cfg.duckdb_path).parent.mkdir(parents=True, exist_ok=True)
-        return PublishTarget(backend="duckdb", table=cfg.output_table, duckdb_path=cfg.duckdb_path)
-    if cfg.publish_backend == "iceberg":
-        dsn = _conn_dsn("iceberg_catalog_conn_id", cfg.iceberg_catalog_conn_id) if cfg.iceberg_catalog_conn_id else None
-        warehouse = cfg.output_root.rstrip("/") + "/iceberg/warehouse"
-        return PublishTarget(backend="iceberg", table=cfg.output_table, iceberg_warehouse=warehouse, dsn=dsn)
-    return PublishTarget(backend="postgres", table=cfg.output_table,
-                         dsn=_conn_dsn("postgres_conn_id", cfg.postgres_conn_id))
-
-
-def check_publish_target(cfg: RunConfig) -> None:
-    """Fail the run before any shard when its output table exists but publish did not create it, or its
-    connection cannot be used (:func:`batch_inference.publish.check_target`; reads only).
-
-    Raises:
-        ConfigError: ``params.output_table: ...`` naming the foreign tables, or ``params.<conn field>:
-            ...`` for a missing, wrong-type or unreachable connection (never its URI).
-    """
-    from batch_inference.publish import check_target
-    from batch_inference.publish.errors import ForeignTableError, PublishConnectionError
-
-    try:
-        check_target(publish_target(cfg))
-    except ForeignTableError as exc:
-        raise ConfigError(f"params.output_table: {exc}") from None
-    except PublishConnectionError as exc:
-        raise ConfigError(str(exc) if str(exc).startswith("params.") else f"params.publish_backend: {exc}") from None
-
-
-def _conn_dsn(field: str, conn_id: str) -> str:
-    """``postgresql://`` URI of an Airflow connection of a PostgreSQL type (a secret: it goes only into a
-    ``PublishTarget``, whose ``repr`` leaves it out).
-
-    Raises:
-        ConfigError: the connection does not exist or is of another type (the message names
-            ``params.<field>``, the id and the type, never the URI).
-    """
-    from batch_inference.publish.connections import airflow_postgres_dsn
-    from batch_inference.publish.errors import PublishConnectionError
-
-    try:
-        return airflow_postgres_dsn(conn_id, field=field)
-    except PublishConnectionError as exc:
-        raise ConfigError(str(exc)) from None
-
-
 def empty_publish_summary(cfg: RunConfig, fingerprint: str) -> dict[str, Any]:
     """The publish summary of a run with no input rows: a no-op that leaves the table untouched."""
-    from batch_inference.publish.target import DEFAULT_SCHEMA
-
     return {"table": cfg.output_table, "schema": DEFAULT_SCHEMA, "backend": cfg.publish_backend,
             "fingerprint": fingerprint,
             "rows_input": 0, "rows_published": 0, "rows_dead_letter": 0, "rows_missing": 0,
@@ -328,6 +239,7 @@ def publish_and_report_task(context: Mapping[str, Any], gate: dict[str, Any] | N
     Returns:
         ``{"publish": <publish summary>, "report_json": <uri>, "asset_extra": {...}}``.
     """
+    # duckdb, pyarrow, numpy: loaded by this task only, not by every task of the run
     from batch_inference.publish import publish_run
     from batch_inference.report import asset_extra, build_report
 
@@ -339,16 +251,12 @@ def publish_and_report_task(context: Mapping[str, Any], gate: dict[str, Any] | N
         summary = publish_run(run_dir, publish_target(cfg), min_success_ratio=cfg.min_success_ratio)
         log.info("published: %s", summary)
         if cfg.reuse == "same_root":
-            from batch_inference.carryover import index_published
-
             log.info("indexed %d shard(s) for carry-over by later runs", index_published(run_dir))
     report = build_report(run_dir, dag_id=context["dag"].dag_id, publish_summary=summary,
                           cost_params=cfg.cost_params())
     extra = {**asset_extra(report), "run_id": context["run_id"], "table": summary.get("table"),
              "fingerprint": summary.get("fingerprint"), "rows_published": summary.get("rows_published"),
              "rows_dead_letter": summary.get("rows_dead_letter")}
-    from batch_inference.assets import table_asset
-
     context["outlet_events"][alias].add(table_asset(summary.get("table") or cfg.output_table), extra=extra)
     return {"publish": summary, "report_json": RunLayout.from_run_dir(run_dir).report_json_uri,
             "asset_extra": extra}
@@ -356,11 +264,7 @@ def publish_and_report_task(context: Mapping[str, Any], gate: dict[str, Any] | N
 
 def summary_task(result: dict[str, Any], context: Mapping[str, Any]) -> str:
     """Log the report's human summary and the report path (the line ``batch_inference.cli`` parses)."""
-    import json
-
-    from batch_contract import storage
-
-    from batch_inference.report import text_summary
+    from batch_inference.report import text_summary  # numpy, pyarrow: loaded by this task only
 
     report = json.loads(storage.read_bytes(result["report_json"]))
     for line in text_summary(report).splitlines():

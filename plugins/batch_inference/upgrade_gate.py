@@ -40,6 +40,8 @@ from batch_contract.layout import DEAD_LETTER_PREFIX, PART_PREFIX, join_uri
 from batch_contract.runstore import RunStore
 
 from batch_inference.params import RunConfig
+from batch_inference.publish.backend import read_published
+from batch_inference.run_target import publish_target
 
 log = logging.getLogger(__name__)
 
@@ -189,8 +191,6 @@ def compare_with_published(cfg: RunConfig, run_dir: str, canary: CanaryResult, t
     Raises:
         The storage driver's errors (reading the live table), ``OSError`` reading the canary's parts.
     """
-    from batch_inference.publish.backend import read_published
-
     th = Thresholds.of(cfg)
     section: dict[str, Any] = {"mode": cfg.upgrade_gate, "thresholds": asdict(th), "table": target.describe(),
                                "fingerprint": canary.fingerprint, "previous": None, "rows_compared": 0,
@@ -279,11 +279,9 @@ def apply(projection: dict[str, Any], cfg: RunConfig, run_dir: str, canary: Cana
     refused at any price) and message. Logs the outcome. Returns ``projection``.
 
     Args:
-        target: the publish target (default :func:`batch_inference.tasks.publish_target` of ``cfg``).
+        target: the publish target (default :func:`batch_inference.run_target.publish_target` of ``cfg``).
     """
     if target is None:
-        from batch_inference.tasks import publish_target
-
         target = publish_target(cfg)
     section = compare_with_published(cfg, run_dir, canary, target)
     projection["upgrade"] = section

@@ -1,5 +1,5 @@
 """The real worker inside a pod of the live cluster: the exact pod the kubernetes runner submits for a
-shard (``pod_spec.build_pod``), executed by the node agent with ``.venv/bin/batch-worker`` and the real
+shard (``shard_pod.build_pod``), executed by the node agent with ``.venv/bin/batch-worker`` and the real
 MiniLM, commits the shard (``_SUCCESS.json`` with every row accounted for) on local storage."""
 
 from __future__ import annotations

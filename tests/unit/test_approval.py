@@ -21,8 +21,8 @@ from batch_inference.approval import (
     wait_seconds,
     write_approval,
 )
+from batch_inference.pricing import cost_params_from_dict
 from batch_inference.projection import Limits, format_table, project
-from batch_inference.report.prices import cost_params_from_dict
 
 
 def _projection(**limits) -> dict:

@@ -1,5 +1,5 @@
 """The in-run budget stop: once the run's actual spend passes ``budget_usd`` by the tolerance, no new
-shard starts (``canary_task.over_budget_message``, checked by ``infer_local`` before each shard)."""
+shard starts (``budget.over_budget_message``, checked by ``infer_local`` before each shard)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
-from batch_inference.canary_task import BUDGET_TOLERANCE, over_budget_message, spent_usd
+from batch_inference.budget import BUDGET_TOLERANCE, over_budget_message, spent_usd
 from batch_inference.params import RunConfig
-from batch_inference.report.prices import cost_params_from_dict
+from batch_inference.pricing import cost_params_from_dict
 from synthetic_runs import RunSpec, build_run, write_input
 
 PARAMS = {"accelerator": "nvidia-l4", "gpu_hour_usd_spot": 3.6}  # $0.001 per worker-second

@@ -21,8 +21,8 @@ from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 from batch_contract import storage
 from batch_contract.canary import CanaryResult
 from batch_contract.layout import RunLayout
+from batch_inference.budget import BUDGET_TOLERANCE
 from batch_inference.canary_pod import CanaryPodOperator
-from batch_inference.canary_task import BUDGET_TOLERANCE
 from batch_inference.pod_outcome import run_window
 from batch_inference.pod_spec import (
     K8sSettings,

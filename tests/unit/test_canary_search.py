@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from batch_contract.canary import AutotuneTrial, CanaryResult, TuningProfile, profile_uri
 from batch_contract.manifest import InputFile, InputSpec, Manifest, Segment, ShardSpec
+from batch_inference.pricing import cost_params_from_dict
 from batch_inference.projection import Limits, RunRefused, calibration, format_table, makespan, project
-from batch_inference.report.prices import cost_params_from_dict
 from batch_worker.autotune import BudgetSearch, stratified_order
 from batch_worker.canary import (
     SHAPE_FACTOR_BOUNDS,

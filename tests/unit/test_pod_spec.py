@@ -13,8 +13,8 @@ from batch_inference.pod_spec import (
     kpo_expand_kwargs,
     kpo_partial_kwargs,
     label_value,
-    render_pod_manifests,
 )
+from batch_inference.shard_pod import render_pod_manifests
 
 IMAGE = "europe-docker.pkg.dev/acme/ml/batch-worker@sha256:" + "ab" * 32
 RUN_ID = "manual__2026-11-30T02:43:00.123456+00:00"

@@ -10,8 +10,8 @@ from typing import Any
 
 from batch_contract.canary import AutotuneTrial, CanaryResult
 from batch_contract.manifest import InputFile, InputSpec, Manifest, Segment, ShardSpec
+from batch_inference.pricing import cost_params_from_dict
 from batch_inference.projection import DECISIONS, Limits, format_table, project
-from batch_inference.report.prices import cost_params_from_dict
 from batch_worker.canary import anchored_seconds_per_token, fit_engine_time, speed_trials
 from hypothesis import given, settings
 from hypothesis import strategies as st

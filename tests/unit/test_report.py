@@ -25,8 +25,8 @@ from batch_contract.layout import RunLayout
 from batch_contract.manifest import InputFile, InputSpec, Manifest, Segment, ShardSpec
 from batch_contract.marker import AttemptRecord, ShardMarker, ShardProgress
 from batch_contract.schemas import part_schema
+from batch_inference.pricing import DEFAULT_PRICES, cost_params_from_dict
 from batch_inference.report import asset_extra, build_report, markdown_summary, text_summary, validate_report
-from batch_inference.report.prices import DEFAULT_PRICES, cost_params_from_dict
 
 DAG_ID = "batch_embed"
 COST = {"accelerator": "nvidia-l4", "gpu_count": 2, "pricing": "spot", "spot_usd_per_gpu_hour": 1.8,

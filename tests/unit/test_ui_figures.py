@@ -16,7 +16,7 @@ from batch_contract.layout import RunLayout, join_uri
 from batch_contract.manifest import Manifest
 from batch_contract.marker import AttemptRecord, ShardMarker, ShardProgress
 from batch_contract.runstore import RunStore
-from batch_inference.report.prices import DEFAULT_PRICES
+from batch_inference.pricing import DEFAULT_PRICES
 from batch_inference.ui import deadletters
 from batch_inference.ui.discovery import RunRecord
 from batch_inference.ui.figures import model_label

@@ -113,7 +113,7 @@ def nothing_stored(target: PublishTarget) -> bool:
     if target.backend == "duckdb":
         return not Path(target.duckdb_path or "").exists()
     if target.backend == "iceberg":
-        from batch_inference.publish.iceberg_backend import sqlite_catalog_file
+        from batch_inference.publish.iceberg_backend import sqlite_catalog_file  # pyiceberg: iceberg only
 
         path = sqlite_catalog_file(target)
         return path is not None and not path.exists()

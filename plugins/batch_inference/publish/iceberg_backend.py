@@ -50,7 +50,7 @@ from pyiceberg.table import Table, Transaction
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.table.update.snapshot import ManageSnapshots
 
-from batch_inference.publish import duckdb_backend
+import batch_inference.publish.duckdb_backend as duckdb_backend
 from batch_inference.publish.coverage import Coverage
 from batch_inference.publish.errors import ForeignTableError, PublishConnectionError, PublishError
 from batch_inference.publish.record import LOG_COLUMNS, PublishRecord

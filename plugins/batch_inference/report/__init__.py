@@ -13,8 +13,8 @@ Never imports Airflow, torch or vLLM (matplotlib only when rendering HTML). See 
 
 from __future__ import annotations
 
+from batch_inference.pricing import DEFAULT_PRICES, PRICES_TAKEN_ON, cost_params_from_dict
 from batch_inference.report.build import REPORT_SCHEMA_VERSION, build_report
-from batch_inference.report.prices import DEFAULT_PRICES, PRICES_TAKEN_ON, cost_params_from_dict
 from batch_inference.report.schema import SCHEMA_PATH, load_schema, validate_report
 from batch_inference.report.summary import asset_extra, markdown_summary, text_summary
 

@@ -13,16 +13,24 @@ from batch_contract.engine_config import WorkerSettings
 from batch_contract.hostinfo import describe
 from batch_contract.jsonutil import pretty_json
 from batch_contract.marker import ShardMarker
+from batch_contract.runstore import RunStore
 from batch_contract.version import SCHEMA_VERSION
 
-from batch_inference.report import aggregate as agg
-from batch_inference.report import tokens as tok
+import batch_inference.report.aggregate as agg
+import batch_inference.report.tokens as tok
+from batch_inference.pricing import (
+    CostParams,
+    cost_by_stage,
+    cost_params_from_dict,
+    per_million,
+    pricing_counterfactuals,
+    worker_cost,
+)
+from batch_inference.projection import read_projection
 from batch_inference.report.attempts import OUTCOMES, summarize_attempts
 from batch_inference.report.collect import IO_THREADS, RunData, load_run
-from batch_inference.report.cost import cost_by_stage, per_million, pricing_counterfactuals, worker_cost
 from batch_inference.report.history import recent_runs
 from batch_inference.report.plan_vs_actual import projection_section
-from batch_inference.report.prices import CostParams, cost_params_from_dict
 
 REPORT_SCHEMA_VERSION = 1
 """Version of the ``report.json`` layout (``report.schema.json``); bump on any incompatible change."""
@@ -156,7 +164,7 @@ def compute_report(data: RunData, *, dag_id: str, publish_summary: dict[str, Any
         canary_worker_seconds: the canary's own stage seconds (model load included): its rows are
             committed into the shards, whose markers count only their own work, so the report adds them
             as the stage ``canary`` (in ``worker_seconds``, ``gpu_seconds`` and every cost figure, as the
-            in-run budget check ``canary_task.spent_usd`` prices the run).
+            in-run budget check ``budget.spent_usd`` prices the run).
     """
     layout, manifest = data.layout, data.manifest
     markers = [data.markers[s.shard_id] for s in manifest.shards if s.shard_id in data.markers]
@@ -282,10 +290,6 @@ def compute_report(data: RunData, *, dag_id: str, publish_summary: dict[str, Any
 def _projection_inputs(run_dir: str) -> tuple[dict[str, Any] | None, float]:
     """The run's ``projection.json`` (``None`` without one) and the canary's stage seconds, idle excluded
     (``canary.json``; 0.0 without a canary)."""
-    from batch_contract.runstore import RunStore
-
-    from batch_inference.canary_task import read_projection
-
     projection = read_projection(run_dir)
     canary = RunStore.open(run_dir).canary()
     seconds = sum(v for k, v in canary.stage_seconds.items() if k != "idle") if canary else 0.0
@@ -301,7 +305,7 @@ def build_report(run_dir: str, *, dag_id: str, publish_summary: dict[str, Any] |
         dag_id: the run's DAG id; runs of the same DAG under ``<output_root>/runs/`` feed the history chart.
         publish_summary: the publish task's summary (``rows_published``, ``rows_dead_letter``,
             ``rows_missing``, ``duplicates_removed``, ``publish_seconds``, ...) or ``None``.
-        cost_params: see :func:`~batch_inference.report.prices.cost_params_from_dict`.
+        cost_params: see :func:`~batch_inference.pricing.cost_params_from_dict`.
         write_html: also render and write ``report.html`` (default ``True``).
 
     Returns:

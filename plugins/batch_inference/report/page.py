@@ -5,7 +5,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from batch_inference.report import fmt
+import batch_inference.report.fmt as fmt
 from batch_inference.report.charts import render_all
 
 MAX_TABLE_ROWS = 500

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from batch_inference.pricing import CostParams, worker_cost
 from batch_inference.report.aggregate import parse_time
-from batch_inference.report.cost import worker_cost
-from batch_inference.report.prices import CostParams
 
 
 def _error(projected: float | None, actual: float | None) -> float | None:

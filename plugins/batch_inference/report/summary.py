@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from batch_inference.report import fmt
+import batch_inference.report.fmt as fmt
 
 EXTRA_KEYS = (
     "schema_version",

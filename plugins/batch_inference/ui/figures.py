@@ -5,7 +5,7 @@ Everything comes from the run's objects in storage, read through the contract's 
 worker process. The row counts and the live rate are :func:`batch_inference.progress.collect_progress`'s
 (the gate's progress line uses the same rule); attempts, preemptions and worker seconds are the cost
 report's (:func:`batch_inference.report.attempts.summarize_attempts`); prices are the run's own
-(``manifest.params``, :func:`batch_inference.report.prices.cost_params_from_dict`). Once ``report.json``
+(``manifest.params``, :func:`batch_inference.pricing.cost_params_from_dict`). Once ``report.json``
 exists, its cost figures win (they include publish time).
 """
 
@@ -16,10 +16,9 @@ from typing import Any
 
 from batch_contract.manifest import Manifest
 
+from batch_inference.pricing import CostParams, cost_params_from_dict, per_million, worker_cost
 from batch_inference.report.attempts import summarize_attempts
 from batch_inference.report.collect import RunData
-from batch_inference.report.cost import per_million, worker_cost
-from batch_inference.report.prices import CostParams, cost_params_from_dict
 
 COST_PARAM_KEYS = ("accelerator", "pricing", "gpu_hour_usd_spot", "gpu_hour_usd_on_demand")
 """Keys of ``manifest.params`` (the plan's resolved RunConfig) that price a run

@@ -1,12 +1,21 @@
-"""Default $/GPU-hour prices per accelerator type, and the cost parameters of one run.
+"""Prices and cost maths of a run: what one accelerator-hour costs, and how measured seconds become USD.
 
-Every default carries its source and the date it was taken. They are list prices for one region and
-drift over time: pass your own ``spot_usd_per_gpu_hour`` / ``on_demand_usd_per_gpu_hour`` in
-``cost_params`` for anything that matters (a negotiated contract, another region or cloud).
+Used before and during the run (the canary's projection, :mod:`batch_inference.projection`, and the in-run budget
+stop, :mod:`batch_inference.budget`) and after it (the cost report, :mod:`batch_inference.report`), so
+all three price the same seconds the same way.
 
-A "GPU-hour" here is one accelerator held for one hour *including its share of the host VM* (vCPUs,
-memory) that the cloud bundles with it, because that is what a GPU pod pays for. The ``cpu`` entry is
-one whole 2-vCPU / 8 GiB machine per hour (local runs and CPU-only workers count one "device" each).
+Prices: every default (:data:`DEFAULT_PRICES`) carries its source and the date it was taken. They are
+list prices for one region and drift over time: pass your own ``spot_usd_per_gpu_hour`` /
+``on_demand_usd_per_gpu_hour`` in ``cost_params`` for anything that matters (a negotiated contract,
+another region or cloud). A "GPU-hour" here is one accelerator held for one hour *including its share
+of the host VM* (vCPUs, memory) that the cloud bundles with it, because that is what a GPU pod pays for.
+The ``cpu`` entry is one whole 2-vCPU / 8 GiB machine per hour (local runs and CPU-only workers count one
+"device" each).
+
+Cost maths: seconds x devices x $/device-hour, split by stage, and the on-demand/spot counterfactual.
+The report prices what the workers measured (``stage_seconds`` of the shard markers, summed over
+attempts, so time lost to preemptions is paid for) plus the publish task's seconds. Pod scheduling and
+image pulls happen before the worker starts and are not measured, so they are not priced.
 """
 
 from __future__ import annotations
@@ -194,3 +203,50 @@ def cost_params_from_dict(data: dict[str, Any] | None) -> CostParams:
         price_taken_on="" if user_priced else default.taken_on,
     )
 
+PER_MILLION = 1_000_000
+"""Units per million (``*_per_million_*`` figures)."""
+
+
+def per_million(cost_usd: float, count: int | float) -> float | None:
+    """``cost_usd / count * 1e6`` (USD per million units), or ``None`` when ``count`` is 0."""
+    return cost_usd / count * PER_MILLION if count else None
+
+
+def worker_cost(seconds: float, params: CostParams, usd_per_gpu_hour: float | None = None) -> float:
+    """USD for ``seconds`` of one worker holding ``params.gpu_count`` accelerators.
+
+    Args:
+        seconds: worker wall-clock seconds.
+        params: cost parameters.
+        usd_per_gpu_hour: price override (default: the price paid, ``params.usd_per_gpu_hour``).
+    """
+    rate = params.usd_per_gpu_hour if usd_per_gpu_hour is None else usd_per_gpu_hour
+    return seconds * params.gpu_count * rate / 3600.0
+
+
+def cost_by_stage(stage_seconds: dict[str, float], publish_seconds: float, params: CostParams) -> dict[str, float]:
+    """USD by stage: worker stages at the accelerator price, ``publish`` at the publish machine price."""
+    out = {stage: worker_cost(sec, params) for stage, sec in stage_seconds.items()}
+    out["publish"] = publish_seconds * params.publish_usd_per_hour / 3600.0
+    return out
+
+
+def pricing_counterfactuals(
+    worker_seconds: float, publish_usd: float, rows: int, params: CostParams
+) -> dict[str, Any]:
+    """The same measured seconds priced spot and on-demand.
+
+    Returns:
+        ``{"spot": {...}, "on_demand": {...}}``, each ``{"cost_usd", "cost_per_million_rows_usd",
+        "delta_vs_actual_usd"}`` (positive delta: that mode would have cost more).
+    """
+    actual = worker_cost(worker_seconds, params) + publish_usd
+    out: dict[str, Any] = {}
+    for mode, rate in (("spot", params.spot_usd_per_gpu_hour), ("on_demand", params.on_demand_usd_per_gpu_hour)):
+        cost = worker_cost(worker_seconds, params, rate) + publish_usd
+        out[mode] = {
+            "cost_usd": cost,
+            "cost_per_million_rows_usd": per_million(cost, rows),
+            "delta_vs_actual_usd": cost - actual,
+        }
+    return out
