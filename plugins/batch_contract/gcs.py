@@ -652,10 +652,13 @@ class GcsBackend(StorageBackend):
     """``gs://bucket/key`` objects: the module functions above as a :class:`StorageBackend`.
 
     ``shared``: every machine with credentials sees the same objects (what Kubernetes pods need).
+    ``arrow_filesystem_required``: a library's own GCS client (pyiceberg's) ignores
+    ``STORAGE_EMULATOR_HOST`` and ``BATCH_GCS_CREDENTIALS_JSON``; :meth:`arrow_filesystem` honours them.
     """
 
     scheme = "gs"
     shared = True
+    arrow_filesystem_required = True
 
     def read_bytes(self, uri: str) -> bytes:
         """See :func:`read_bytes`."""

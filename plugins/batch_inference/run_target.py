@@ -8,33 +8,27 @@ resolved to a DSN through Airflow (:mod:`batch_inference.publish.connections`). 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from batch_contract.engine_config import ConfigError
 
 from batch_inference.params import RunConfig
 from batch_inference.publish.connections import airflow_postgres_dsn
 from batch_inference.publish.errors import ForeignTableError, PublishConnectionError
+from batch_inference.publish.registry import backend_class
 from batch_inference.publish.target import PublishTarget
 
 
 def publish_target(cfg: RunConfig) -> PublishTarget:
-    """The :class:`PublishTarget` for the run; resolves ``postgres_conn_id`` (postgres) or
-    ``iceberg_catalog_conn_id`` (iceberg, optional) to a DSN via Airflow. The Iceberg warehouse is
-    ``<output_root>/iceberg/warehouse``; for DuckDB the database file's directory is created.
+    """The :class:`PublishTarget` for the run, built by its backend (``target_from_config`` of the class
+    :mod:`batch_inference.publish.registry` names for ``cfg.publish_backend``): a connection id the
+    backend reads (``postgres_conn_id``; ``iceberg_catalog_conn_id`` when set) is resolved to a DSN via
+    Airflow; the DuckDB file's directory is created; the Iceberg warehouse is
+    ``<output_root>/iceberg/warehouse``.
 
     Raises:
         ConfigError: the connection id does not exist or is not a PostgreSQL connection.
+        ImportError: the backend's driver is not installed.
     """
-    if cfg.publish_backend == "duckdb":
-        Path(cfg.duckdb_path).parent.mkdir(parents=True, exist_ok=True)
-        return PublishTarget(backend="duckdb", table=cfg.output_table, duckdb_path=cfg.duckdb_path)
-    if cfg.publish_backend == "iceberg":
-        dsn = _conn_dsn("iceberg_catalog_conn_id", cfg.iceberg_catalog_conn_id) if cfg.iceberg_catalog_conn_id else None
-        warehouse = cfg.output_root.rstrip("/") + "/iceberg/warehouse"
-        return PublishTarget(backend="iceberg", table=cfg.output_table, iceberg_warehouse=warehouse, dsn=dsn)
-    return PublishTarget(backend="postgres", table=cfg.output_table,
-                         dsn=_conn_dsn("postgres_conn_id", cfg.postgres_conn_id))
+    return backend_class(cfg.publish_backend).target_from_config(cfg, _conn_dsn)
 
 
 def check_publish_target(cfg: RunConfig) -> None:

@@ -33,7 +33,7 @@ from batch_contract.storage.base import AlreadyExistsError, InputRefusedError, S
 
 __all__ = [
     "BACKENDS", "AlreadyExistsError", "InputRefusedError", "StorageBackend", "StorageError", "arrow_filesystem",
-    "backend_for", "check_under_roots", "clean_temp", "content_tag", "copy", "delete", "exists", "is_gcs", "is_local",
+    "backend_for", "check_under_roots", "clean_temp", "content_tag", "copy", "delete", "exists", "is_local",
     "is_under", "list_names", "list_sizes", "list_tree", "local_path", "localize", "makedirs", "move", "normalize",
     "open_input_file", "open_input_stream", "read_bytes", "register_backend", "scheme_of", "unregister_backend",
     "write_create_only", "write_replace",
@@ -111,11 +111,6 @@ def backend_for(uri: str) -> StorageBackend:
 
 
 # ------------------------------------------------------------------------------------------ schemes
-
-
-def is_gcs(uri: str) -> bool:
-    """Whether ``uri`` is a ``gs://`` URI (prefer :func:`is_local` / a backend attribute in new code)."""
-    return uri.startswith("gs://")
 
 
 def is_local(uri: str) -> bool:

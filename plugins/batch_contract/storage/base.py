@@ -47,11 +47,17 @@ class StorageBackend(ABC):
     Class attributes:
         scheme: the URI scheme this backend is registered under, for messages (``"file"``, ``"gs"``).
         shared: whether a URI names the same object from every machine (Kubernetes pods included); the
-            kubernetes runner refuses input and output URIs whose backend is not shared.
+            kubernetes runner refuses input and output URIs whose backend is not shared, and the iceberg
+            publish backend a shared output root without a PostgreSQL catalog.
+        arrow_filesystem_required: whether a library that opens this scheme's URIs with a client of its
+            own (pyiceberg's FileIO) must be handed :meth:`arrow_filesystem` instead, because this
+            backend's client carries settings the library's does not read (GCS: the emulator host and
+            ``BATCH_GCS_CREDENTIALS_JSON``). ``False``: the library's own client reaches the same objects.
     """
 
     scheme: str = ""
     shared: bool = False
+    arrow_filesystem_required: bool = False
 
     # ------------------------------------------------------------------ objects (must be implemented)
 

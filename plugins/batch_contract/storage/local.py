@@ -54,11 +54,13 @@ def _write_temp(final: Path, data: bytes) -> Path:
 class LocalBackend(StorageBackend):
     """Files on a local (or mounted) file system, named by a path or a ``file://`` URI.
 
-    Not ``shared``: another machine (a Kubernetes pod) does not see the same files.
+    Not ``shared``: another machine (a Kubernetes pod) does not see the same files. Not
+    ``arrow_filesystem_required``: any library's local file access reaches the same files.
     """
 
     scheme = "file"
     shared = False
+    arrow_filesystem_required = False
 
     def path(self, uri: str) -> Path:
         """The path named by ``uri`` (``file://`` stripped; not resolved).

@@ -29,6 +29,7 @@ from typing import NoReturn
 from batch_inference.publish.api import publish_run, rollback
 from batch_inference.publish.errors import PublishError
 from batch_inference.publish.redact import redact
+from batch_inference.publish.registry import DEFAULT_BACKEND, backend_class
 from batch_inference.publish.target import BACKENDS, DEFAULT_SCHEMA, PublishTarget
 
 DSN_ENV = "BATCH_PUBLISH_DSN"
@@ -58,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name in ("publish", "rollback"):
         p = sub.add_parser(name, allow_abbrev=False)
-        p.add_argument("--backend", choices=BACKENDS, default="duckdb")
+        p.add_argument("--backend", choices=BACKENDS, default=DEFAULT_BACKEND)
         p.add_argument("--table", required=True)
         p.add_argument("--schema", default=DEFAULT_SCHEMA, help=f"schema / namespace (default {DEFAULT_SCHEMA})")
         p.add_argument("--duckdb-path", default=None, help="DuckDB database file (backend duckdb)")
@@ -78,13 +79,14 @@ def _dsn(args: argparse.Namespace) -> str | None:
     """The DSN from the environment variable ``--dsn-env`` names (``None`` if unset or empty).
 
     Raises:
-        ValueError: ``--dsn-env`` is not a variable name, or backend postgres and the variable is unset.
+        ValueError: ``--dsn-env`` is not a variable name, or the backend needs a DSN (its class's
+            ``dsn_required``: postgres) and the variable is unset.
     """
     if not ENV_NAME.fullmatch(args.dsn_env):
         raise ValueError("--dsn-env: not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
     dsn = os.environ.get(args.dsn_env) or None
-    if dsn is None and args.backend == "postgres":
-        raise ValueError(f"dsn: required for backend postgres; set it in ${args.dsn_env} "
+    if dsn is None and backend_class(args.backend).dsn_required:
+        raise ValueError(f"dsn: required for backend {args.backend}; set it in ${args.dsn_env} "
                          "(--dsn-env names the variable)")
     return dsn
 

@@ -1,5 +1,6 @@
-"""The small protocol every publish backend implements, and the registry that maps backend names to it.
+"""The small protocol every publish backend implements, and the factory of backend instances.
 
+Which backends exist is :mod:`batch_inference.publish.registry`'s; :func:`backend_for` builds one from it.
 The publish and rollback skeletons (:mod:`~batch_inference.publish.skeleton`) own the order of the
 steps (inventory, no-op check, coverage, staging, ``after_staging`` hook, swap + log); a backend only
 says how each step is done on its storage. Backend modules are imported when first used, so psycopg
@@ -8,11 +9,10 @@ and pyiceberg are needed only by the backends that use them.
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import duckdb
 import pyarrow as pa
@@ -20,7 +20,12 @@ import pyarrow as pa
 from batch_inference.publish.coverage import Coverage
 from batch_inference.publish.errors import ForeignTableError
 from batch_inference.publish.record import PublishRecord
-from batch_inference.publish.target import BACKEND_CLASSES, PublishTarget
+from batch_inference.publish.registry import backend_class
+from batch_inference.publish.target import PublishTarget
+
+if TYPE_CHECKING:
+    from batch_inference.params import RunConfig
+    from batch_inference.policy import DagPolicy
 
 
 class PublishBackend(Protocol):
@@ -36,6 +41,36 @@ class PublishBackend(Protocol):
     """
 
     target: PublishTarget
+
+    dsn_required: ClassVar[bool]
+    """Whether a target of this backend needs a ``dsn`` (the publish CLI refuses to run without one)."""
+
+    @classmethod
+    def target_from_config(cls, cfg: RunConfig, resolve_conn: Callable[[str, str], str]) -> PublishTarget:
+        """The run's target; ``resolve_conn(field, conn_id)`` gives the DSN of an Airflow connection Param
+        (and raises ``ConfigError`` for an unusable one)."""
+        ...
+
+    @staticmethod
+    def validate_target(target: PublishTarget) -> None:
+        """This backend's rules for a target (run by the :class:`PublishTarget` constructor after the
+        shared ones). Raises ``ValueError`` naming the field."""
+        ...
+
+    @staticmethod
+    def check_run_config(cfg: RunConfig) -> None:
+        """The checks of this backend's Params a trigger form cannot make. Raises ``ConfigError``."""
+        ...
+
+    @staticmethod
+    def check_policy(cfg: RunConfig, policy: DagPolicy) -> None:
+        """This backend's Params against the DAG's deployment settings. Raises ``ConfigError``."""
+        ...
+
+    @staticmethod
+    def nothing_stored(target: PublishTarget) -> bool:
+        """Whether the target's storage does not exist yet (checked without creating anything)."""
+        ...
 
     def __enter__(self) -> PublishBackend: ...
 
@@ -92,8 +127,7 @@ def backend_for(target: PublishTarget, *, inspect_only: bool = False) -> Publish
     Raises:
         ImportError: the backend's driver (psycopg, pyiceberg) is not installed.
     """
-    module, cls = BACKEND_CLASSES[target.backend].split(":")
-    return getattr(importlib.import_module(module), cls)(target, inspect_only=inspect_only)
+    return backend_class(target.backend)(target, inspect_only=inspect_only)
 
 
 def check_owned(backend: PublishBackend) -> None:
@@ -108,16 +142,14 @@ def check_owned(backend: PublishBackend) -> None:
 
 
 def nothing_stored(target: PublishTarget) -> bool:
-    """Whether the target's storage does not exist yet, so it holds no table: a DuckDB file or a SQLite
-    Iceberg catalog file that is missing (checked without creating either). ``False`` for PostgreSQL."""
-    if target.backend == "duckdb":
-        return not Path(target.duckdb_path or "").exists()
-    if target.backend == "iceberg":
-        from batch_inference.publish.iceberg_backend import sqlite_catalog_file  # pyiceberg: iceberg only
+    """Whether the target's storage does not exist yet, so it holds no table (checked without creating
+    anything): the backend's ``nothing_stored`` (a missing DuckDB file or SQLite Iceberg catalog file;
+    ``False`` for PostgreSQL).
 
-        path = sqlite_catalog_file(target)
-        return path is not None and not path.exists()
-    return False
+    Raises:
+        ImportError: the backend's driver is not installed.
+    """
+    return backend_class(target.backend).nothing_stored(target)
 
 
 def read_published(target: PublishTarget, ids: Sequence[str],

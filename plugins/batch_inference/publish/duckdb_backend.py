@@ -15,9 +15,10 @@ registered name (after dropping publish's) is refused too. Every drop and rename
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
 
 import duckdb
 import pyarrow as pa
@@ -28,15 +29,25 @@ from batch_inference.publish.errors import ForeignTableError, PublishError
 from batch_inference.publish.record import LOG_COLUMNS, RECORD_KIND, PublishRecord, sql_string_literal
 from batch_inference.publish.sql_tables import SqlDialect, SqlTableBackend
 from batch_inference.publish.target import (
+    DSN_SCHEMES,
     DUCKDB_ALIAS,
+    DUCKDB_RESERVED_SCHEMAS,
     REGISTRY_TABLE,
     SUFFIX_DEAD_LETTERS,
     SUFFIX_PREVIOUS,
     SUFFIX_PUBLISH_LOG,
     SUFFIX_STAGING,
     PublishTarget,
+    check_dsn_scheme,
     quote_ident,
 )
+
+if TYPE_CHECKING:
+    from batch_inference.params import RunConfig
+    from batch_inference.policy import DagPolicy
+
+NAME = "duckdb"
+"""This backend's name in :data:`batch_inference.publish.registry.BACKEND_CLASSES`."""
 
 DEAD_LETTER_DDL = (
     '"id" VARCHAR, "reason" VARCHAR NOT NULL, "detail" VARCHAR NOT NULL, "source_uri" VARCHAR NOT NULL, '
@@ -305,6 +316,49 @@ class DuckDBBackend(SqlTableBackend):
 
     dialect = SqlDialect(table_exists=table_exists, read_record=read_record, ensure_log=_ensure_log,
                          insert_log=_insert_log, is_marked=is_marked)
+
+    dsn_required: ClassVar[bool] = False
+    """The target needs no ``dsn``."""
+
+    @classmethod
+    def target_from_config(cls, cfg: RunConfig, resolve_conn: Callable[[str, str], str]) -> PublishTarget:
+        """The target of a run: ``cfg.duckdb_path`` (its directory is created); no connection is resolved.
+
+        Raises:
+            ValueError: the target is not valid (:meth:`validate_target`).
+            OSError: the directory could not be created.
+        """
+        Path(cfg.duckdb_path).parent.mkdir(parents=True, exist_ok=True)
+        return PublishTarget(backend=NAME, table=cfg.output_table, duckdb_path=cfg.duckdb_path)
+
+    @staticmethod
+    def validate_target(target: PublishTarget) -> None:
+        """This backend's rules for a :class:`PublishTarget` (called by its constructor).
+
+        Raises:
+            ValueError: no ``duckdb_path``; a schema in :data:`DUCKDB_RESERVED_SCHEMAS`; a ``dsn`` URI
+                whose scheme is not in :data:`DSN_SCHEMES`.
+        """
+        if not target.duckdb_path:
+            raise ValueError(f"duckdb_path: required when backend is {NAME!r}")
+        if target.schema in DUCKDB_RESERVED_SCHEMAS:
+            raise ValueError(f"schema: {target.schema!r} names a DuckDB catalog, which makes table references "
+                             f"ambiguous; not one of {', '.join(DUCKDB_RESERVED_SCHEMAS)}")
+        if target.dsn is not None:
+            check_dsn_scheme(target.dsn, DSN_SCHEMES)
+
+    @staticmethod
+    def check_run_config(cfg: RunConfig) -> None:
+        """Nothing beyond the Params' own rules (the file's location is checked by the policy)."""
+
+    @staticmethod
+    def check_policy(cfg: RunConfig, policy: DagPolicy) -> None:
+        """Nothing: ``duckdb_path`` is checked against the output roots with every output location."""
+
+    @staticmethod
+    def nothing_stored(target: PublishTarget) -> bool:
+        """Whether the database file does not exist (checked without creating it)."""
+        return not Path(target.duckdb_path or "").exists()
 
     def open(self) -> duckdb.DuckDBPyConnection:
         """The connection (:func:`connect`; ``inspect_only`` attaches the file read-only)."""

@@ -2,10 +2,11 @@
 
 - Catalog: a pyiceberg ``SqlCatalog`` in a SQLite file beside the warehouse
   (``<warehouse>/../catalog.db``), or in PostgreSQL when the target has a ``dsn``. Namespace: the
-  target's schema (default ``batch_inference``). A ``gs://`` warehouse's files go through :class:`StorageFileIO`
-  (the catalog property ``py-io-impl``): the same GCS setup as every other ``gs://`` access of the
-  project (``STORAGE_EMULATOR_HOST``, ``BATCH_GCS_CREDENTIALS_JSON``, else Application Default
-  Credentials), see :func:`catalog_properties`.
+  target's schema (default ``batch_inference``). The files of a warehouse whose storage backend has
+  ``arrow_filesystem_required`` (``gs://``) go through :class:`StorageFileIO` (the catalog property
+  ``py-io-impl``): the same client setup as every other access of the project to that storage (GCS:
+  ``STORAGE_EMULATOR_HOST``, ``BATCH_GCS_CREDENTIALS_JSON``, else Application Default Credentials), see
+  :func:`catalog_properties`.
 - Staging: coverage runs in a scratch DuckDB file; the de-duplicated results stream from it as Arrow
   record batches of :data:`BATCH_ROWS` rows into Parquet data files in the warehouse (pyiceberg's
   writer, files of at most :data:`TARGET_FILE_BYTES` of Arrow data, so memory stays bounded).
@@ -31,15 +32,17 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
 
 import duckdb
 import pyarrow as pa
 import pyarrow.fs as pafs
 from batch_contract import storage
+from batch_contract.engine_config import ConfigError
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import NoSuchTableError
@@ -51,16 +54,30 @@ from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.table.update.snapshot import ManageSnapshots
 
 import batch_inference.publish.duckdb_backend as duckdb_backend
+from batch_inference.params import check_conn_allowed, is_shared
 from batch_inference.publish.coverage import Coverage
 from batch_inference.publish.errors import ForeignTableError, PublishConnectionError, PublishError
 from batch_inference.publish.record import LOG_COLUMNS, PublishRecord
 from batch_inference.publish.redact import redact
 from batch_inference.publish.target import (
+    DSN_SCHEMES,
     SUFFIX_DEAD_LETTERS,
     SUFFIX_PREVIOUS,
     SUFFIX_PUBLISH_LOG,
     PublishTarget,
+    check_dsn_scheme,
 )
+
+if TYPE_CHECKING:
+    from batch_inference.params import RunConfig
+    from batch_inference.policy import DagPolicy
+
+NAME = "iceberg"
+"""This backend's name in :data:`batch_inference.publish.registry.BACKEND_CLASSES`."""
+CATALOG_DSN_SCHEMES = (*DSN_SCHEMES, "postgresql+psycopg")
+"""URI schemes the catalog ``dsn`` may have (SQLAlchemy's psycopg 3 form too)."""
+WAREHOUSE_DIR = "iceberg/warehouse"
+"""The warehouse of a run, relative to its ``output_root``."""
 
 RECORD_PROPERTY = "batch-inference.publish-record"
 """Snapshot summary property holding the :class:`PublishRecord` JSON of the run the snapshot holds."""
@@ -89,16 +106,17 @@ def catalog_uri(target: PublishTarget) -> str:
     ``catalog.db`` in the directory holding the warehouse.
 
     Raises:
-        ValueError: a keyword DSN (``host=... dbname=...``; use a URI), or no DSN with a ``gs://``
-            warehouse (a SQLite file cannot live in a bucket).
+        ValueError: a keyword DSN (``host=... dbname=...``; use a URI), or no DSN with a warehouse that
+            is not a local directory (``gs://``: a SQLite file cannot live in a bucket).
+        StorageError: the warehouse has a scheme no storage backend serves.
     """
     if target.dsn:
         scheme, sep, rest = target.dsn.partition("://")
-        if not sep or scheme not in ("postgres", "postgresql", "postgresql+psycopg"):
+        if not sep or scheme not in CATALOG_DSN_SCHEMES:
             raise ValueError("dsn: the iceberg catalog needs a postgresql:// URI, not a keyword DSN")
         return "postgresql+psycopg://" + rest
     warehouse = target.iceberg_warehouse or ""
-    if storage.is_gcs(warehouse):
+    if not storage.is_local(warehouse):
         raise ValueError("dsn: a gs:// iceberg warehouse needs a PostgreSQL catalog (dsn); "
                          "a SQLite catalog file must be local")
     path = storage.local_path(warehouse).absolute()
@@ -108,43 +126,69 @@ def catalog_uri(target: PublishTarget) -> str:
 
 def sqlite_catalog_file(target: PublishTarget) -> Path | None:
     """The SQLite catalog file of a target without ``dsn`` and with a local warehouse (not created);
-    ``None`` when the catalog is in PostgreSQL or the warehouse is ``gs://``."""
+    ``None`` when the catalog is in PostgreSQL or the warehouse is not local (``gs://``).
+
+    Raises:
+        StorageError: no ``dsn`` and the warehouse has a scheme no storage backend serves.
+    """
     warehouse = target.iceberg_warehouse or ""
-    if target.dsn or storage.is_gcs(warehouse):
+    if target.dsn or not storage.is_local(warehouse):
         return None
     return storage.local_path(warehouse).absolute().parent / "catalog.db"
 
 
 def warehouse_uri(target: PublishTarget) -> str:
-    """The warehouse location as pyiceberg wants it: ``gs://...`` as is, local paths as ``file://``."""
+    """The warehouse location as pyiceberg wants it: a remote URI (``gs://...``) as is, without a trailing
+    ``/``; a local path as a ``file://`` URI (the directory is created).
+
+    Raises:
+        StorageError: the warehouse has a scheme no storage backend serves.
+    """
     warehouse = target.iceberg_warehouse or ""
-    if storage.is_gcs(warehouse):
+    if not storage.is_local(warehouse):
         return warehouse.rstrip("/")
     path = storage.local_path(warehouse).absolute()
     path.mkdir(parents=True, exist_ok=True)
     return path.as_uri()
 
 
+PYICEBERG_SCHEME_ALIASES = {"gcs": "gs"}
+"""pyiceberg's other names for a URI scheme of :mod:`batch_contract.storage` (it reads ``gcs://`` as GCS)."""
+
+
 class StorageFileIO(PyArrowFileIO):
-    """pyiceberg's PyArrow FileIO whose ``gs://`` filesystem is :func:`batch_contract.storage.arrow_filesystem`'s.
+    """pyiceberg's PyArrow FileIO whose filesystem, for a scheme whose storage backend has
+    ``arrow_filesystem_required`` (``gs://``, also as pyiceberg's ``gcs://``), is
+    :func:`batch_contract.storage.arrow_filesystem`'s.
 
     pyiceberg's own ``GcsFileSystem`` knows only its ``gcs.*`` catalog properties: it ignores
     ``STORAGE_EMULATOR_HOST`` and ``BATCH_GCS_CREDENTIALS_JSON`` and cannot be anonymous, so against the
     emulator (or on a machine without Application Default Credentials) it retries the metadata server for
-    minutes. Every other scheme is PyArrowFileIO's.
+    minutes. Every other scheme (local files, a scheme no storage backend serves) is PyArrowFileIO's.
     """
 
     def _initialize_fs(self, scheme: str, netloc: str | None = None) -> pafs.FileSystem:
-        if scheme in ("gs", "gcs"):
-            return storage.arrow_filesystem(f"gs://{netloc}")[0]
+        uri = f"{PYICEBERG_SCHEME_ALIASES.get(scheme, scheme)}://{netloc or ''}"
+        try:
+            required = storage.backend_for(uri).arrow_filesystem_required
+        except storage.StorageError:  # a scheme of pyiceberg's only: its own filesystem
+            required = False
+        if required:
+            return storage.arrow_filesystem(uri)[0]
         return super()._initialize_fs(scheme, netloc)
 
 
 def catalog_properties(target: PublishTarget) -> dict[str, str]:
     """pyiceberg catalog properties of the target: ``uri`` (:func:`catalog_uri`), ``warehouse``
-    (:func:`warehouse_uri`) and, for a ``gs://`` warehouse, ``py-io-impl`` = :class:`StorageFileIO`."""
+    (:func:`warehouse_uri`) and, for a warehouse whose storage backend has ``arrow_filesystem_required``
+    (``gs://``), ``py-io-impl`` = :class:`StorageFileIO`.
+
+    Raises:
+        ValueError: see :func:`catalog_uri`.
+        StorageError: the warehouse has a scheme no storage backend serves.
+    """
     props = {"uri": catalog_uri(target), "warehouse": warehouse_uri(target)}
-    if storage.is_gcs(props["warehouse"]):
+    if storage.backend_for(props["warehouse"]).arrow_filesystem_required:
         props[PY_IO_IMPL] = f"{StorageFileIO.__module__}.{StorageFileIO.__qualname__}"
     return props
 
@@ -198,6 +242,72 @@ class IcebergBackend:
         target: where to publish.
         inspect_only: open the catalog for reading only (no namespace created).
     """
+
+    dsn_required: ClassVar[bool] = False
+    """The target's ``dsn`` (a PostgreSQL catalog) is optional: without it the catalog is a SQLite file."""
+
+    @classmethod
+    def target_from_config(cls, cfg: RunConfig, resolve_conn: Callable[[str, str], str]) -> PublishTarget:
+        """The target of a run: the warehouse ``<output_root>/iceberg/warehouse``; the catalog in the
+        database of the Airflow connection ``cfg.iceberg_catalog_conn_id`` when set
+        (``resolve_conn(field, conn_id)`` gives its DSN), else a SQLite file beside the warehouse.
+
+        Raises:
+            Whatever ``resolve_conn`` raises (the caller's ``ConfigError`` for an unknown connection).
+            ValueError: the target is not valid (:meth:`validate_target`).
+        """
+        conn_id = cfg.iceberg_catalog_conn_id
+        dsn = resolve_conn("iceberg_catalog_conn_id", conn_id) if conn_id else None
+        warehouse = f"{cfg.output_root.rstrip('/')}/{WAREHOUSE_DIR}"
+        return PublishTarget(backend=NAME, table=cfg.output_table, iceberg_warehouse=warehouse, dsn=dsn)
+
+    @staticmethod
+    def validate_target(target: PublishTarget) -> None:
+        """This backend's rules for a :class:`PublishTarget` (called by its constructor).
+
+        Raises:
+            ValueError: a ``dsn`` URI whose scheme is not in :data:`CATALOG_DSN_SCHEMES` (the message never
+                quotes the DSN); no ``iceberg_warehouse``.
+        """
+        if target.dsn is not None:
+            check_dsn_scheme(target.dsn, CATALOG_DSN_SCHEMES)
+        if not target.iceberg_warehouse:
+            raise ValueError(f"iceberg_warehouse: required when backend is {NAME!r}")
+
+    @staticmethod
+    def check_run_config(cfg: RunConfig) -> None:
+        """Refuse an ``output_root`` on shared storage (``gs://``) without ``iceberg_catalog_conn_id``:
+        the SQLite catalog file must be local.
+
+        Raises:
+            ConfigError: ``params.iceberg_catalog_conn_id: ...``.
+        """
+        if is_shared(cfg.output_root) and not cfg.iceberg_catalog_conn_id:
+            raise ConfigError("params.iceberg_catalog_conn_id: the iceberg backend with a remote output_root "
+                              "needs a PostgreSQL catalog connection (a SQLite catalog file must be local)")
+
+    @staticmethod
+    def check_policy(cfg: RunConfig, policy: DagPolicy) -> None:
+        """Refuse an ``iceberg_catalog_conn_id`` (when set) outside the deployment's
+        ``iceberg_catalog_conn_ids``.
+
+        Raises:
+            ConfigError: ``params.iceberg_catalog_conn_id: ...``.
+        """
+        if cfg.iceberg_catalog_conn_id is not None:
+            check_conn_allowed("iceberg_catalog_conn_id", cfg.iceberg_catalog_conn_id,
+                               policy.iceberg_catalog_conn_ids, "iceberg_catalog_conn_ids")
+
+    @staticmethod
+    def nothing_stored(target: PublishTarget) -> bool:
+        """Whether the catalog is a SQLite file (:func:`sqlite_catalog_file`) that does not exist
+        (checked without creating it); ``False`` for a PostgreSQL catalog.
+
+        Raises:
+            StorageError: no ``dsn`` and the warehouse has a scheme no storage backend serves.
+        """
+        path = sqlite_catalog_file(target)
+        return path is not None and not path.exists()
 
     def __init__(self, target: PublishTarget, inspect_only: bool = False) -> None:
         self.target = target

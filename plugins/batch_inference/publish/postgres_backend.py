@@ -19,15 +19,17 @@ from __future__ import annotations
 import queue
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
 
 import duckdb
 import psycopg
 import pyarrow as pa
 from psycopg import sql
 
+from batch_inference.params import check_conn_allowed
 from batch_inference.publish import duckdb_backend
 from batch_inference.publish.coverage import Coverage
 from batch_inference.publish.errors import ForeignTableError, PublishConnectionError, PublishError
@@ -36,14 +38,23 @@ from batch_inference.publish.record import LOG_COLUMNS, PublishRecord
 from batch_inference.publish.redact import redact
 from batch_inference.publish.sql_tables import SqlDialect, SqlTableBackend
 from batch_inference.publish.target import (
+    DSN_SCHEMES,
     REGISTRY_TABLE,
     SUFFIX_DEAD_LETTERS,
     SUFFIX_PREVIOUS,
     SUFFIX_PUBLISH_LOG,
     SUFFIX_STAGING,
     PublishTarget,
+    check_dsn_scheme,
     quote_ident,
 )
+
+if TYPE_CHECKING:
+    from batch_inference.params import RunConfig
+    from batch_inference.policy import DagPolicy
+
+NAME = "postgres"
+"""This backend's name in :data:`batch_inference.publish.registry.BACKEND_CLASSES`."""
 
 COPY_WORKERS = 2
 """Parallel COPY connections for the result rows (PostgreSQL parses ``real[]`` on one core per
@@ -356,6 +367,52 @@ class PostgresBackend(SqlTableBackend):
 
     dialect = SqlDialect(table_exists=table_exists, read_record=read_record, ensure_log=_ensure_log,
                          insert_log=_insert_log, is_marked=is_marked)
+
+    dsn_required: ClassVar[bool] = True
+    """The target needs a ``dsn`` (the server to publish into)."""
+
+    @classmethod
+    def target_from_config(cls, cfg: RunConfig, resolve_conn: Callable[[str, str], str]) -> PublishTarget:
+        """The target of a run: the server of the Airflow connection ``cfg.postgres_conn_id``
+        (``resolve_conn(field, conn_id)`` gives its DSN).
+
+        Raises:
+            Whatever ``resolve_conn`` raises (the caller's ``ConfigError`` for an unknown connection).
+            ValueError: the target is not valid (:meth:`validate_target`).
+        """
+        return PublishTarget(backend=NAME, table=cfg.output_table,
+                             dsn=resolve_conn("postgres_conn_id", cfg.postgres_conn_id))
+
+    @staticmethod
+    def validate_target(target: PublishTarget) -> None:
+        """This backend's rules for a :class:`PublishTarget` (called by its constructor).
+
+        Raises:
+            ValueError: no ``dsn``, or a ``dsn`` URI whose scheme is not in :data:`DSN_SCHEMES` (the
+                message never quotes the DSN).
+        """
+        if not target.dsn:
+            raise ValueError(f"dsn: required when backend is {NAME!r}")
+        check_dsn_scheme(target.dsn, DSN_SCHEMES)
+
+    @staticmethod
+    def check_run_config(cfg: RunConfig) -> None:
+        """Nothing beyond the Params' own rules (the connection is resolved when the target is built)."""
+
+    @staticmethod
+    def check_policy(cfg: RunConfig, policy: DagPolicy) -> None:
+        """Refuse a ``postgres_conn_id`` outside the deployment's ``postgres_conn_ids``.
+
+        Raises:
+            ConfigError: ``params.postgres_conn_id: ...``.
+        """
+        check_conn_allowed("postgres_conn_id", cfg.postgres_conn_id, policy.postgres_conn_ids,
+                           "postgres_conn_ids")
+
+    @staticmethod
+    def nothing_stored(target: PublishTarget) -> bool:
+        """``False``: whether a server holds the table is known only by connecting."""
+        return False
 
     def open(self) -> psycopg.Connection:
         return _connect(self.target, self.inspect_only)

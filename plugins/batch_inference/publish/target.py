@@ -10,17 +10,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-BACKEND_CLASSES: dict[str, str] = {
-    "duckdb": "batch_inference.publish.duckdb_backend:DuckDBBackend",
-    "postgres": "batch_inference.publish.postgres_backend:PostgresBackend",
-    "iceberg": "batch_inference.publish.iceberg_backend:IcebergBackend",
-}
-"""The publish backend registry, in one place: name -> ``module:class`` of its
-:class:`~batch_inference.publish.backend.PublishBackend` (imported on first use, so a driver such as
-psycopg or pyiceberg loads only when its backend is used)."""
-BACKENDS = tuple(BACKEND_CLASSES)
-"""Publish backend names: :class:`PublishTarget` validation, the DAG Param's enum, the CLIs and
-:func:`~batch_inference.publish.backend.backend_for` all use this tuple."""
+from batch_inference.publish import registry
+
+BACKEND_CLASSES = registry.BACKEND_CLASSES
+"""Re-exported from :mod:`batch_inference.publish.registry`, the one place backends are listed."""
+BACKENDS = registry.BACKENDS
+"""Publish backend names (:data:`batch_inference.publish.registry.BACKENDS`)."""
 
 IDENTIFIER_PATTERN = re.compile(r"^[a-z_][a-z0-9_]*$")
 """Lower-case letters, digits and underscores, not starting with a digit: no quoting surprises and no
@@ -101,13 +96,28 @@ def quote_ident(name: str) -> str:
     return f'"{name}"'
 
 
+def validate_table_name(table: object) -> str:
+    """Return ``table`` if publish accepts it as a table name on every backend (the rule of
+    :class:`PublishTarget`'s ``table``), else raise.
+
+    Raises:
+        ValueError: not an identifier of at most :data:`MAX_TABLE_LEN` characters, or ending in one of
+            :data:`RESERVED_SUFFIXES` (the message starts with ``table:``).
+    """
+    name = validate_identifier(table, "table", MAX_TABLE_LEN)
+    if name.endswith(RESERVED_SUFFIXES):
+        raise ValueError(f"table: {name!r} ends with a reserved suffix {RESERVED_SUFFIXES}")
+    return name
+
+
 @dataclass(frozen=True)
 class PublishTarget:
     """A table to publish a run into.
 
     Attributes:
-        backend: one of :data:`BACKENDS`: ``"duckdb"`` (a database file; the embedded default),
-            ``"postgres"`` or ``"iceberg"`` (Apache Iceberg tables, pyiceberg SQL catalog).
+        backend: one of :data:`BACKENDS` (default :data:`~batch_inference.publish.registry.DEFAULT_BACKEND`):
+            a DuckDB database file (the embedded default), PostgreSQL, or Apache Iceberg tables (pyiceberg
+            SQL catalog).
         table: table name, ``[a-z_][a-z0-9_]*``, at most 39 characters. Derived tables:
             ``<table>__previous``, ``<table>__dead_letters`` (+ ``__previous``), ``<table>__publish_log``,
             and transient ``<table>__staging`` / ``<table>__dead_letters__staging``.
@@ -125,11 +135,16 @@ class PublishTarget:
         iceberg_warehouse: warehouse directory (local path, ``file://`` or ``gs://``) of the Iceberg
             data and metadata files (required for ``iceberg``; a ``gs://`` one needs ``dsn``).
 
+    Construction checks the fields every backend shares (``backend``, ``table``, ``schema``), then
+    the backend's own rules: ``validate_target`` of its class in :mod:`batch_inference.publish.registry`
+    (which imports the backend's module).
+
     Raises:
         ValueError: at construction, naming the bad field (a message about ``dsn`` never quotes it).
+        ImportError: the backend's driver (psycopg, pyiceberg) is not installed.
     """
 
-    backend: str = "duckdb"
+    backend: str = registry.DEFAULT_BACKEND
     table: str = ""
     schema: str = DEFAULT_SCHEMA
     duckdb_path: str | None = None
@@ -139,23 +154,11 @@ class PublishTarget:
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"backend: {self.backend!r} is not one of {', '.join(BACKENDS)}")
-        validate_identifier(self.table, "table", MAX_TABLE_LEN)
-        if self.table.endswith(RESERVED_SUFFIXES):
-            raise ValueError(f"table: {self.table!r} ends with a reserved suffix {RESERVED_SUFFIXES}")
+        validate_table_name(self.table)
         if self.schema is None:
             object.__setattr__(self, "schema", DEFAULT_SCHEMA)
         validate_identifier(self.schema, "schema", MAX_SCHEMA_LEN)
-        if self.backend == "duckdb" and not self.duckdb_path:
-            raise ValueError("duckdb_path: required when backend is 'duckdb'")
-        if self.backend == "duckdb" and self.schema in DUCKDB_RESERVED_SCHEMAS:
-            raise ValueError(f"schema: {self.schema!r} names a DuckDB catalog, which makes table references "
-                             f"ambiguous; not one of {', '.join(DUCKDB_RESERVED_SCHEMAS)}")
-        if self.backend == "postgres" and not self.dsn:
-            raise ValueError("dsn: required when backend is 'postgres'")
-        if self.dsn is not None:
-            _check_dsn_scheme(self.dsn, DSN_SCHEMES + (("postgresql+psycopg",) if self.backend == "iceberg" else ()))
-        if self.backend == "iceberg" and not self.iceberg_warehouse:
-            raise ValueError("iceberg_warehouse: required when backend is 'iceberg'")
+        registry.backend_class(self.backend).validate_target(self)
 
     def name(self, suffix: str = "") -> str:
         """Unquoted table name with ``suffix`` (e.g. :data:`SUFFIX_PREVIOUS`)."""
@@ -178,7 +181,7 @@ class PublishTarget:
 _URI_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]{0,31})://")
 
 
-def _check_dsn_scheme(dsn: str, allowed: tuple[str, ...]) -> None:
+def check_dsn_scheme(dsn: str, allowed: tuple[str, ...]) -> None:
     """Refuse a ``dsn`` URI whose scheme is not in ``allowed`` (psycopg would echo the whole of an
     ``http://user:secret@...`` string in its error). A ``dsn`` not starting with ``scheme://`` is a libpq
     keyword string and passes. The message names the scheme only.
