@@ -33,7 +33,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from batch_contract import storage
 from batch_contract.jsonutil import canonical_json, sha256_hex
 from batch_contract.layout import join_uri
 from batch_contract.manifest import InputSpec, Segment
@@ -152,13 +151,3 @@ class CarryOverPlan(JsonRecord):
     pinned: dict[str, Any] = field(default_factory=dict)
     disabled: str = ""
     schema_version: int = SCHEMA_VERSION
-
-
-
-def read_plan(run_dir: str) -> CarryOverPlan | None:
-    """The run's :class:`CarryOverPlan`, or ``None`` when the plan task wrote none (reuse off, older
-    runs)."""
-    try:
-        return CarryOverPlan.from_json_bytes(storage.read_bytes(carryover_uri(run_dir)))
-    except FileNotFoundError:
-        return None

@@ -36,6 +36,8 @@ TEMP_MARK = ".tmp-"
 MARKER_NAME = "_SUCCESS.json"
 PROGRESS_NAME = "_PROGRESS.json"
 MANIFEST_NAME = "manifest.json"
+APPROVAL_NAME = "approval.json"
+"""The run's approval record (``batch_inference.approval``), beside ``projection.json``."""
 REUSED_MARK = "reuse-"
 """Infix of a part file holding rows carried over from the result cache (:func:`part_name`)."""
 
@@ -178,6 +180,11 @@ class RunLayout:
     def projection_uri(self) -> str:
         """The plan's projection and decision (``batch_inference.projection``)."""
         return join_uri(self.run_dir, "projection.json")
+
+    @property
+    def approval_uri(self) -> str:
+        """The run's approval record (``batch_inference.approval``)."""
+        return join_uri(self.run_dir, APPROVAL_NAME)
 
     def shards_dir(self) -> str:
         return join_uri(self.run_dir, "shards")

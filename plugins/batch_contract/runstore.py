@@ -1,30 +1,44 @@
-"""The run store: every read of a run's objects in storage, in one place, for both sides.
+"""The run store: every read and write of a run's objects in storage, in one place, for both sides.
 
 The planner writes the manifest once; workers write attempt records, progress objects, committed files
-and, last, the shard marker. Everything that *reads* them (the gate, the local runner, the worker's
-resume and fast path, publish, the report, the progress line) goes through a :class:`RunStore`, which
+and, last, the shard marker; the Airflow side writes the carry-over plan, carried shards' markers, the
+projection, the approval record and the report. The reads of the records among these (the gate, the
+local runner, the worker's resume and fast path, carry-over, the report, the progress line, the CLI, the
+UI), every marker write and the Airflow side's writes of run-level records go through a
+:class:`RunStore`, which
 
 * reads the manifest once per store and caches it;
 * caches every *complete* marker it has read (a marker is written once and only removed when a shard is
   reopened, see :meth:`RunStore.forget`);
-* decides shard state with one rule, :func:`is_complete`;
+* decides shard state with one rule, :func:`is_complete` (:meth:`RunStore.is_complete` for a shard id);
+* writes every marker with one rule, :meth:`RunStore.write_marker` (create-only; the existing marker
+  wins a conflict; ADR 0002);
 * finds the completed shards of a run with one listing of the markers (:meth:`RunStore.poll`) and
   reads only the markers it has not seen, so a poll costs one listing plus one read per shard completed
   since the previous poll, not a read per shard.
+
+The planner commits the manifest through :meth:`RunStore.write_manifest`. Still written by the worker
+outside the store: attempt records, ``_PROGRESS.json``, committed part and dead-letter files and
+``quality_gate.json`` (``canary.json`` goes through :meth:`RunStore.write_canary`). Part and dead-letter files are read as Parquet by their
+readers (publish, the report's token counts, the worker's ledger), not through the store.
 
 A store is cheap; keep one per task, trigger or worker run (or per poll loop) and reuse it.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
+from typing import Any
 
 from batch_contract import storage
 from batch_contract.canary import CanaryResult
+from batch_contract.carryover import CarryOverPlan, ShardIndexEntry, carryover_uri, index_uri
 from batch_contract.enums import ShardStatus
+from batch_contract.jsonutil import pretty_json
 from batch_contract.layout import (
     DEAD_LETTER_PREFIX,
     MARKER_NAME,
@@ -52,6 +66,11 @@ def is_complete(marker: ShardMarker | None, fingerprint: str | None = None) -> b
     return fingerprint is None or marker.fingerprint == fingerprint
 
 
+class MarkerConflictError(storage.AlreadyExistsError):
+    """A marker write found another marker in place that does not already complete the shard (see
+    :meth:`RunStore.write_marker`)."""
+
+
 def _read(uri: str) -> bytes | None:
     try:
         return storage.read_bytes(uri)
@@ -60,7 +79,7 @@ def _read(uri: str) -> bytes | None:
 
 
 class RunStore:
-    """Reads of one run (see the module docstring).
+    """Reads and writes of one run (see the module docstring).
 
     Args:
         layout: the run's URIs.
@@ -100,6 +119,30 @@ class RunStore:
             raise FileNotFoundError(f"{self.layout.manifest_uri}: no manifest; was the run planned?")
         return Manifest.from_json_bytes(raw)
 
+    def manifest_bytes(self) -> bytes | None:
+        """The manifest's bytes as stored (for a download), ``None`` when the run was never planned."""
+        return _read(self.layout.manifest_uri)
+
+    def write_manifest(self, manifest: Manifest) -> bool:
+        """Commit the run's manifest create-only (the run directory is created first; a plan never
+        changes under a run id, ADR 0002).
+
+        Returns:
+            ``True`` when this call committed it (then :attr:`manifest` is ``manifest``); ``False`` when
+            another manifest was already committed (a concurrent planner): :attr:`manifest` reads that one.
+
+        Raises:
+            StorageError: the write failed.
+        """
+        self.__dict__.pop("manifest", None)
+        storage.makedirs(self.layout.run_dir)
+        try:
+            storage.write_create_only(self.layout.manifest_uri, manifest.to_json_bytes())
+        except storage.AlreadyExistsError:
+            return False
+        self.__dict__["manifest"] = manifest
+        return True
+
     def canary(self) -> CanaryResult | None:
         """The run's ``canary.json`` (:class:`~batch_contract.canary.CanaryResult`), ``None`` when the run
         had no canary (or it has not finished).
@@ -109,6 +152,107 @@ class RunStore:
         """
         raw = _read(self.layout.canary_uri)
         return None if raw is None else CanaryResult.from_json_bytes(raw)
+
+    def write_canary(self, result: CanaryResult) -> CanaryResult:
+        """Commit ``canary.json`` create-only (one canary per run).
+
+        Returns:
+            ``result``, or the record already in place when another canary committed first.
+
+        Raises:
+            StorageError: the write failed.
+            ValueError: the record in place is unreadable.
+        """
+        try:
+            storage.write_create_only(self.layout.canary_uri, result.to_json_bytes())
+        except storage.AlreadyExistsError:
+            return self.canary() or result
+        return result
+
+    # -- run-level records written by the Airflow side ------------------------------------------------
+    def projection(self) -> dict[str, Any] | None:
+        """The run's ``projection.json`` (``batch_inference.projection``), ``None`` when the run had no
+        canary (or it has not run).
+
+        Raises:
+            ValueError: the file is not JSON.
+            StorageError / OSError: the read failed (other than not found).
+        """
+        raw = _read(self.layout.projection_uri)
+        return None if raw is None else json.loads(raw)
+
+    def write_projection(self, projection: Mapping[str, Any]) -> None:
+        """Write (replace) ``projection.json``: a retried canary task projects again."""
+        storage.write_replace(self.layout.projection_uri, pretty_json(dict(projection)))
+
+    def approval(self) -> dict[str, Any] | None:
+        """The run's ``approval.json`` (fields: ``batch_inference.approval.read_approval``), ``None`` when
+        the run never asked for one.
+
+        Raises:
+            ValueError: the file is not JSON.
+        """
+        raw = _read(self.layout.approval_uri)
+        return None if raw is None else json.loads(raw)
+
+    def write_approval(self, record: Mapping[str, Any]) -> None:
+        """Write (replace) ``approval.json``: ``pending`` first, then the answer. The record is written as
+        given (``batch_inference.approval.write_approval`` validates the decision)."""
+        storage.write_replace(self.layout.approval_uri, pretty_json(dict(record)))
+
+    def carryover_plan(self) -> CarryOverPlan | None:
+        """The run's ``carryover.json`` (:class:`~batch_contract.carryover.CarryOverPlan`), ``None`` when
+        the plan task wrote none (reuse off, older runs).
+
+        Raises:
+            ValueError / TypeError: the record is unreadable.
+        """
+        raw = _read(carryover_uri(self.run_dir))
+        return None if raw is None else CarryOverPlan.from_json_bytes(raw)
+
+    def write_carryover_plan(self, plan: CarryOverPlan) -> None:
+        """Write (replace) ``carryover.json``. The plan task writes it once, before any copy; a retried
+        plan task reads it back instead of deciding again."""
+        storage.write_replace(carryover_uri(self.run_dir), plan.to_json_bytes())
+
+    def index_entry(self, key: str) -> ShardIndexEntry | None:
+        """The carry-over index entry of an input key in this run's output root
+        (``<output_root>/cache/shards/<key>.json``), ``None`` when there is none.
+
+        Raises:
+            ValueError: ``key`` is not a shard input key, or the entry is unreadable.
+        """
+        raw = _read(index_uri(self.layout.output_root, key))
+        return None if raw is None else ShardIndexEntry.from_json_bytes(raw)
+
+    def write_index_entry(self, key: str, entry: ShardIndexEntry) -> None:
+        """Write (replace) the index entry of ``key`` in this run's output root: the newest published
+        shard of an input key is the one a later run carries over.
+
+        Raises:
+            ValueError: ``key`` is not a shard input key.
+        """
+        storage.write_replace(index_uri(self.layout.output_root, key), entry.to_json_bytes())
+
+    def report(self) -> dict[str, Any] | None:
+        """The run's ``report.json``, ``None`` when publish has not written it.
+
+        Raises:
+            ValueError: the file is not JSON.
+        """
+        raw = _read(self.layout.report_json_uri)
+        return None if raw is None else json.loads(raw)
+
+    def report_html(self) -> bytes | None:
+        """The run's ``report.html`` bytes (UTF-8), ``None`` when publish has not written it."""
+        return _read(self.layout.report_html_uri)
+
+    def write_report(self, report: Mapping[str, Any], html: str | None = None) -> None:
+        """Write (replace) ``report.json`` and, when ``html`` is given, ``report.html`` (UTF-8): a
+        rerun of the report task rewrites both."""
+        storage.write_replace(self.layout.report_json_uri, pretty_json(dict(report)))
+        if html is not None:
+            storage.write_replace(self.layout.report_html_uri, html.encode("utf-8"))
 
     # -- markers ------------------------------------------------------------------------------------
     def marker(self, shard_id: str) -> ShardMarker | None:
@@ -122,6 +266,78 @@ class RunStore:
         if is_complete(marker):
             self._markers[shard_id] = marker
         return marker
+
+    def is_complete(self, shard_id: str, fingerprint: str | None = None) -> bool:
+        """:func:`is_complete` of the shard's marker as stored now. A marker that exists but cannot be
+        read as a :class:`~batch_contract.marker.ShardMarker` (not JSON, unknown schema version, missing
+        fields) is *not* complete: logged as a warning, ``False``.
+
+        Raises:
+            StorageError / OSError: the read failed (other than not found).
+        """
+        return is_complete(self._readable_marker(shard_id), fingerprint)
+
+    def _readable_marker(self, shard_id: str) -> ShardMarker | None:
+        """:meth:`marker`, with an unreadable marker logged as a warning and read as ``None``."""
+        try:
+            return self.marker(shard_id)
+        except (ValueError, TypeError, KeyError) as exc:
+            log.warning("shard %s: unreadable marker %s is not complete: %s", shard_id,
+                        self.layout.marker_uri(shard_id), exc)
+            return None
+
+    def complete_markers(self, shard_ids: Iterable[str] | None = None) -> dict[str, ShardMarker]:
+        """``{shard_id: marker}`` of the given shards (default: every manifest shard) that are complete
+        by :meth:`is_complete` (an unreadable marker, or one of another status, is left out; the former
+        with a warning), read concurrently like :meth:`markers`.
+
+        Raises:
+            StorageError / OSError: a read failed (other than not found).
+        """
+        ids = [s.shard_id for s in self.manifest.shards] if shard_ids is None else list(shard_ids)
+        if not ids:
+            return {}
+        with ThreadPoolExecutor(max_workers=max(1, min(IO_THREADS, len(ids)))) as pool:
+            read = dict(zip(ids, pool.map(self._readable_marker, ids), strict=True))
+        return {sid: m for sid, m in read.items() if is_complete(m)}
+
+    def write_marker(self, marker: ShardMarker, *, carried_over: bool = False) -> bool:
+        """Write the marker of ``marker.shard_id``, create-only (ADR 0002): a marker never replaces
+        another.
+
+        Args:
+            marker: the shard's marker (status ``complete``).
+            carried_over: the plan task carried the shard over from an earlier run (no worker ran it).
+
+        Returns:
+            ``True`` when this call wrote the marker (or the identical bytes were already there: a retried
+            write), ``False`` when another marker was in place that already completes the shard - under
+            ``marker.fingerprint`` for a worker's marker, under any fingerprint for a carried one (carry-over
+            only fills shards nobody completed). The marker in place is kept either way.
+
+        Raises:
+            MarkerConflictError: another marker is in place and does not complete the shard as above
+                (unreadable, another status, or a worker's marker under another fingerprint). It is kept;
+                the shard must be reopened (:meth:`delete_marker`) to run again.
+            StorageError: the write failed.
+        """
+        sid = marker.shard_id
+        uri = self.layout.marker_uri(sid)
+        try:
+            storage.write_create_only(uri, marker.to_json_bytes())
+        except storage.AlreadyExistsError:
+            self.forget(sid)
+            if self.is_complete(sid, None if carried_over else marker.fingerprint):
+                log.info("shard %s: a marker was already in place (%s): kept", sid,
+                         "shard already complete, not carried over" if carried_over else "another attempt won")
+                return False
+            raise MarkerConflictError(
+                f"{uri}: a marker is already in place that does not complete shard {sid}"
+                f"{'' if carried_over else f' under fingerprint {marker.fingerprint}'}; kept (delete it to "
+                "run the shard again)") from None
+        if is_complete(marker):
+            self._markers[sid] = marker
+        return True
 
     def markers(self, shard_ids: Iterable[str] | None = None) -> dict[str, ShardMarker]:
         """``{shard_id: marker}`` of the given shards (default: every manifest shard) that have one,

@@ -33,7 +33,6 @@ import costs about 10 ms of CPU).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Mapping
@@ -41,13 +40,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.providers.standard.operators.hitl import ApprovalOperator
-from batch_contract.jsonutil import pretty_json
-from batch_contract.layout import join_uri
+from batch_contract.layout import APPROVAL_NAME, join_uri
 
 log = logging.getLogger(__name__)
 
-APPROVAL_NAME = "approval.json"
-"""File name of the approval record, beside ``projection.json`` in ``runs/<run_id>/``."""
 APPROVAL_DECISIONS = ("pending", "approved", "rejected")
 MIN_WAIT_SECONDS = 300.0
 """Shortest wait for an answer (seconds), when the run's deadline is nearer than this (or past)."""
@@ -68,23 +64,20 @@ def read_approval(run_dir: str) -> dict[str, Any] | None:
         "projection": {figures the person saw}}``.
 
     Raises:
-        ValueError: the file is not JSON.
+        ValueError: the file is not JSON, or ``run_dir`` is not a run directory.
     """
-    from batch_contract import storage  # parse time: pyarrow
+    from batch_contract.runstore import RunStore  # parse time: pyarrow
 
-    try:
-        return json.loads(storage.read_bytes(approval_uri(run_dir)))
-    except FileNotFoundError:
-        return None
+    return RunStore.open(run_dir).approval()
 
 
 def write_approval(run_dir: str, record: Mapping[str, Any]) -> None:
     """Write (replace) the run's approval record (see :func:`read_approval` for its fields)."""
-    from batch_contract import storage  # parse time: pyarrow
+    from batch_contract.runstore import RunStore  # parse time: pyarrow
 
     if record.get("decision") not in APPROVAL_DECISIONS:
         raise ValueError(f"approval decision must be one of {APPROVAL_DECISIONS}, got {record.get('decision')!r}")
-    storage.write_replace(approval_uri(run_dir), pretty_json(dict(record)))
+    RunStore.open(run_dir).write_approval(record)
 
 
 def not_required_reason(require_approval: bool, canary_result: Mapping[str, Any] | None,

@@ -22,8 +22,6 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from batch_contract import storage
-from batch_contract.jsonutil import pretty_json
 from batch_contract.layout import RunLayout
 from batch_contract.runstore import RunStore
 
@@ -117,9 +115,10 @@ def project_canary(cfg: RunConfig, manifest: Any, run_dir: str, *, wall_seconds:
     Raises:
         RuntimeError: there is no ``canary.json`` (the worker exited 0 without writing it).
     """
-    canary = RunStore.open(run_dir).canary()
+    store = RunStore.open(run_dir)
+    canary = store.canary()
     if canary is None:
-        raise RuntimeError(f"canary: the worker exited 0 but wrote no {RunLayout.from_run_dir(run_dir).canary_uri}")
+        raise RuntimeError(f"canary: the worker exited 0 but wrote no {store.layout.canary_uri}")
     limits = Limits(runner=cfg.runner, cores=cores, parallelism=parallelism, max_gpus=cfg.max_gpus,
                     deadline_hours=cfg.deadline_hours, budget_usd=cfg.budget_usd, elapsed_seconds=elapsed_seconds)
     projection = project(canary, manifest, limits, cost_params_from_dict(cfg.cost_params()),
@@ -129,7 +128,7 @@ def project_canary(cfg: RunConfig, manifest: Any, run_dir: str, *, wall_seconds:
         from batch_inference import upgrade_gate  # numpy, pyarrow.compute, duckdb: only when the gate is on
 
         projection = upgrade_gate.apply(projection, cfg, run_dir, canary)
-    storage.write_replace(RunLayout.from_run_dir(run_dir).projection_uri, pretty_json(projection))
+    store.write_projection(projection)
     return projection
 
 

@@ -6,11 +6,15 @@ publish indexes the shards it published (the rule and the records: :mod:`batch_c
 of that key, checks the source shard (marker present, same fingerprint and row count, every committed
 file present with its recorded size), and then copies the source's committed files into the new shard
 (hard links locally, server-side copies on GCS; result parts renamed ``part-<chunk>-reuse-<id>``) and
-writes its marker. The shard gets no mapped task: no pod, no subprocess, no model load. An unchanged
-input therefore publishes with zero workers.
+writes its marker, create-only like a worker's (:meth:`~batch_contract.runstore.RunStore.write_marker`,
+ADR 0002). The shard gets no mapped task: no pod, no subprocess, no model load. An unchanged input
+therefore publishes with zero workers.
 
-:func:`index_published` runs in publish after the table swap: one index entry per shard of the run.
-Neither step can fail a run: a problem is logged and the shard is simply computed (or not indexed).
+:func:`index_published` runs in publish after the table swap: one index entry per complete shard of the
+run. A missing or unusable source or index entry is logged and the shard is simply computed (or not
+indexed); only a storage failure, or a marker already in the new shard that does not complete it,
+fails the plan task. Every read and write of a run directory goes through
+:class:`~batch_contract.runstore.RunStore`.
 """
 
 from __future__ import annotations
@@ -27,16 +31,14 @@ from batch_contract.carryover import (
     CarriedShard,
     CarryOverPlan,
     ShardIndexEntry,
-    carryover_uri,
-    index_uri,
     model_identity,
-    read_plan,
     shard_input_key,
 )
-from batch_contract.layout import DEAD_LETTER_PREFIX, PART_PREFIX, REUSED_MARK, RunLayout, join_uri
+from batch_contract.layout import DEAD_LETTER_PREFIX, PART_PREFIX, REUSED_MARK, join_uri
 from batch_contract.manifest import Manifest, ShardSpec
 from batch_contract.marker import AttemptRecord, ShardMarker
 from batch_contract.modeldigest import model_digest
+from batch_contract.runstore import RunStore, is_complete
 
 log = logging.getLogger(__name__)
 
@@ -88,31 +90,35 @@ def shard_keys(manifest: Manifest, model: str) -> dict[str, str]:
 
 def _source(entry: ShardIndexEntry, shard: ShardSpec) -> ShardMarker | None:
     """The source shard's marker when it can be carried over as is, else ``None`` (logged)."""
-    layout = RunLayout.from_run_dir(entry.run_dir)
     try:
-        marker = ShardMarker.from_json_bytes(storage.read_bytes(layout.marker_uri(entry.shard_id)))
-    except (FileNotFoundError, ValueError, TypeError) as exc:
+        source = RunStore.open(entry.run_dir)
+        marker = source.marker(entry.shard_id)
+    except (ValueError, TypeError, KeyError) as exc:
         log.info("carry-over: source %s shard %s has no usable marker (%s)", entry.run_dir, entry.shard_id, exc)
         return None
-    if marker.fingerprint != entry.fingerprint or marker.rows_input != shard.rows or not marker.files:
+    if not is_complete(marker, entry.fingerprint):  # absent, another status, or another fingerprint
+        log.info("carry-over: source %s shard %s is not complete under %s", entry.run_dir, entry.shard_id,
+                 entry.fingerprint)
         return None
-    sizes = storage.list_sizes(layout.shard_dir(entry.shard_id))
+    if marker.rows_input != shard.rows or not marker.files:
+        return None
+    sizes = source.committed_files(entry.shard_id)
     if any(sizes.get(name) != rec.get("bytes") for name, rec in marker.files.items()):
         log.info("carry-over: source %s shard %s lost or changed files", entry.run_dir, entry.shard_id)
         return None
     return marker
 
 
-def _candidates(output_root: str, manifest: Manifest, keys: dict[str, str]) -> dict[str, tuple[ShardIndexEntry, ShardMarker]]:
+def _candidates(store: RunStore, manifest: Manifest, keys: dict[str, str]) -> dict[str, tuple[ShardIndexEntry, ShardMarker]]:
     shards = {s.shard_id: s for s in manifest.shards}
     found = {}
     for shard_id, key in keys.items():
         try:
-            entry = ShardIndexEntry.from_json_bytes(storage.read_bytes(index_uri(output_root, key)))
-        except FileNotFoundError:
-            continue
+            entry = store.index_entry(key)
         except (ValueError, TypeError) as exc:
             log.warning("carry-over: index entry %s unreadable (%s): shard %s is computed", key, exc, shard_id)
+            continue
+        if entry is None:
             continue
         marker = _source(entry, shards[shard_id])
         if marker is not None:
@@ -120,8 +126,9 @@ def _candidates(output_root: str, manifest: Manifest, keys: dict[str, str]) -> d
     return found
 
 
-def decide(output_root: str, manifest: Manifest, model: str | None) -> CarryOverPlan:
-    """The run's carry-over plan: keys, the shards to carry and the fingerprint they pin.
+def decide(store: RunStore, manifest: Manifest, model: str | None) -> CarryOverPlan:
+    """The run's carry-over plan: keys, the shards to carry and the fingerprint they pin (index entries
+    are read from ``store``'s output root).
 
     When sources disagree on the fingerprint (shards computed on hosts that resolved ``auto``
     differently), only the fingerprint covering the most rows is carried, so the run stays on one.
@@ -130,7 +137,7 @@ def decide(output_root: str, manifest: Manifest, model: str | None) -> CarryOver
         return CarryOverPlan(disabled="the model's bytes are not pinned here (model directory not readable "
                                       "by the plan task and no image digest)")
     keys = shard_keys(manifest, model)
-    found = _candidates(output_root, manifest, keys)
+    found = _candidates(store, manifest, keys)
     if not found:
         return CarryOverPlan(keys=keys)
     rows = Counter()
@@ -161,11 +168,20 @@ def carried_name(name: str) -> str:
     return name if rest.startswith(REUSED_MARK) else f"{PART_PREFIX}{chunk}-{REUSED_MARK}{rest}"
 
 
-def _copy_shard(run_dir: str, shard_id: str, carried: CarriedShard, run_id: str) -> ShardMarker:
-    """Copy the source shard's committed files and write the new shard's marker (idempotent)."""
-    src = RunLayout.from_run_dir(carried.source_run_dir)
-    dst = RunLayout.from_run_dir(run_dir)
-    source = ShardMarker.from_json_bytes(storage.read_bytes(src.marker_uri(carried.source_shard_id)))
+def _copy_shard(store: RunStore, shard_id: str, carried: CarriedShard, run_id: str) -> ShardMarker:
+    """Copy the source shard's committed files and write the new shard's marker
+    (:meth:`RunStore.write_marker` with ``carried_over=True``: create-only, idempotent).
+
+    Raises:
+        FileNotFoundError: the source shard's marker is gone.
+        batch_contract.runstore.MarkerConflictError: another marker that does not complete the shard is in
+            place (see ADR 0002).
+    """
+    src = RunStore.open(carried.source_run_dir).layout
+    dst = store.layout
+    source = RunStore(src).marker(carried.source_shard_id)
+    if source is None:
+        raise FileNotFoundError(f"{src.marker_uri(carried.source_shard_id)}: the carried shard's source marker is gone")
     t0 = time.perf_counter()
     started = _now()
     files = {}
@@ -193,7 +209,7 @@ def _copy_shard(run_dir: str, shard_id: str, carried: CarriedShard, run_id: str)
         files=files, rows_reused=source.rows_ok, reuse_seconds_avoided=avoided,
         started_at=started, finished_at=_now(),
     )
-    storage.write_replace(dst.marker_uri(shard_id), marker.to_json_bytes())
+    store.write_marker(marker, carried_over=True)
     return marker
 
 
@@ -201,39 +217,46 @@ def carry_over(manifest: Manifest, run_dir: str, *, runner: str, image: str | No
     """Decide (once per run: a retried plan task reads the recorded plan back) and carry over.
 
     Writes ``runs/<run_id>/carryover.json`` before any copy, so workers of the run see the pinned
-    fingerprint; then completes every carried shard that has no marker yet.
+    fingerprint; then completes every carried shard that is not complete yet
+    (:meth:`RunStore.is_complete`: a shard with a complete marker, under any fingerprint, is left alone).
 
     Returns:
         The plan; ``plan.carried`` names the shards that need no worker.
 
     Raises:
         batch_contract.storage.StorageError: storage failed (the plan task is retried).
+        batch_contract.runstore.MarkerConflictError: a carried shard already has a marker that does not
+            complete it (unreadable or another status); it is kept and must be deleted by hand.
+        FileNotFoundError: a carried shard's source marker vanished after the plan was decided.
     """
-    layout = RunLayout.from_run_dir(run_dir)
-    plan = read_plan(run_dir)
+    store = RunStore.open(run_dir)
+    plan = store.carryover_plan()
     if plan is None:
         model = plan_model_identity(manifest, runner, image, default_model)
-        plan = decide(layout.output_root, manifest, model)
-        storage.write_replace(carryover_uri(run_dir), plan.to_json_bytes())
+        plan = decide(store, manifest, model)
+        store.write_carryover_plan(plan)
     for shard_id, record in plan.carried.items():
-        if not storage.exists(layout.marker_uri(shard_id)):
-            _copy_shard(run_dir, shard_id, CarriedShard(**record), manifest.run_id)
+        if not store.is_complete(shard_id):
+            _copy_shard(store, shard_id, CarriedShard(**record), manifest.run_id)
     return plan
 
 
 def index_published(run_dir: str) -> int:
-    """Write the index entry of every shard of a published run that has a key and a marker; returns
-    how many. Never raises: an indexing failure only means the next run computes those shards."""
+    """Write the index entry of every shard of a published run that has a key and a complete marker
+    (:func:`~batch_contract.runstore.is_complete`); returns how many. Never raises: an indexing failure only means the next run computes those shards."""
     try:
-        plan = read_plan(run_dir)
+        store = RunStore.open(run_dir)
+        plan = store.carryover_plan()
         if plan is None or not plan.keys:
             return 0
-        layout = RunLayout.from_run_dir(run_dir)
         written = 0
         for shard_id, key in sorted(plan.keys.items()):
-            marker = ShardMarker.from_json_bytes(storage.read_bytes(layout.marker_uri(shard_id)))
+            marker = store.marker(shard_id)
+            if not is_complete(marker):
+                log.info("carry-over: shard %s of %s is not complete: not indexed", shard_id, run_dir)
+                continue
             entry = _index_entry(run_dir, shard_id, marker, plan)
-            storage.write_replace(index_uri(layout.output_root, key), entry.to_json_bytes())
+            store.write_index_entry(key, entry)
             written += 1
         return written
     except Exception:  # noqa: BLE001 - an index is an optimisation; publish already succeeded

@@ -266,7 +266,7 @@ def _timing(report_uri: str, wall_s: float) -> dict[str, Any]:
     """Share of wall time in worker inference and in whole worker processes, from the run's markers."""
     store = RunStore.open(report_uri.rsplit("/", 1)[0])
     inference = worker = 0.0
-    for marker in store.markers().values():
+    for marker in store.complete_markers().values():
         inference += float(marker.stage_seconds.get("inference", 0.0))
         worker += sum(float(v) for v in marker.stage_seconds.values())
     tasks = task_seconds(AIRFLOW_HOME / "airflow.db", store.run_id)
@@ -297,7 +297,9 @@ def task_seconds(db_path: Path, run_id: str) -> dict[str, float]:
 def _print_summary(report_uri: str, timing: dict[str, Any]) -> None:
     from batch_inference.report import text_summary  # numpy: only for the summary of a finished run
 
-    report = json.loads(storage.read_bytes(report_uri))
+    report = RunStore.open(report_uri.rsplit("/", 1)[0]).report()
+    if report is None:
+        raise FileNotFoundError(f"{report_uri}: no report")
     print(text_summary(report))
     print(f"wall {timing['wall_s']} s; worker inference {timing['worker_inference_s']} s "
           f"(share {timing['inference_share']}); whole worker processes {timing['worker_total_s']} s "

@@ -41,12 +41,13 @@ from batch_inference.locations import (  # noqa: F401 - re-exported: callers rea
     normalize_roots,
 )
 from batch_inference.policy import DagPolicy, policy_for
+from batch_inference.publish.registry import DEFAULT_BACKEND, backend_class
 from batch_inference.publish.target import (
     BACKENDS,
     MAX_TABLE_LEN,
     RESERVED_SUFFIXES,
     TABLE_NAME_PATTERN,
-    PublishTarget,
+    validate_table_name,
 )
 
 if TYPE_CHECKING:
@@ -342,7 +343,7 @@ PARAM_FIELDS: Mapping[str, ParamField] = _fields(
                pattern=TABLE_NAME_PATTERN, not_pattern=_FORM_TABLE_NAME_REFUSED,
                expected="a SQL identifier (lower-case letters, digits, underscore, not starting with a "
                         f"digit; <= {MAX_TABLE_LEN} chars; not ending in {', '.join(RESERVED_SUFFIXES)})"),
-    ParamField("publish_backend", "duckdb", "string", "Publish backend", "duckdb: embedded file; "
+    ParamField("publish_backend", DEFAULT_BACKEND, "string", "Publish backend", "duckdb: embedded file; "
                "postgres: a PostgreSQL server from an Airflow connection; iceberg: Apache Iceberg tables "
                "in <output_root>/iceberg/warehouse (one snapshot per publish).", "Output", enum=BACKENDS),
     ParamField("duckdb_path", str(Path(DEFAULT_OUTPUT_ROOT) / "warehouse.duckdb"), "string", "DuckDB file",
@@ -518,7 +519,25 @@ def _require(cond: bool, name: str, message: str) -> None:
         raise ConfigError(f"params.{name}: {message}")
 
 
-def _is_shared(uri: str) -> bool:
+def check_conn_allowed(name: str, conn_id: str, allowed: tuple[str, ...], setting: str) -> None:
+    """Refuse an Airflow connection id the DAG may not publish through (a publish backend's
+    ``check_policy`` calls it for the connection Param it reads).
+
+    Args:
+        name: the Param holding the id (``postgres_conn_id``).
+        conn_id: its value.
+        allowed: the ids the deployment allows.
+        setting: the deployment setting that lists them, named in the message.
+
+    Raises:
+        ConfigError: ``params.<name>: ...`` when ``conn_id`` is not in ``allowed`` (the message never
+            names an allowed id).
+    """
+    _require(conn_id in allowed, name, f"{_shown(conn_id)} is not a connection this DAG may publish through "
+             f"(deployment setting {setting})")
+
+
+def is_shared(uri: str) -> bool:
     """Whether ``uri``'s storage backend is shared (every machine, pods included, sees its objects);
     ``False`` for a scheme no backend serves (the allow-list check then names the problem)."""
     from batch_contract import storage  # pyarrow: imported at run time only, not when a DAG file parses
@@ -557,8 +576,10 @@ def resolve_run_config(params: Mapping[str, Any], policy: DagPolicy | None = Non
     ``engine``). Types are strict (:meth:`ParamField.problem`): a string where an integer or a boolean
     is expected is an error, never coerced. Then the checks the form cannot make: the table name is one
     the publish step accepts, the kubernetes runner (unless ``dry_run``) needs input and output on
-    shared storage (a storage backend whose ``shared`` is true: ``gs://``), the llm engine needs a
-    model, and every Param stays inside the deployment's bounds (:func:`check_policy`).
+    shared storage (a storage backend whose ``shared`` is true: ``gs://``), the publish backend's own
+    checks of its settings (``check_run_config`` of its class in :mod:`batch_inference.publish.registry`,
+    whose module this imports), the llm engine needs a model, and every Param stays inside the
+    deployment's bounds (:func:`check_policy`).
 
     Args:
         params: the run's params (``context["params"]``, a ``dag_run.conf``-like mapping).
@@ -591,18 +612,15 @@ def resolve_run_config(params: Mapping[str, Any], policy: DagPolicy | None = Non
         _require(key not in cfg.engine_options, "engine_options",
                  f"may not set {key!r}: use the {ENGINE_PARAM_KEYS[key]!r} Param")
     try:  # the publish step's own rule (reserved suffixes too), so a run never fails at publish on its name
-        PublishTarget(backend="duckdb", table=cfg.output_table, duckdb_path="(name check only)")
+        validate_table_name(cfg.output_table)
     except ValueError as exc:
         raise ConfigError(f"params.output_table: {exc}") from None
     if cfg.runner == "kubernetes" and not cfg.dry_run:
         for name in ("output_root", "input_uri"):
-            _require(_is_shared(getattr(cfg, name)), name,
+            _require(is_shared(getattr(cfg, name)), name,
                      "the kubernetes runner needs storage its pods can reach: use a gs:// URI or another "
                      "shared storage scheme (or dry_run=true to only render the pods)")
-    if cfg.publish_backend == "iceberg" and _is_shared(cfg.output_root):
-        _require(bool(cfg.iceberg_catalog_conn_id), "iceberg_catalog_conn_id",
-                 "the iceberg backend with a remote output_root needs a PostgreSQL catalog connection "
-                 "(a SQLite catalog file must be local)")
+    backend_class(cfg.publish_backend).check_run_config(cfg)  # imports the backend's module (its driver)
     if cfg.engine == EngineKind.LLM.value:
         _require(bool(cfg.model), "model", "the llm engine needs a model directory")
     return check_policy(cfg, policy_for(None) if policy is None else policy)
@@ -636,8 +654,8 @@ def check_policy(cfg: RunConfig, policy: DagPolicy) -> RunConfig:
 
     Paths: ``input_uri`` under ``input_roots`` and not in an output root's ``runs/`` or ``cache/``;
     ``output_root`` and ``duckdb_path`` under ``output_roots``; ``model`` (when set) under ``model_roots``.
-    Connections: ``postgres_conn_id`` (postgres
-    backend) and ``iceberg_catalog_conn_id`` (iceberg backend) among the allowed ids. Ceilings:
+    Connections: the publish backend's own check (``check_policy`` of its class in
+    :mod:`batch_inference.publish.registry`; e.g. ``postgres_conn_id`` among ``postgres_conn_ids``). Ceilings:
     ``token_budget``, ``engine_options.max_tokens``, ``budget_usd``, ``deadline_hours``, ``parallelism``
     and ``max_gpus``. No message names an allowed value.
 
@@ -652,14 +670,7 @@ def check_policy(cfg: RunConfig, policy: DagPolicy) -> RunConfig:
     _require(not _input_in_outputs(cfg, policy), "input_uri",
              "lies in the runs/ or cache/ of an output root: read earlier results through their published "
              "table, not their run files")
-    if cfg.publish_backend == "postgres":
-        _require(cfg.postgres_conn_id in policy.postgres_conn_ids, "postgres_conn_id",
-                 f"{_shown(cfg.postgres_conn_id)} is not a connection this DAG may publish through "
-                 "(deployment setting postgres_conn_ids)")
-    if cfg.publish_backend == "iceberg" and cfg.iceberg_catalog_conn_id is not None:
-        _require(cfg.iceberg_catalog_conn_id in policy.iceberg_catalog_conn_ids, "iceberg_catalog_conn_id",
-                 f"{_shown(cfg.iceberg_catalog_conn_id)} is not a connection this DAG may publish through "
-                 "(deployment setting iceberg_catalog_conn_ids)")
+    backend_class(cfg.publish_backend).check_policy(cfg, policy)
     _ceiling("token_budget", cfg.token_budget, policy.max_token_budget, "max_token_budget")
     max_tokens = cfg.engine_options.get("max_tokens")
     if isinstance(max_tokens, int | float) and not isinstance(max_tokens, bool):

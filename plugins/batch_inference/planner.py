@@ -43,6 +43,7 @@ from batch_contract.layout import RunLayout, shard_id_for
 from batch_contract.llm_config import LLMConfig, check_user_template, user_template_fields
 from batch_contract.manifest import InputFile, InputSpec, Manifest, Segment, ShardSpec
 from batch_contract.rows import OversizedLine, decode_line, iter_jsonl_lines, row_group_read_bytes
+from batch_contract.runstore import RunStore
 
 from batch_inference.params import DEFAULT_MAX_MAP_LENGTH, SHARD_BY, param_default
 
@@ -609,8 +610,12 @@ def plan(request: PlanRequest) -> tuple[Manifest, list[dict[str, Any]]]:
         batch_contract.storage.StorageError: storage unreachable.
     """
     layout = RunLayout(request.output_root, request.run_id, request.dag_id)
-    if storage.exists(layout.manifest_uri):
-        existing = Manifest.from_json_bytes(storage.read_bytes(layout.manifest_uri))
+    store = RunStore(layout)
+    try:
+        existing = store.manifest
+    except FileNotFoundError:
+        existing = None
+    if existing is not None:
         manifest = _reuse(existing, request, layout.manifest_uri)
         return manifest, shard_refs(manifest, layout.run_dir)
     roots = list(request.input_roots or [])
@@ -633,12 +638,8 @@ def plan(request: PlanRequest) -> tuple[Manifest, list[dict[str, Any]]]:
     )
     if isinstance(manifest.engine_config, LLMConfig):
         check_user_template(manifest.engine_config, _input_columns(fmt, metas, roots))
-    storage.makedirs(layout.run_dir)
-    try:
-        storage.write_create_only(layout.manifest_uri, manifest.to_json_bytes())
-    except storage.AlreadyExistsError:  # a concurrent planner won: use its plan
-        manifest = _reuse(Manifest.from_json_bytes(storage.read_bytes(layout.manifest_uri)), request,
-                          layout.manifest_uri)
+    if not store.write_manifest(manifest):  # a concurrent planner won: use its plan
+        manifest = _reuse(store.manifest, request, layout.manifest_uri)
     log.info("planned %d rows from %d %s file(s) into %d shard(s) at %s", manifest.rows, len(files),
              fmt.value, len(manifest.shards), layout.manifest_uri)
     return manifest, shard_refs(manifest, layout.run_dir)

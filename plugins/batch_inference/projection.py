@@ -35,15 +35,13 @@ limit and what would fit (a row limit, spot pricing, more GPUs).
 from __future__ import annotations
 
 import heapq
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from batch_contract import storage
 from batch_contract.canary import CanaryResult
-from batch_contract.layout import RunLayout
 from batch_contract.manifest import Manifest
+from batch_contract.runstore import RunStore
 
 from batch_inference.pricing import CostParams, worker_cost
 
@@ -377,12 +375,9 @@ def read_projection(run_dir: str) -> dict[str, Any] | None:
 
     Raises:
         OSError: the file could not be read (other than not found).
-        ValueError: the file is not JSON.
+        ValueError: the file is not JSON, or ``run_dir`` is not a run directory.
     """
-    try:
-        return json.loads(storage.read_bytes(RunLayout.from_run_dir(run_dir).projection_uri))
-    except FileNotFoundError:
-        return None
+    return RunStore.open(run_dir).projection()
 
 
 __all__ = ["DECISIONS", "Limits", "RunRefused", "calibration", "format_table", "makespan", "project",

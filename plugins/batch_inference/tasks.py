@@ -11,16 +11,15 @@ again, so all tasks of a run see one config.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from batch_contract import storage
 from batch_contract.engine_config import ConfigError
 from batch_contract.layout import RunLayout
 from batch_contract.manifest import Manifest
+from batch_contract.runstore import RunStore
 
 from batch_inference.assets import table_asset
 from batch_inference.budget import over_budget_message
@@ -266,7 +265,9 @@ def summary_task(result: dict[str, Any], context: Mapping[str, Any]) -> str:
     """Log the report's human summary and the report path (the line ``batch_inference.cli`` parses)."""
     from batch_inference.report import text_summary  # numpy, pyarrow: loaded by this task only
 
-    report = json.loads(storage.read_bytes(result["report_json"]))
+    report = RunStore.open(result["report_json"].rsplit("/", 1)[0]).report()
+    if report is None:
+        raise FileNotFoundError(f"{result['report_json']}: no report")
     for line in text_summary(report).splitlines():
         log.info("%s", line)
     log.info("%s%s", REPORT_LINE_PREFIX, result["report_json"])

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from batch_contract import storage
-from batch_contract.carryover import CarryOverPlan, carryover_uri, read_plan
+from batch_contract.carryover import CarryOverPlan, carryover_uri
 from batch_contract.engine_config import ConfigError
 from batch_contract.enums import ExitCode
 from batch_contract.layout import RunLayout
@@ -88,7 +88,7 @@ def test_unchanged_input_publishes_without_workers_and_a_changed_file_is_recompu
     root = tmp_path / "out"
     first = _run(root, "r1", str(inputs))
     assert first["carried"] == set() and len(first["computed"]) == 4
-    assert read_plan(first["run_dir"]).keys.keys() == set(first["markers"])
+    assert RunStore.open(first["run_dir"]).carryover_plan().keys.keys() == set(first["markers"])
 
     second = _run(root, "r2", str(inputs))
     assert second["computed"] == [] and second["carried"] == set(first["markers"])

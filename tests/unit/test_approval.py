@@ -107,7 +107,7 @@ def _record(p: dict, **kw) -> dict:
 
 def test_the_gate_message_names_who_rejected_and_the_figures_they_saw(tmp_path: Path) -> None:
     p = _projection()
-    run_dir = str(tmp_path)
+    run_dir = str(tmp_path / "runs" / "dag" / "r1")  # the approval record lives in a run directory
     assert rejection_message(run_dir) is None, "never asked"
     write_approval(run_dir, _record(p, decision="approved", responded_by={"id": "alice", "name": "alice"}))
     assert read_approval(run_dir)["decision"] == "approved" and rejection_message(run_dir) is None

@@ -3,14 +3,16 @@ poll whose storage calls grow with the shards completed since the last poll, not
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from batch_contract import storage
+from batch_contract.carryover import CarryOverPlan
 from batch_contract.layout import RunLayout
 from batch_contract.marker import ShardMarker, ShardProgress
-from batch_contract.runstore import RunStore, is_complete
+from batch_contract.runstore import MarkerConflictError, RunStore, is_complete
 from batch_inference.completion import check_completion
 from batch_inference.progress import collect_progress
 from run_helpers import SAMPLE_PARQUET, write_run
@@ -114,3 +116,71 @@ def test_progress_reads_only_shards_with_a_progress_object(run_dir: str, calls: 
     assert (summary["completed"], summary["running"] + summary["stale"], summary["pending"]) == (1, 1, SHARDS - 2)
     assert calls["read_bytes"] == 2, "the new marker and the one progress object; no read per pending shard"
     assert calls["list_glob"] == 2
+
+
+# -- the one marker rule (ADR 0002): create-only, the marker in place wins a conflict -----------------
+def _marker(run_dir: str, shard_id: str, fingerprint: str = "f" * 32, status: str = "complete",
+            rows_ok: int = 10) -> ShardMarker:
+    return ShardMarker(run_id=RunLayout.from_run_dir(run_dir).run_id, shard_id=shard_id, fingerprint=fingerprint,
+                       rows_input=10, rows_ok=rows_ok, rows_dead_letter=0, status=status)
+
+
+def test_write_marker_is_create_only_and_a_retried_identical_write_succeeds(run_dir: str) -> None:
+    store = RunStore.open(run_dir)
+    first = _marker(run_dir, "00004")
+    assert store.write_marker(first) is True
+    assert store.write_marker(first) is True, "the same bytes again: a retried commit, no conflict"
+    assert store.is_complete("00004") and store.is_complete("00004", first.fingerprint)
+    again = _marker(run_dir, "00004", rows_ok=9)  # another attempt under the same fingerprint
+    assert store.write_marker(again) is False, "the marker in place already completes the shard"
+    assert RunStore.open(run_dir).marker("00004").rows_ok == 10, "never replaced"
+
+
+def test_a_carried_marker_never_replaces_a_complete_one(run_dir: str) -> None:
+    store = RunStore.open(run_dir)
+    assert store.write_marker(_marker(run_dir, "00006", fingerprint="a" * 32)) is True
+    carried = _marker(run_dir, "00006", fingerprint="b" * 32, rows_ok=7)
+    assert store.write_marker(carried, carried_over=True) is False, "complete under any fingerprint: kept"
+    assert RunStore.open(run_dir).marker("00006").fingerprint == "a" * 32
+    assert store.write_marker(_marker(run_dir, "00008"), carried_over=True) is True, "no marker: written"
+    assert RunStore.open(run_dir).is_complete("00008")
+
+
+def test_a_conflicting_marker_is_kept_and_raises(run_dir: str) -> None:
+    store = RunStore.open(run_dir)
+    assert store.write_marker(_marker(run_dir, "00009", fingerprint="a" * 32)) is True
+    with pytest.raises(MarkerConflictError, match="fingerprint"):  # a worker's marker under another fingerprint
+        store.write_marker(_marker(run_dir, "00009", fingerprint="b" * 32))
+    _complete(run_dir, "00010", status="failed")
+    with pytest.raises(MarkerConflictError):
+        store.write_marker(_marker(run_dir, "00010"), carried_over=True)
+    assert RunStore.open(run_dir).marker("00010").status == "failed", "kept"
+    assert issubclass(MarkerConflictError, storage.AlreadyExistsError)
+
+
+def test_an_unreadable_marker_is_not_complete_and_is_never_replaced(run_dir: str) -> None:
+    layout = RunLayout.from_run_dir(run_dir)
+    storage.write_replace(layout.marker_uri("00011"), b"{not json")
+    store = RunStore.open(run_dir)
+    assert not store.is_complete("00011")
+    with pytest.raises(json.JSONDecodeError):
+        store.marker("00011")  # the raw read still says why
+    with pytest.raises(MarkerConflictError):
+        store.write_marker(_marker(run_dir, "00011"), carried_over=True)
+    assert storage.read_bytes(layout.marker_uri("00011")) == b"{not json"
+
+
+@pytest.mark.no_report_check  # a hand-written stub report.json: only the round trip is checked
+def test_run_level_records_round_trip(run_dir: str) -> None:
+    store = RunStore.open(run_dir)
+    assert (store.projection(), store.approval(), store.carryover_plan(), store.report(), store.report_html()) == (
+        None, None, None, None, None)
+    store.write_projection({"decision": "go"})
+    store.write_approval({"decision": "pending"})
+    store.write_carryover_plan(CarryOverPlan(keys={"00000": "0" * 64}))
+    store.write_report({"run_id": "r"}, "<p>r</p>")
+    again = RunStore.open(run_dir)
+    assert again.projection() == {"decision": "go"} and again.approval() == {"decision": "pending"}
+    assert again.carryover_plan().keys == {"00000": "0" * 64}
+    assert again.report() == {"run_id": "r"} and again.report_html() == b"<p>r</p>"
+    assert again.manifest_bytes() is not None

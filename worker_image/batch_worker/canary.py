@@ -674,10 +674,9 @@ def run_canary(run_dir: str, options: CanaryOptions | None = None) -> CanaryResu
         result = canary.run()
     finally:
         canary.engine.close()  # frees the engine (vLLM's KV cache) for whatever runs next in this process
-    try:
-        storage.write_create_only(store.layout.canary_uri, result.to_json_bytes())
-    except storage.AlreadyExistsError:
-        return store.canary() or result
+    written = store.write_canary(result)
+    if written is not result:  # another canary of the run committed first: its record stands
+        return written
     log.info("canary: %d rows in %.1f s (model load %.1f s): %.1f rows/s, %.0f tokens/s (speed from %s); "
              "chosen %s (%s)%s",
              result.sample_rows, result.elapsed_seconds, result.model_load_seconds, result.steady_rows_per_s,

@@ -28,7 +28,6 @@ from dataclasses import asdict, dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 from batch_contract import storage
-from batch_contract.carryover import read_plan as read_carryover_plan
 from batch_contract.engine_config import ConfigError
 from batch_contract.enums import ExitCode, ShardStatus
 from batch_contract.hostinfo import host_facts
@@ -37,7 +36,6 @@ from batch_contract.manifest import Manifest, result_fingerprint
 from batch_contract.marker import AttemptRecord, ShardMarker
 from batch_contract.partfiles import digest_of, quarantined_count
 from batch_contract.runstore import RunStore, is_complete
-from batch_contract.storage import AlreadyExistsError
 from batch_contract.tokens import TokenCounts
 
 from batch_worker.engines.base import ChunkOutput, Engine, LoadedModel, check_chunk_output, engine_class
@@ -117,7 +115,7 @@ def adopt_pin(run_dir: str, manifest: Manifest, engine: Engine, fingerprint: str
         ConfigError: this host cannot run the pinned settings, or the pin does not match this run's
             model and config (the message says how to run the shard anyway).
     """
-    plan = read_carryover_plan(run_dir)
+    plan = RunStore.open(run_dir).carryover_plan()
     pinned = (plan.pinned if plan else {}).get("fingerprint")
     if not pinned or pinned == fingerprint:
         return fingerprint
@@ -435,12 +433,8 @@ class ShardRun:
         marker.finished_at = utc_now()
         marker.started_at = min((a["started_at"] for a in marker.attempts), default=self.attempt.started_at)
         uri = ctx.layout.marker_uri(ctx.shard_id)
-        try:
-            storage.write_create_only(uri, marker.to_json_bytes())
-        except AlreadyExistsError:
-            ctx.store.forget(ctx.shard_id)
-            if not is_complete(ctx.store.marker(ctx.shard_id), ctx.fingerprint):
-                raise
+        # create-only; a marker already in place under this fingerprint wins, any other raises (ADR 0002)
+        if not ctx.store.write_marker(marker):
             log.info("shard %s: another attempt wrote the marker first", ctx.shard_id)
         log.info("shard %s: complete: %d results, %d dead letters, marker %s",
                  ctx.shard_id, marker.rows_ok, marker.rows_dead_letter, uri)

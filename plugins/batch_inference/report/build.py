@@ -8,10 +8,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
-from batch_contract import storage
 from batch_contract.engine_config import WorkerSettings
 from batch_contract.hostinfo import describe
-from batch_contract.jsonutil import pretty_json
 from batch_contract.marker import ShardMarker
 from batch_contract.runstore import RunStore
 from batch_contract.version import SCHEMA_VERSION
@@ -328,9 +326,10 @@ def build_report(run_dir: str, *, dag_id: str, publish_summary: dict[str, Any] |
                             counts=counts, history=history, generated_at=generated_at,
                             projection=projection, canary_worker_seconds=canary_ws)
     report = json.loads(json.dumps(report, default=str))  # plain JSON types only (what readers will see)
-    storage.write_replace(data.layout.report_json_uri, pretty_json(report))
+    html = None
     if write_html:
         from batch_inference.report.page import render_html  # matplotlib only when HTML is wanted
 
-        storage.write_replace(data.layout.report_html_uri, render_html(report).encode("utf-8"))
+        html = render_html(report)
+    RunStore(data.layout).write_report(report, html)
     return report

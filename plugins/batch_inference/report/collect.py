@@ -28,10 +28,12 @@ class RunData:
     Attributes:
         layout: the run's URIs.
         manifest: the plan (shard ids, rows per shard, engine and worker settings).
-        markers: shard id -> completion marker, for shards that completed.
+        markers: shard id -> completion marker, for complete shards only
+            (:meth:`~batch_contract.runstore.RunStore.is_complete`: a marker that is unreadable or of another
+            status is left out, with a warning for the former).
         attempts: shard id -> attempt records (dicts, :class:`AttemptRecord` fields), sorted by
             ``started_at``; records under ``attempts/`` win over the copies inside the marker.
-        progress: shard id -> live progress object, for shards without a marker.
+        progress: shard id -> live progress object, for shards not complete.
     """
 
     layout: RunLayout
@@ -63,12 +65,13 @@ def load_run(run: str | RunStore) -> RunData:
 
     Raises:
         FileNotFoundError: the manifest is missing.
-        ValueError: a marker/record has an unreadable ``schema_version`` or the run dir is malformed.
+        ValueError: the manifest or a progress object is unreadable, or the run dir is malformed (an
+            unreadable marker only makes its shard not complete; an unreadable attempt record is skipped).
     """
     store = run if isinstance(run, RunStore) else RunStore.open(run)
     data = RunData(layout=store.layout, manifest=store.manifest)
     ids = [spec.shard_id for spec in store.manifest.shards]
-    data.markers.update(store.markers(ids))
+    data.markers.update(store.complete_markers(ids))
     data.progress.update(store.progress_of(sid for sid in ids if sid not in data.markers))
     with ThreadPoolExecutor(max_workers=max(1, min(IO_THREADS, len(ids)))) as pool:
         attempts = pool.map(lambda sid: merged_attempts(store, sid, data.markers.get(sid)), ids)

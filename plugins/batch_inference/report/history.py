@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from batch_contract import storage
 from batch_contract.layout import RunLayout, join_uri
+from batch_contract.runstore import RunStore
 
 MAX_RUNS_SCANNED = 200
 """Run directories read at most (the last ones by name), to bound the listing cost on big roots."""
@@ -29,7 +29,7 @@ def recent_runs(output_root: str, dag_id: str, exclude_run_id: str, limit: int =
             if run_id == exclude_run_id:
                 continue
             try:
-                data = json.loads(storage.read_bytes(join_uri(runs_dir, run_id, "report.json")))
+                data = RunStore.open(join_uri(runs_dir, run_id)).report()
             except (FileNotFoundError, NotADirectoryError, IsADirectoryError, ValueError):
                 continue
             if not isinstance(data, dict) or data.get("dag_id") != dag_id:

@@ -39,7 +39,6 @@ from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessE
 from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import GetUserDep, get_user
 from airflow.models.dag import DagModel
-from batch_contract import storage
 from batch_contract.layout import RunLayout
 from batch_contract.runstore import RunStore
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
@@ -175,7 +174,8 @@ def run_json(dag_id: str, run_id: str, session: SessionDep) -> dict[str, Any]:
 @router.get("/runs/{dag_id}/{run_id}/report.html", response_class=HTMLResponse, dependencies=[RunAccess])
 def report_html(dag_id: str, run_id: str, session: SessionDep) -> Response:
     """The run's ``report.html`` (404 before publish wrote it), under a CSP that lets it load nothing."""
-    body = _read_or_404(_layout(_view(session, dag_id, run_id)).report_html_uri, "no report.html yet (publish writes it)")
+    body = _or_404(RunStore(_layout(_view(session, dag_id, run_id))).report_html(),
+                   "no report.html yet (publish writes it)")
     return HTMLResponse(body, headers={"Content-Security-Policy": REPORT_CSP})
 
 
@@ -184,7 +184,7 @@ def manifest_json(dag_id: str, run_id: str, session: SessionDep) -> Response:
     """The run's ``manifest.json`` as stored, once it proved to be this run's (403 otherwise)."""
     view = _view(session, dag_id, run_id)
     layout = _layout(view)
-    body = _read_or_404(layout.manifest_uri, "no manifest yet (plan writes it)")
+    body = _or_404(RunStore(layout).manifest_bytes(), "no manifest yet (plan writes it)")
     try:
         guarded_manifest(body, layout, view.record.dag_id, view.record.run_id)
     except PathRefused as exc:
@@ -193,12 +193,12 @@ def manifest_json(dag_id: str, run_id: str, session: SessionDep) -> Response:
                     headers=_attachment(f"manifest-{view.record.dag_id}-{view.record.run_id}.json"))
 
 
-def _read_or_404(uri: str, missing: str) -> bytes:
-    """The object's bytes, or HTTP 404 with ``missing`` as the detail."""
-    try:
-        return storage.read_bytes(uri)
-    except FileNotFoundError:
-        raise HTTPException(404, missing) from None
+def _or_404(body: bytes | None, missing: str) -> bytes:
+    """The object's bytes read through the run store, or HTTP 404 (``missing`` as the detail) when the
+    object does not exist (``None``)."""
+    if body is None:
+        raise HTTPException(404, missing)
+    return body
 
 
 def _attachment(name: str) -> dict[str, str]:

@@ -9,7 +9,6 @@ changes), an unfinished run's for a few seconds.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections import OrderedDict
@@ -18,7 +17,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from batch_contract import storage
 from batch_contract.layout import RunLayout
 from batch_contract.runstore import RunStore
 
@@ -83,8 +81,8 @@ def _iso(value: Any) -> str | None:
 def read_report(layout: RunLayout) -> dict[str, Any] | None:
     """The run's ``report.json`` or ``None`` when publish has not written it (or it is not JSON)."""
     try:
-        return json.loads(storage.read_bytes(layout.report_json_uri))
-    except (FileNotFoundError, ValueError):
+        return RunStore(layout).report()
+    except ValueError:
         return None
 
 
