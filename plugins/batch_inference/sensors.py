@@ -50,10 +50,11 @@ class ShardMarkerSensor(BaseSensorOperator):
     :class:`~batch_inference.triggers.ShardMarkerTrigger` (no worker slot held while waiting).
 
     Args:
-        run_dir: ``<output_root>/runs/<run_id>`` (templated).
-        deadline_hours: hours after the DAG run's start at which the gate fails (templated).
-        min_success_ratio: 0..1 (templated).
-        dry_run: skip (nothing was run) when true (templated).
+        run_dir: ``<output_root>/runs/<dag_id>/<run_id>`` (templated).
+        deadline_hours: hours after the DAG run's start at which the gate fails (templated; the planned
+            value recorded in the manifest wins: :meth:`_adopt_planned`).
+        min_success_ratio: 0..1 (templated; the planned value wins).
+        dry_run: skip (nothing was run) when true (templated; the planned value wins).
         wait_for_stragglers: when the shards are not complete at the first check, wait instead of failing
             at once (kubernetes: a pod being deleted can still commit in its termination grace after its
             task gave up; local: a worker never outlives its task) (templated; ``"True"``/``"False"``).
@@ -117,6 +118,21 @@ class ShardMarkerSensor(BaseSensorOperator):
     def _is_dry_run(self) -> bool:
         return self._truthy(self.dry_run)
 
+    PLANNED_FIELDS = ("deadline_hours", "min_success_ratio", "dry_run")
+    """Settings the gate takes from the run as planned (the manifest's ``params``) when recorded there."""
+
+    def _adopt_planned(self) -> None:
+        """Take :data:`PLANNED_FIELDS` from the config the plan task resolved and recorded in the manifest
+        (the one every task of the run sees: validated, within the deployment's ceilings), over the
+        templated values; a manifest without them (a run planned outside a DAG) keeps the templated ones."""
+        try:
+            params = self._store().manifest.params
+        except FileNotFoundError:
+            return
+        for name in self.PLANNED_FIELDS:
+            if name in params:
+                setattr(self, name, params[name])
+
     def _store(self) -> RunStore:
         """One store for this task's life (manifest read once, markers once each)."""
         if getattr(self, "_run_store", None) is None:
@@ -142,6 +158,8 @@ class ShardMarkerSensor(BaseSensorOperator):
         from batch_inference.completion import check_completion, progress_line
         from batch_inference.triggers import ShardMarkerTrigger
 
+        if str(self.run_dir).strip() not in {"", "None"}:
+            self._adopt_planned()
         if self._is_dry_run():
             raise AirflowSkipException("dry run: no shards were run, nothing to wait for")
         if str(self.run_dir).strip() in {"", "None"}:

@@ -188,12 +188,12 @@ def infer_local_task(ref: dict[str, Any], context: Mapping[str, Any]) -> dict[st
     """
     from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-    parallelism = int(context["params"].get("parallelism", 0))  # 0: fit the machine
-    over = over_budget_message(ref["run_dir"], run_config_of(manifest_for(ref["run_dir"])), ref["shard_id"])
+    planned = run_config_of(manifest_for(ref["run_dir"]))  # the run as planned, not the raw Params
+    over = over_budget_message(ref["run_dir"], planned, ref["shard_id"])
     if over:
         raise AirflowFailException(over)
     try:
-        return run_shard(ref["run_dir"], ref["shard_id"], parallelism=parallelism).to_dict()
+        return run_shard(ref["run_dir"], ref["shard_id"], parallelism=planned.parallelism).to_dict()
     except ShardBadInputError as exc:
         raise AirflowFailException(str(exc)) from None
     except ShardRetryableError as exc:

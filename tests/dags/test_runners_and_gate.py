@@ -189,3 +189,17 @@ def test_gate_names_why_each_missing_shard_stopped(run_dir: str) -> None:
     text = str(err.value)
     assert "bad config or input (worker exit 2" in text and "the model Param" in text and ": 00001" in text
     assert "no attempt record" in text and "00002" in text
+
+
+def test_the_gate_takes_its_settings_from_the_run_as_planned(tmp_path: Path) -> None:
+    """The plan task's resolved values (recorded in the manifest) win over the templated raw Params."""
+    from batch_inference.sensors import ShardMarkerSensor
+
+    plan(PlanRequest(input_uri=str(SAMPLE), id_column="id", text_column="text", output_root=str(tmp_path),
+                     run_id="gate-run", engine={"kind": "encoder"}, rows_per_shard=2000, shard_by="rows",
+                     params={"min_success_ratio": 0.3, "dry_run": False, "deadline_hours": 24.0}))
+    run_dir = RunLayout(str(tmp_path), "gate-run").run_dir
+    _mark(run_dir, "00000")
+    sensor = ShardMarkerSensor(task_id="gate", run_dir=run_dir, wait_for_stragglers="False",
+                               min_success_ratio="1.0", dry_run="True")
+    assert sensor.execute({})["shards_complete"] == 1, "planned: not a dry run, 1 of 3 shards is enough"
