@@ -123,6 +123,8 @@ bench-chaos: chaos
 # The main job end to end (local runner, embedded DuckDB); `make run INPUT=... OUTPUT=...` for other data.
 INPUT ?= data/sample/debian_descriptions_sample.parquet
 OUTPUT ?= output
+# The make targets' run setting, not a second default (the rows_per_shard Param's default is 10,000): the
+# 6,000-row sample in two shards, so `make run` shows a fan-out.
 ROWS_PER_SHARD ?= 3000
 PUBLISH_BACKEND ?= duckdb
 # Any DAG Param as a flag: `make run ARGS="--id-column key --text-column body --row-limit 500"` (see --help).

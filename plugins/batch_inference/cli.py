@@ -144,10 +144,12 @@ INTERRUPTED_EXIT = 130
 _FLAG_ALIASES = {"input_uri": ("--input",), "output_root": ("--output",), "output_table": ("--table",)}
 """Older spellings kept working next to the Param-named flags."""
 CLI_DEFAULTS: dict[str, Any] = {"input_uri": SAMPLE_INPUT, "output_root": str(REPO_ROOT / "output"),
-                                "rows_per_shard": 3000, "parallelism": 1}
-"""Where ``make run`` differs from the Param defaults: the bundled sample, the repo's output/, smaller
-shards (so the sample gives a few), and parallelism 1: ``airflow dags test`` runs mapped tasks one at a
-time, so the one running worker gets every core (parallelism N would only give it cores // N threads)."""
+                                "parallelism": 1}
+"""Where the CLI differs from the Param defaults: the bundled sample, the repo's output/, and
+parallelism 1: ``airflow dags test`` runs mapped tasks one at a time, so the one running worker gets every
+core (parallelism N would only give it cores // N threads). Every other Param, ``rows_per_shard``
+included, has one default: its :data:`~batch_inference.params.PARAM_FIELDS` entry (``make run`` passes
+``--rows-per-shard $(ROWS_PER_SHARD)`` so the 6,000-row sample shows a fan-out)."""
 _NULL = object()
 
 
@@ -396,7 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--input", default=SAMPLE_INPUT)
     render.add_argument("--output", default=str(REPO_ROOT / "output"))
     render.add_argument("--out", default=str(REPO_ROOT / "build" / "k8s"))
-    render.add_argument("--rows-per-shard", type=int, default=2000)
+    render.add_argument("--rows-per-shard", type=int, default=param_default("rows_per_shard"))
     render.add_argument("--run-id", default=None)
     return parser
 

@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
             env = airflow_k8s_env(cluster, gcs.url, STATE_DIR / "airflow_home")
             cmd = [sys.executable, "-m", "batch_inference.cli", "run", "--input", input_uri,
                    "--output", f"{bucket}/output", "--runner", "kubernetes",
-                   "--rows-per-shard", str(args.rows_per_shard), *args.cli_args]
+                   *(["--rows-per-shard", str(args.rows_per_shard)] if args.rows_per_shard else []), *args.cli_args]
             t0 = time.monotonic()
             proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT)
             out = []
@@ -139,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m scripts.k8s.run_k8s", description=__doc__.split("\n", 1)[0])
     ap.add_argument("--input", default=str(REPO_ROOT / "data" / "sample" / "debian_descriptions_sample.parquet"))
     ap.add_argument("--output", default=str(REPO_ROOT / "output"))
-    ap.add_argument("--rows-per-shard", type=int, default=2000)
+    ap.add_argument("--rows-per-shard", type=int, default=None,
+                    help="rows per shard (default: the Param's; make run-k8s passes ROWS_PER_SHARD_K8S)")
     ap.add_argument("cli_args", nargs=argparse.REMAINDER, help="more batch_inference.cli run flags after --")
     args = ap.parse_args(argv)
     args.cli_args = [a for a in args.cli_args if a != "--"]

@@ -40,7 +40,7 @@ def test_conf_json_is_overridden_by_flags_and_old_flags_still_work(tmp_path: Pat
     assert conf["input_uri"] == str(tmp_path / "in.parquet")
     assert conf["duckdb_path"] == str(tmp_path / "out" / "warehouse.duckdb")
     defaults = _conf(_args())
-    assert defaults["input_uri"] == SAMPLE_INPUT and defaults["rows_per_shard"] == 3000
+    assert defaults["input_uri"] == SAMPLE_INPUT and "rows_per_shard" not in defaults  # the Param's default
 
 
 def test_bad_values_are_refused_before_airflow_starts(tmp_path: Path) -> None:
