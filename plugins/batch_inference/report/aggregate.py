@@ -6,6 +6,7 @@ of numbers the workers measured and wrote into their markers / attempt records.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 from batch_contract.enums import DeadLetterReason
 from batch_contract.hostinfo import describe, host_key
 from batch_contract.marker import STAGES, ShardMarker
+from batch_contract.tokens import TokenCounts
 
 
 def stage_names(markers: Iterable[ShardMarker]) -> list[str]:
@@ -79,14 +81,8 @@ def token_totals(markers: list[ShardMarker]) -> dict[str, Any]:
     """Token sums: ``input`` (prompt tokens, or real tokens for encoders), ``real``, ``padded``,
     ``prompt``, ``cached``, ``output``, ``total`` (= input + output) and ``cached_fraction``
     (cached / prompt, ``None`` without prompts)."""
-    tot = {
-        "input": sum(input_tokens(m) for m in markers),
-        "real": sum(m.tokens_real for m in markers),
-        "padded": sum(m.tokens_padded for m in markers),
-        "prompt": sum(m.tokens_prompt for m in markers),
-        "cached": sum(m.tokens_cached for m in markers),
-        "output": sum(m.tokens_output for m in markers),
-    }
+    counts = sum((m.tokens for m in markers), TokenCounts())  # the contract's one token-counts value
+    tot = {"input": sum(input_tokens(m) for m in markers), **dataclasses.asdict(counts)}
     tot["total"] = tot["input"] + tot["output"]
     tot["cached_fraction"] = ratio(tot["cached"], tot["prompt"])
     return tot
