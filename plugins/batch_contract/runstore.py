@@ -353,13 +353,15 @@ class RunStore:
     def poll(self) -> dict[str, ShardMarker]:
         """The complete shards now: one listing of ``shards/*/_SUCCESS.json`` (paged), then a read of
         each marker not seen before. A cached marker that is no longer listed (its shard was reopened)
-        is dropped. Returns ``{shard_id: marker}`` of complete shards."""
+        is dropped. An unreadable marker is not complete (:meth:`is_complete`'s rule: a warning, read
+        again at the next poll). Returns ``{shard_id: marker}`` of complete shards."""
         listed = {name.split("/", 1)[0] for name in storage.list_glob(self.layout.shards_dir(), f"*/{MARKER_NAME}")}
         for sid in set(self._markers) - listed:
             del self._markers[sid]
         new = sorted(listed - set(self._markers))
-        if new:
-            self.markers(new)
+        if new:  # marker() caches the complete ones
+            with ThreadPoolExecutor(max_workers=max(1, min(IO_THREADS, len(new)))) as pool:
+                list(pool.map(self._readable_marker, new))
         return {sid: m for sid, m in sorted(self._markers.items()) if is_complete(m)}
 
     def forget(self, shard_id: str) -> None:

@@ -184,3 +184,19 @@ def test_run_level_records_round_trip(run_dir: str) -> None:
     assert again.carryover_plan().keys == {"00000": "0" * 64}
     assert again.report() == {"run_id": "r"} and again.report_html() == b"<p>r</p>"
     assert again.manifest_bytes() is not None
+
+
+def test_poll_reads_an_unreadable_marker_as_not_complete(tmp_path) -> None:
+    """The gate's poll follows the one is_complete rule: a torn or foreign marker is not complete, and
+    does not stop the poll (it is read again next time)."""
+    from batch_contract import storage as _storage
+    from batch_contract.layout import RunLayout as _Layout
+    from batch_contract.runstore import RunStore as _Store
+    from run_helpers import SAMPLE_PARQUET, write_run
+
+    run_dir = write_run(tmp_path, SAMPLE_PARQUET, rows=100, shards=2)
+    layout = _Layout.from_run_dir(run_dir)
+    _storage.makedirs(layout.shard_dir("00000"))
+    _storage.write_replace(layout.marker_uri("00000"), b"{not json")
+    store = _Store.open(run_dir)
+    assert store.poll() == {} and not store.is_complete("00000")
