@@ -239,7 +239,7 @@ def test_form_runconfig_planner_cli_and_sensor_defaults_come_from_the_table() ->
 
     run = build_parser().parse_args(["run"])
     assert param_conf(run) == {}  # a flag not given leaves the Param's default to the DAG
-    assert set(CLI_DEFAULTS) == {"input_uri", "output_root", "rows_per_shard", "parallelism"}
+    assert set(CLI_DEFAULTS) == {"input_uri", "output_root", "parallelism"}  # one default per Param
     assert {f.name: f.default for f in dataclasses.fields(DagSpec)}["output_table"] == \
         PARAM_FIELDS["output_table"].default
 
