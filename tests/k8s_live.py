@@ -141,6 +141,7 @@ class PodLedger:
                     self._listed.set()
                 for pod in items.items:
                     self._see("MODIFIED", pod)
+                self._forget_absent({p.metadata.name for p in items.items})
                 w = watch.Watch()
                 for ev in w.stream(self.api.list_namespaced_pod, self.namespace, timeout_seconds=5,
                                    resource_version=items.metadata.resource_version):
@@ -149,6 +150,14 @@ class PodLedger:
                         w.stop()
             except Exception:  # noqa: BLE001 - a dropped watch: list again
                 time.sleep(0.2)
+
+    def _forget_absent(self, listed: set[str]) -> None:
+        """A pod deleted while no watch was open shows up only as missing from the next list (what
+        client-go's informers call DeletedFinalStateUnknown): record it as deleted."""
+        with self._lock:
+            for name, rec in self.pods.items():
+                if name not in listed:
+                    rec.deleted = True
 
     def _see(self, kind: str, pod: Any) -> None:
         if pod.metadata.name in (self._initial or ()):
