@@ -20,6 +20,7 @@ import sqlite3
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +90,9 @@ def airflow_k8s_env(base_env: dict[str, str], kubeconfig: Path, gcs_url: str,
 class PodRecord:
     """One pod as last seen: ``labels``, ``annotations``, the first container's ``args``, ``phase``,
     ``exit_code``, ``reason``, ``scheduled_reason`` (``PodScheduled=False``), ``deleted`` (the object is
-    gone), ``first_seen`` / ``last_seen`` (monotonic seconds)."""
+    gone), ``first_seen`` / ``last_seen`` (monotonic seconds), and the API server's own timestamps
+    (``created_at``: ``metadata.creationTimestamp``; ``started_at`` / ``finished_at``: the first
+    container's ``startedAt`` / ``finishedAt``; aware datetimes, whole seconds)."""
 
     name: str
     labels: dict[str, str]
@@ -102,6 +105,9 @@ class PodRecord:
     deleted: bool = False
     first_seen: float = 0.0
     last_seen: float = 0.0
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
 
 
 @dataclass
@@ -170,15 +176,20 @@ class PodLedger:
                 rec = self.pods[pod.metadata.name] = PodRecord(
                     pod.metadata.name, dict(pod.metadata.labels or {}), {},
                     list((containers[0].args if containers else None) or []), first_seen=now)
+            rec.created_at = pod.metadata.creation_timestamp or rec.created_at
             rec.labels = dict(pod.metadata.labels or rec.labels)
             rec.annotations = dict(pod.metadata.annotations or rec.annotations)
             status = pod.status
             if status is not None:
                 rec.phase = status.phase or rec.phase
                 rec.reason = status.reason or rec.reason
-                for cs in status.container_statuses or []:
+                for cs in (status.container_statuses or [])[:1]:
+                    if cs.state and cs.state.running is not None:
+                        rec.started_at = cs.state.running.started_at or rec.started_at
                     if cs.state and cs.state.terminated is not None:
                         rec.exit_code = cs.state.terminated.exit_code
+                        rec.started_at = cs.state.terminated.started_at or rec.started_at
+                        rec.finished_at = cs.state.terminated.finished_at or rec.finished_at
                 for cond in status.conditions or []:
                     if cond.type == "PodScheduled" and cond.status == "False":
                         rec.scheduled_reason = f"{cond.reason}: {cond.message}"
@@ -206,6 +217,24 @@ class PodLedger:
                     return rec
             time.sleep(0.2)
         raise TimeoutError(f"no pod with {labels} met the condition in {timeout} s: {self.matching(**labels)}")
+
+
+def max_concurrent(records: list[PodRecord]) -> int:
+    """The most pods whose first container ran at the same time, from the API server's ``startedAt`` /
+    ``finishedAt`` (half-open intervals: a pod that finished in the second another started does not
+    overlap it; a pod with no ``finishedAt`` yet runs on). Pods that never started do not count."""
+    events = []
+    for rec in records:
+        if rec.started_at is None:
+            continue
+        events.append((rec.started_at.timestamp(), 1))
+        if rec.finished_at is not None:
+            events.append((rec.finished_at.timestamp(), -1))
+    running = peak = 0
+    for _, step in sorted(events):  # at equal times -1 sorts before +1
+        running += step
+        peak = max(peak, running)
+    return peak
 
 
 def run_dir_of(rec: PodRecord) -> str:

@@ -36,10 +36,10 @@ def spent_usd(markers: list[Any], canary: Any, params: CostParams) -> float:
     return worker_cost(seconds, params)
 
 
-def over_budget_message(run_dir: str, cfg: RunConfig, shard_id: str) -> str | None:
-    """Why shard ``shard_id`` must not start: the run's actual spend (:func:`spent_usd`, read from the run's
-    markers and canary result) has passed ``budget_usd`` by more than :data:`BUDGET_TOLERANCE`; ``None``
-    when there is no budget or it holds.
+def budget_exceeded(run_dir: str, cfg: RunConfig) -> str | None:
+    """``"the run has spent $S (N complete shard(s)...) > budget_usd=B + 10%"`` when the run's actual spend
+    (:func:`spent_usd`, read from the run's markers and canary result) has passed ``budget_usd`` by more
+    than :data:`BUDGET_TOLERANCE`; ``None`` when there is no budget or it holds.
 
     Raises:
         ConfigError: the run's ``cost_params`` are invalid (:func:`~batch_inference.pricing.cost_params_from_dict`).
@@ -50,13 +50,27 @@ def over_budget_message(run_dir: str, cfg: RunConfig, shard_id: str) -> str | No
     markers = list(store.poll().values())
     canary = store.canary()
     spent = spent_usd(markers, canary, cost_params_from_dict(cfg.cost_params()))
-    limit = cfg.budget_usd * (1 + BUDGET_TOLERANCE)
-    if spent <= limit:
+    if spent <= cfg.budget_usd * (1 + BUDGET_TOLERANCE):
         return None
     what = f"{len(markers)} complete shard(s)" + (" and the canary" if canary is not None else "")
-    return (f"BUDGET EXCEEDED: the run has spent ${spent:.6g} ({what}) "
-            f"> budget_usd={cfg.budget_usd:g} + {BUDGET_TOLERANCE:.0%}; shard {shard_id} is not started. Every "
-            "committed row is kept: raise budget_usd and clear the failed shard tasks to finish the run.")
+    return f"the run has spent ${spent:.6g} ({what}) > budget_usd={cfg.budget_usd:g} + {BUDGET_TOLERANCE:.0%}"
 
 
-__all__ = ["BUDGET_TOLERANCE", "over_budget_message", "spent_usd"]
+def over_budget_message(run_dir: str, cfg: RunConfig, shard_id: str) -> str | None:
+    """Why shard ``shard_id`` must not start (``BUDGET EXCEEDED: ...``, from :func:`budget_exceeded`), or
+    ``None`` when there is no budget or it holds.
+
+    Raises:
+        ConfigError: the run's ``cost_params`` are invalid.
+    """
+    exceeded = budget_exceeded(run_dir, cfg)
+    if exceeded is None:
+        return None
+    return (f"BUDGET EXCEEDED: {exceeded}; shard {shard_id} is not started. {BUDGET_STOP_FIX}")
+
+
+BUDGET_STOP_FIX = "Every committed row is kept: raise budget_usd and clear the failed shard tasks to finish the run."
+"""What to do after a budget stop (the stop's message and the completion gate's cause)."""
+
+
+__all__ = ["BUDGET_STOP_FIX", "BUDGET_TOLERANCE", "budget_exceeded", "over_budget_message", "spent_usd"]

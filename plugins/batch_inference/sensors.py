@@ -214,6 +214,21 @@ class ShardMarkerSensor(BaseSensorOperator):
             f"{status.get('min_success_ratio')}). {self._causes(missing)}"
         )
 
+    def _not_started_cause(self) -> str:
+        """Why a shard with no attempt record never started: the in-run budget stop when the run is over
+        its budget (``budget.budget_exceeded``), else :func:`_cause_of` ``(None)``. Computed once."""
+        if getattr(self, "_not_started", None) is None:
+            from batch_inference.budget import BUDGET_STOP_FIX, budget_exceeded  # parse time: pyarrow
+            from batch_inference.planned import run_config_of
+
+            try:
+                exceeded = budget_exceeded(self.run_dir, run_config_of(self._store().manifest))
+            except (OSError, ValueError):
+                exceeded = None
+            self._not_started = (f"not started: BUDGET EXCEEDED, {exceeded}. {BUDGET_STOP_FIX}" if exceeded
+                                 else _cause_of(None))
+        return self._not_started
+
     def _causes(self, missing: list[str]) -> str:
         """Why the missing shards stopped, from their last attempt records, and what fixes each cause."""
         from batch_inference.completion import name_shards  # parse time: pyarrow
@@ -224,7 +239,8 @@ class ShardMarkerSensor(BaseSensorOperator):
                 attempts = self._store().attempts(sid)
             except (OSError, ValueError):
                 attempts = []
-            by_cause.setdefault(_cause_of(attempts[-1] if attempts else None), []).append(sid)
+            cause = _cause_of(attempts[-1]) if attempts else self._not_started_cause()
+            by_cause.setdefault(cause, []).append(sid)
         parts = [f"{cause}: {name_shards(ids)}" for cause, ids in by_cause.items()]
         return "Causes: " + "; ".join(parts) if parts else ""
 

@@ -8,9 +8,10 @@ pods watched from the API server; the node agent runs the real ``batch-worker`` 
   kubernetes runner's options, 1..``max_gpus`` pods), and only then do the shard pods start; every row
   is published;
 * a budget below the projection: the canary pod runs, the task fails with ``REFUSED (budget)`` in its
-  first try, and no shard pod is ever created;
-* the in-run budget stop (canary off, ``budget_usd=0``): the first shard's pod runs, then the next shard
-  fails with ``BUDGET EXCEEDED`` in try 1 without a pod (``ShardPodOperator.over_budget``).
+  first try, and no shard pod is ever created.
+
+The in-run budget stop (``ShardPodOperator.over_budget``) runs under Airflow's real scheduler, with pods in
+parallel, in ``test_k8s_scheduler_live.py``.
 """
 
 from __future__ import annotations
@@ -132,21 +133,4 @@ def test_a_budget_below_the_projection_refuses_with_no_shard_pod(setup, k8s_clus
     assert all(state != "success" for _, state in task_instances(setup["home"], run["run_id"]).values())
     assert run["code"] != 0
     record(refused_shard_pods=len(shards))
-    _cleanup(k8s_cluster, run["run_label"])
-
-
-def test_the_in_run_budget_stop_creates_no_further_shard_pod(setup, k8s_cluster, fake_gcs) -> None:
-    # canary off, budget 0: the first shard starts (nothing spent yet), the next sees its spend
-    run = _run(setup, k8s_cluster, fake_gcs, "stop", {"canary": False, "budget_usd": 0.0, "deadline_hours": 0.01})
-    canary, shards = _split(run)
-    assert canary == [] and len(shards) == 1 and shards[0].exit_code == 0, shards
-    tis = task_instances(setup["home"], run["run_id"])
-    assert sorted(tis.values()) == [(1, "failed"), (1, "success")], tis   # try 1: BUDGET EXCEEDED is not retried
-    stopped = "00001" if shards[0].labels[SHARD_LABEL] == "00000" else "00000"
-    assert "BUDGET EXCEEDED: the run has spent $" in run["log"]
-    assert f"shard {stopped} is not started" in run["log"]
-    layout = RunLayout.from_run_dir(run["run_dir"])
-    assert not storage.list_names(layout.attempts_dir(stopped)), "the stopped shard's worker never ran"
-    assert run["code"] != 0
-    record(budget_stop_shard_pods=len(shards))
     _cleanup(k8s_cluster, run["run_label"])

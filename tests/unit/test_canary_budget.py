@@ -41,3 +41,21 @@ def test_no_shard_starts_once_spend_passes_the_budget_by_the_tolerance(tmp_path:
     assert "2 complete shard(s)" in message and "committed row is kept" in message
     assert over_budget_message(run_dir, RunConfig(**PARAMS, budget_usd=0.10), "00002") is None, "within tolerance"
     assert over_budget_message(run_dir, RunConfig(**PARAMS), "00002") is None, "no budget: never stops"
+
+
+@pytest.mark.parametrize(("budget", "stopped"), [(0.05, True), (0.10, False), (None, False)])
+def test_the_gate_names_the_budget_stop_as_the_cause_of_a_shard_that_never_started(
+        tmp_path: Path, budget: float | None, stopped: bool) -> None:
+    """A shard with no attempt record in a run over its budget was stopped by the budget (the gate's
+    failure says so, with the fix); within the budget, or with none, the generic cause stays."""
+    from batch_inference.sensors import ShardMarkerSensor
+
+    run_dir = _run(tmp_path, seconds_per_shard=50.0)  # $0.10 spent
+    manifest_path = Path(run_dir) / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["params"] = {**manifest.get("params", {}), **PARAMS, "budget_usd": budget}
+    manifest_path.write_text(json.dumps(manifest))
+    causes = ShardMarkerSensor(task_id="gate", run_dir=run_dir)._causes(["00002"])
+    assert ("not started: BUDGET EXCEEDED, the run has spent $0.1" in causes) is stopped, causes
+    assert ("raise budget_usd and clear the failed shard tasks" in causes) is stopped, causes
+    assert ("no attempt record" in causes) is not stopped, causes

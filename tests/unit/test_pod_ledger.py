@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
 import k8s_live
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from k8s_live import PodLedger
+from k8s_live import PodLedger, PodRecord, max_concurrent
 
 
 def _pod(name: str) -> SimpleNamespace:
-    meta = SimpleNamespace(name=name, labels={"batch-inference/shard-id": name}, annotations={})
+    meta = SimpleNamespace(name=name, labels={"batch-inference/shard-id": name}, annotations={},
+                           creation_timestamp=None)
     status = SimpleNamespace(phase="Running", reason=None, container_statuses=[], conditions=[])
     return SimpleNamespace(metadata=meta, spec=SimpleNamespace(containers=[]), status=status)
 
@@ -57,3 +59,17 @@ def test_a_pod_missing_from_a_later_list_is_deleted(lifetimes: dict[str, tuple[i
     assert set(ledger.pods) == seen
     for name, rec in ledger.pods.items():
         assert rec.deleted == (name not in final), (name, lists)
+
+
+_INTERVALS = st.lists(st.tuples(st.integers(0, 50), st.integers(1, 20)), max_size=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(intervals=_INTERVALS)
+def test_max_concurrent_equals_the_densest_second(intervals: list[tuple[int, int]]) -> None:
+    """The sweep agrees with counting, for every whole second, the pods running in it ([start, end))."""
+    base = datetime(2026, 1, 1, tzinfo=UTC)
+    records = [PodRecord(f"p{i}", {}, {}, started_at=base + timedelta(seconds=s),
+                         finished_at=base + timedelta(seconds=s + d)) for i, (s, d) in enumerate(intervals)]
+    by_second = [sum(1 for s, d in intervals if s <= t < s + d) for t in range(0, 71)]
+    assert max_concurrent(records) == max(by_second, default=0)

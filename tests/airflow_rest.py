@@ -1,0 +1,52 @@
+"""A small HTTP client for Airflow's REST API in tests (``urllib``, no redirects), and free loopback ports.
+
+Used by ``tests/ui/ui_standalone.py`` (``airflow standalone``) and ``tests/airflow_services.py`` (the
+separate scheduler, triggerer, DAG processor and API server of the live-cluster suite).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+
+def free_port() -> int:
+    """A TCP port that was free on 127.0.0.1 a moment ago."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Response:
+    """An HTTP answer: status, headers (lower-case names), body bytes."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def http(method: str, url: str, *, token: str | None = None, body: Any = None,
+         cookies: dict[str, str] | None = None, timeout: float = 60.0) -> Response:
+    """One request with ``urllib`` (no redirects followed for 3xx is not needed here: none are hit)."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    if cookies:
+        req.add_header("Cookie", "; ".join(f"{k}={v}" for k, v in cookies.items()))
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return Response(resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read())
+    except urllib.error.HTTPError as exc:
+        return Response(exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read())
