@@ -98,9 +98,10 @@ class Chaos(threading.Thread):
     triggerer restart, one pod preempted (its worker started), scheduler restart. ``done`` lists the
     steps that happened with their wall time; ``error`` is the first exception."""
 
-    def __init__(self, svc: AirflowServices, cluster, ledger: PodLedger) -> None:
+    def __init__(self, svc: AirflowServices, cluster, ledger: PodLedger, run_id: str) -> None:
         super().__init__(daemon=True)
-        self.svc, self.cluster, self.ledger = svc, cluster, ledger
+        self.svc, self.cluster, self.ledger, self.run_id = svc, cluster, ledger, run_id
+        self.states_at_scheduler_kill: Counter[str] = Counter()
         self.done: list[tuple[str, float]] = []
         self.preempted: list[tuple[str, str]] = []
         self.error: BaseException | None = None
@@ -135,6 +136,8 @@ class Chaos(threading.Thread):
             self.preempted.append((victim.labels["batch-inference/shard-id"], victim.name))
             self.done.append(("preempt", time.monotonic()))
             self._wait(self._running, "a shard pod running")
+            tis = self.svc.task_instances(DAG_ID, self.run_id, "infer_k8s")
+            self.states_at_scheduler_kill = Counter(str(t["state"]) for t in tis.values())
             self.svc.restart("scheduler")
             self.done.append(("scheduler", time.monotonic()))
         except BaseException as exc:  # noqa: BLE001 - reported by the tests
@@ -149,7 +152,7 @@ def main_run(services, k8s_cluster, sample_parquet: Path):
     ledger = PodLedger(k8s_cluster.api()).start()
     t0 = time.monotonic()
     run_id = svc.trigger(DAG_ID, _conf(input_uri, f"{bucket}/out", tmp, "sched_emb"))
-    chaos = Chaos(svc, k8s_cluster, ledger)
+    chaos = Chaos(svc, k8s_cluster, ledger, run_id)
     chaos.start()
     state = svc.wait_run(DAG_ID, run_id, RUN_TIMEOUT_S)
     seconds = time.monotonic() - t0
@@ -174,6 +177,7 @@ def _report(run: dict) -> dict:
 # -- the main run ----------------------------------------------------------------------------------
 def test_the_disruptions_happened_while_pods_ran(main_run) -> None:
     chaos = main_run["chaos"]
+    record(shard_task_states_at_scheduler_kill=dict(sorted(chaos.states_at_scheduler_kill.items())))
     assert chaos.error is None, repr(chaos.error)
     assert [step for step, _ in chaos.done] == ["triggerer", "preempt", "scheduler"], chaos.done
     assert main_run["state"] == "success", main_run["state"]
