@@ -1,4 +1,5 @@
-"""A small HTTP client for Airflow's REST API in tests (``urllib``, no redirects), and free loopback ports.
+"""A small HTTP client for Airflow's REST API in tests (``urllib``, no redirects), the admin user's calls
+(:class:`AdminRestClient`), and free loopback ports.
 
 Used by ``tests/ui/ui_standalone.py`` (``airflow standalone``) and ``tests/airflow_services.py`` (the
 separate scheduler, triggerer, DAG processor and API server of the live-cluster suite).
@@ -50,3 +51,36 @@ def http(method: str, url: str, *, token: str | None = None, body: Any = None,
             return Response(resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read())
     except urllib.error.HTTPError as exc:
         return Response(exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read())
+
+
+class AdminRestClient:
+    """Airflow's REST API as the SimpleAuthManager ``admin`` user, for a class with ``url`` (the API
+    server's base URL), ``password`` and a ``_token`` attribute (``""`` until the first login)."""
+
+    url: str
+    password: str
+    _token: str
+
+    def token(self) -> str:
+        """A JWT for the admin user (``POST /auth/token``), cached."""
+        if not self._token:
+            resp = http("POST", f"{self.url}/auth/token", body={"username": "admin", "password": self.password})
+            if resp.status != 201:
+                raise ValueError(f"login failed: {resp.status} {resp.body[:200]!r}")
+            self._token = resp.json()["access_token"]
+        return self._token
+
+    def api(self, method: str, path: str, body: Any = None) -> Any:
+        """A call of Airflow's REST API as admin; raises ``ValueError`` on a non-2xx answer."""
+        resp = http(method, f"{self.url}{path}", token=self.token(), body=body)
+        if not 200 <= resp.status < 300:
+            raise ValueError(f"{method} {path}: {resp.status} {resp.body[:500]!r}")
+        return resp.json()
+
+    def dag_ids(self) -> list[str]:
+        return [d["dag_id"] for d in self.api("GET", "/api/v2/dags?limit=100")["dags"]]
+
+    def trigger(self, dag_id: str, conf: dict[str, Any]) -> str:
+        """Unpause ``dag_id`` and trigger a run with ``conf``; returns its run id."""
+        self.api("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+        return self.api("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf})["dag_run_id"]

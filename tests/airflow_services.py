@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from airflow_rest import free_port, http
+from airflow_rest import AdminRestClient, free_port, http
 
 COMPONENTS = ("api-server", "dag-processor", "scheduler", "triggerer")
 START_TIMEOUT_S = 300.0
@@ -61,7 +61,7 @@ def create_database(dsn: str, database: str) -> None:
 
 
 @dataclass
-class AirflowServices:
+class AirflowServices(AdminRestClient):
     """The four components of one Airflow deployment, each a process group of its own.
 
     Args:
@@ -191,30 +191,7 @@ class AirflowServices:
         return "".join((self.home / f"{name}-{n}.log").read_text(errors="replace")
                        for n in range(1, self.starts.get(name, 0) + 1))
 
-    # -- REST API -----------------------------------------------------------------------------------
-    def token(self) -> str:
-        """A JWT for the admin user (``POST /auth/token``), cached."""
-        if not self._token:
-            resp = http("POST", f"{self.url}/auth/token", body={"username": "admin", "password": self.password})
-            if resp.status != 201:
-                raise ValueError(f"login failed: {resp.status} {resp.body[:200]!r}")
-            self._token = resp.json()["access_token"]
-        return self._token
-
-    def api(self, method: str, path: str, body: Any = None) -> Any:
-        """A call of Airflow's REST API as admin; raises ``ValueError`` on a non-2xx answer."""
-        resp = http(method, f"{self.url}{path}", token=self.token(), body=body)
-        if not 200 <= resp.status < 300:
-            raise ValueError(f"{method} {path}: {resp.status} {resp.body[:500]!r}")
-        return resp.json()
-
-    def dag_ids(self) -> list[str]:
-        return [d["dag_id"] for d in self.api("GET", "/api/v2/dags?limit=100")["dags"]]
-
-    def trigger(self, dag_id: str, conf: dict[str, Any]) -> str:
-        """Unpause ``dag_id`` and trigger a run with ``conf``; returns its run id."""
-        self.api("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
-        return self.api("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf})["dag_run_id"]
+    # -- REST API: AdminRestClient ------------------------------------------------------------------
 
     def run_state(self, dag_id: str, run_id: str) -> str:
         rid = urllib.parse.quote(run_id, safe="")

@@ -17,9 +17,8 @@ import time
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from airflow_rest import free_port, http
+from airflow_rest import AdminRestClient, free_port, http
 
 __all__ = ["BATCH_DAGS", "REPO", "Standalone", "free_port", "http"]
 
@@ -29,7 +28,7 @@ BATCH_DAGS = ("batch_inference_backfill", "batch_inference_nightly", "batch_infe
 
 
 @dataclass
-class Standalone:
+class Standalone(AdminRestClient):
     """One ``airflow standalone`` process group.
 
     Args:
@@ -120,30 +119,7 @@ class Standalone:
             pass
         self.proc.wait(timeout=30)
 
-    # -- REST API -----------------------------------------------------------------------------------
-    def token(self) -> str:
-        """A JWT for the admin user (``POST /auth/token``), cached."""
-        if not self._token:
-            resp = http("POST", f"{self.url}/auth/token", body={"username": "admin", "password": self.password})
-            if resp.status != 201:
-                raise ValueError(f"login failed: {resp.status} {resp.body[:200]!r}")
-            self._token = resp.json()["access_token"]
-        return self._token
-
-    def api(self, method: str, path: str, body: Any = None) -> Any:
-        """A call of Airflow's REST API as admin; raises ``ValueError`` on a non-2xx answer."""
-        resp = http(method, f"{self.url}{path}", token=self.token(), body=body)
-        if not 200 <= resp.status < 300:
-            raise ValueError(f"{method} {path}: {resp.status} {resp.body[:500]!r}")
-        return resp.json()
-
-    def dag_ids(self) -> list[str]:
-        return [d["dag_id"] for d in self.api("GET", "/api/v2/dags?limit=100")["dags"]]
-
-    def trigger(self, dag_id: str, conf: dict[str, Any]) -> str:
-        """Unpause ``dag_id`` and trigger a run with ``conf``; returns its run id."""
-        self.api("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
-        return self.api("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf})["dag_run_id"]
+    # -- REST API: AdminRestClient ------------------------------------------------------------------
 
     def task_links(self, dag_id: str, run_id: str, task_id: str) -> dict[str, str | None]:
         rid = urllib.parse.quote(run_id, safe="")
