@@ -22,6 +22,7 @@ from typing import Any
 from batch_contract.engine_config import ConfigError, WorkerSettings
 
 DIGEST_PATTERN = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
+SHA256_PATTERN = re.compile(r"[0-9a-f]{64}")
 LABEL_VALUE_MAX = 63
 DEFAULT_IMAGE = (
     "us-docker.pkg.dev/example-project/batch-inference/batch-worker"
@@ -60,6 +61,17 @@ class K8sSettings:
             fresh pod without consuming ``retries`` (``shard_pod.ShardPodOperator``).
         env: extra plain environment variables of the worker container (e.g. ``STORAGE_EMULATOR_HOST``
             for a GCS emulator, ``GOOGLE_CLOUD_PROJECT``); secrets go in ``secret_env``.
+        quota_wait_seconds: how long a pod create refused by a ResourceQuota (403 ``exceeded quota``)
+            waits and tries again inside the try (seconds; :mod:`batch_inference.quota`); 0: fail the
+            try at once (the normal retries apply).
+        shm_size: size of the memory-backed ``/dev/shm`` volume (Kubernetes quantity; PyTorch and vLLM
+            need more than the container default of 64 MiB); ``""``: none. It counts towards the pod's
+            memory limit.
+        model_uri / model_sha256: when set, an init container (``model-sync``, the worker image's
+            ``batch-worker-sync-model``) copies the pinned weights (``gs://``, ``file://`` or a path;
+            sha256 of their ``SHA256SUMS``) to ``model_dir`` (under ``/models/synced``) on an ``emptyDir``
+            of ``model_volume_size`` that the worker mounts read-only; point the ``model`` Param at
+            ``model_dir``. ``""``: the weights are baked into the image.
     """
 
     image: str = DEFAULT_IMAGE
@@ -86,6 +98,12 @@ class K8sSettings:
     startup_timeout_seconds: int = 900
     max_preemptions: int = 20
     env: dict[str, str] = field(default_factory=dict)
+    quota_wait_seconds: int = 3600
+    shm_size: str = "8Gi"
+    model_uri: str = ""
+    model_sha256: str = ""
+    model_dir: str = "/models/synced/model"
+    model_volume_size: str = "40Gi"
 
     def __post_init__(self) -> None:
         if not DIGEST_PATTERN.match(self.image):
@@ -100,6 +118,14 @@ class K8sSettings:
             raise ConfigError("k8s.max_preemptions: must be >= 0")
         if self.startup_timeout_seconds < 1:
             raise ConfigError("k8s.startup_timeout_seconds: must be >= 1")
+        if self.quota_wait_seconds < 0:
+            raise ConfigError("k8s.quota_wait_seconds: must be >= 0")
+        if self.model_uri and not SHA256_PATTERN.fullmatch(self.model_sha256):
+            raise ConfigError("k8s.model_sha256: must be the 64-hex sha256 of the model's SHA256SUMS when "
+                              "k8s.model_uri is set")
+        if self.model_uri and not self.model_dir.startswith(MODELS_MOUNT + "/"):
+            raise ConfigError(f"k8s.model_dir: {self.model_dir!r} is not under the synced models' volume "
+                              f"({MODELS_MOUNT}/)")
         for name, ref in self.secret_env.items():
             if ref.count(":") != 1:
                 raise ConfigError(f"k8s.secret_env.{name}: {ref!r} is not 'secret-name:key'")
@@ -123,7 +149,9 @@ class K8sSettings:
         simple = {"image": str, "namespace": str, "service_account": str, "gpus": int, "cpu": str,
                   "memory": str, "termination_grace_seconds": int, "retries": int,
                   "retry_delay_seconds": int, "max_retry_delay_seconds": int, "max_active_pods": int,
-                  "startup_timeout_seconds": int, "max_preemptions": int}
+                  "startup_timeout_seconds": int, "max_preemptions": int, "quota_wait_seconds": int,
+                  "shm_size": str, "model_uri": str, "model_sha256": str, "model_dir": str,
+                  "model_volume_size": str}
         for name, conv in simple.items():
             raw = env.get(f"BATCH_K8S_{name.upper()}")
             if raw:
@@ -175,6 +203,55 @@ def _secrets(settings: K8sSettings):
     return out
 
 
+SHM_VOLUME = "dshm"
+MODELS_VOLUME = "models"
+MODELS_MOUNT = "/models/synced"
+"""Where the synced weights' volume is mounted: beside, not over, weights baked into ``/models``."""
+MODEL_SYNC_JITTER_SECONDS = 60
+"""Spread of the init containers' sync starts (seconds; ``deploy/k8s/indexed-job.yaml``: 16 pods
+starting together spread over a minute)."""
+
+
+def _volumes(settings: K8sSettings) -> tuple[list, list]:
+    """``(volumes, worker volume mounts)``: the memory-backed ``/dev/shm`` and the synced models' volume."""
+    from kubernetes.client import models as k8s  # parse time: kubernetes runner only
+
+    volumes, mounts = [], []
+    if settings.shm_size:
+        volumes.append(k8s.V1Volume(name=SHM_VOLUME, empty_dir=k8s.V1EmptyDirVolumeSource(
+            medium="Memory", size_limit=settings.shm_size)))
+        mounts.append(k8s.V1VolumeMount(name=SHM_VOLUME, mount_path="/dev/shm"))
+    if settings.model_uri:
+        volumes.append(k8s.V1Volume(name=MODELS_VOLUME, empty_dir=k8s.V1EmptyDirVolumeSource(
+            size_limit=settings.model_volume_size)))
+        mounts.append(k8s.V1VolumeMount(name=MODELS_VOLUME, mount_path=MODELS_MOUNT, read_only=True))
+    return volumes, mounts
+
+
+def _init_containers(settings: K8sSettings) -> list:
+    """The ``model-sync`` init container when ``model_uri`` is set (the worker image's
+    ``batch-worker-sync-model``: copy, verify against ``model_sha256``, then exit), else none."""
+    from kubernetes.client import models as k8s  # parse time: kubernetes runner only
+
+    if not settings.model_uri:
+        return []
+    env = {"MODEL_URI": settings.model_uri, "MODEL_SHA256": settings.model_sha256,
+           "MODEL_DIR": settings.model_dir, "MODEL_SYNC_JITTER_SECONDS": str(MODEL_SYNC_JITTER_SECONDS),
+           **{k: v for k, v in settings.env.items() if k in ("STORAGE_EMULATOR_HOST", "GOOGLE_CLOUD_PROJECT")}}
+    return [k8s.V1Container(
+        name="model-sync", image=settings.image, image_pull_policy="IfNotPresent",
+        command=["batch-worker-sync-model"],
+        env=[k8s.V1EnvVar(name=k, value=v) for k, v in env.items()],
+        volume_mounts=[k8s.V1VolumeMount(name=MODELS_VOLUME, mount_path=MODELS_MOUNT)],
+        resources=k8s.V1ResourceRequirements(requests={"cpu": "1", "memory": "2Gi"}, limits={"memory": "2Gi"}),
+        security_context=k8s.V1SecurityContext(**{_snake(k): v for k, v in CONTAINER_SECURITY_CONTEXT.items()}),
+    )]
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
 WORKER_UID = 10001
 """Numeric uid/gid of the ``worker`` user in ``worker_image/Dockerfile`` (``USER 10001:10001``)."""
 
@@ -208,6 +285,7 @@ def kpo_partial_kwargs(settings: K8sSettings, worker: WorkerSettings | None = No
         ConfigError: grace period too short.
     """
     settings.check_grace(worker or WorkerSettings())
+    volumes, mounts = _volumes(settings)
     return {
         "name": "batch-worker",
         "namespace": settings.namespace,
@@ -235,6 +313,10 @@ def kpo_partial_kwargs(settings: K8sSettings, worker: WorkerSettings | None = No
         "max_retry_delay": timedelta(seconds=settings.max_retry_delay_seconds),
         "max_active_tis_per_dagrun": settings.max_active_pods,
         "max_preemptions": settings.max_preemptions,
+        "quota_wait_seconds": settings.quota_wait_seconds,
+        "volumes": volumes,
+        "volume_mounts": mounts,
+        "init_containers": _init_containers(settings),
     }
 
 

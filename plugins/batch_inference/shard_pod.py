@@ -17,6 +17,10 @@ finished pod means (:func:`batch_inference.pod_outcome.classify`):
 * anything else failing (exit 1, OOM kill, a start timeout after scheduling): the provider's
   ``AirflowException``, so the normal ``retries`` with exponential backoff apply.
 
+**Quota**: a pod create the namespace's ResourceQuota refuses (403 ``exceeded quota``; Kubernetes does not
+queue such a pod) waits with backoff and tries again within the try for up to ``quota_wait_seconds``
+(:mod:`batch_inference.quota`), holding the task's worker slot meanwhile; only then does the try fail.
+
 **Budget stop**: before a try creates a shard's pod, :meth:`ShardPodOperator.execute` prices what the run
 has spent so far (``budget.over_budget_message``: the complete shards' markers and the canary); past
 ``budget_usd`` by ``budget.BUDGET_TOLERANCE`` the try fails with ``AirflowFailException``
@@ -59,6 +63,7 @@ from batch_inference.pod_outcome import (
     start_failure,
 )
 from batch_inference.pod_spec import K8sSettings, kpo_expand_kwargs, kpo_partial_kwargs, label_value, shard_of
+from batch_inference.quota import create_with_quota_backoff
 
 DEFAULT_MAX_PREEMPTIONS = 20
 """Preempted pods one try may replace before it fails (issue 14: spot deaths are expected)."""
@@ -79,11 +84,15 @@ class ShardPodOperator(KubernetesPodOperator):
     pod_role = "shard"
     """What the pod is, in log and failure messages (``canary_pod.CanaryPodOperator``: ``canary``)."""
 
-    def __init__(self, *, max_preemptions: int = DEFAULT_MAX_PREEMPTIONS, **kwargs: Any) -> None:
+    def __init__(self, *, max_preemptions: int = DEFAULT_MAX_PREEMPTIONS, quota_wait_seconds: int = 0,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if max_preemptions < 0:
             raise ValueError(f"max_preemptions: {max_preemptions} must be >= 0")
+        if quota_wait_seconds < 0:
+            raise ValueError(f"quota_wait_seconds: {quota_wait_seconds} must be >= 0")
         self.max_preemptions = max_preemptions
+        self.quota_wait_seconds = quota_wait_seconds
         self.preemptions = 0
 
     # -- the in-run budget stop ---------------------------------------------------------------------
@@ -121,8 +130,12 @@ class ShardPodOperator(KubernetesPodOperator):
         return pod
 
     def get_or_create_pod(self, pod_request_obj, context):
-        """The provider's create-or-reattach; a reattached pod brings back its preemption count."""
-        pod = super().get_or_create_pod(pod_request_obj, context)
+        """The provider's create-or-reattach, tried again while a ResourceQuota refuses the create
+        (:func:`~batch_inference.quota.create_with_quota_backoff`; each try looks for the pod first, so a
+        create whose reply was lost is reattached, not doubled); a reattached pod brings back its
+        preemption count."""
+        pod = create_with_quota_backoff(lambda: super(ShardPodOperator, self).get_or_create_pod(
+            pod_request_obj, context), self.quota_wait_seconds, what=f"{self.pod_role} pod")
         self.preemptions = preemptions_of(pod)
         return pod
 
@@ -181,7 +194,8 @@ class ShardPodOperator(KubernetesPodOperator):
                          old_pod.metadata.name if old_pod else "?",
                          cause, count, self.max_preemptions, ti.try_number)
         self.pod_request_obj = self.build_pod_request_obj(context)
-        self.pod_manager.create_pod(pod=self.pod_request_obj)
+        create_with_quota_backoff(lambda: self.pod_manager.create_pod(pod=self.pod_request_obj),
+                                  self.quota_wait_seconds, what=f"{self.pod_role} pod")
         self.pod = self.pod_request_obj
         self._persist_pod_identity_to_task_state_store(context, self.pod)
         self.invoke_defer_method(context=context)

@@ -100,3 +100,59 @@ def test_settings_from_env() -> None:
            "BATCH_K8S_PREFER_SPOT": "false"}
     settings = K8sSettings.from_env(env)
     assert settings.gpus == 2 and settings.node_selector == {"pool": "a100-spot"} and not settings.prefer_spot
+
+
+def _render(tmp_path: Path, settings: K8sSettings) -> dict:
+    paths = render_pod_manifests(_refs(1), RUN_ID, settings, str(tmp_path))
+    pod = yaml.safe_load(Path(paths[0]).read_text())
+    kubernetes_validate.validate(pod, "1.33", strict=True)
+    return pod
+
+
+@pytest.mark.parametrize("shm", ["8Gi", "512Mi", ""])
+def test_dev_shm_is_a_memory_volume_of_the_set_size_or_none(tmp_path: Path, shm: str) -> None:
+    pod = _render(tmp_path, K8sSettings(image=IMAGE, shm_size=shm))
+    volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}
+    mounts = {m["mountPath"]: m for m in pod["spec"]["containers"][0].get("volumeMounts", [])}
+    if shm:
+        assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": shm}
+        assert mounts["/dev/shm"]["name"] == "dshm"
+    else:
+        assert "dshm" not in volumes and "/dev/shm" not in mounts
+    assert not pod["spec"].get("initContainers") and "models" not in volumes   # no model_uri: baked weights
+
+
+def test_a_model_uri_adds_the_sync_init_container_and_a_read_only_mount(tmp_path: Path) -> None:
+    settings = K8sSettings(image=IMAGE, model_uri="gs://models/minilm/rev-1", model_sha256="c" * 64,
+                           env={"GOOGLE_CLOUD_PROJECT": "p", "OTHER": "x"})
+    pod = _render(tmp_path, settings)
+    (init,) = pod["spec"]["initContainers"]
+    env = {e["name"]: e["value"] for e in init["env"]}
+    assert init["image"] == IMAGE and init["command"] == ["batch-worker-sync-model"]
+    assert env["MODEL_URI"] == settings.model_uri and env["MODEL_SHA256"] == "c" * 64
+    assert env["MODEL_DIR"] == settings.model_dir and env["GOOGLE_CLOUD_PROJECT"] == "p" and "OTHER" not in env
+    assert init["volumeMounts"] == [{"name": "models", "mountPath": "/models/synced"}]
+    assert init["securityContext"]["allowPrivilegeEscalation"] is False
+    worker_mounts = {m["name"]: m for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    assert worker_mounts["models"] == {"name": "models", "mountPath": "/models/synced", "readOnly": True}
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["models"]["emptyDir"] == {"sizeLimit": "40Gi"}
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"model_uri": "gs://m/x"}, "model_sha256"),
+    ({"model_uri": "gs://m/x", "model_sha256": "C" * 64}, "model_sha256"),
+    ({"model_uri": "gs://m/x", "model_sha256": "c" * 64, "model_dir": "/models/model"}, "model_dir"),
+    ({"quota_wait_seconds": -1}, "quota_wait_seconds")])
+def test_bad_model_sync_and_quota_settings_are_refused(kwargs: dict, field: str) -> None:
+    with pytest.raises(ConfigError, match=rf"k8s\.{field}"):
+        K8sSettings(image=IMAGE, **kwargs)
+
+
+def test_pod_settings_from_env_reach_the_operator() -> None:
+    env = {"BATCH_K8S_IMAGE": IMAGE, "BATCH_K8S_SHM_SIZE": "2Gi", "BATCH_K8S_QUOTA_WAIT_SECONDS": "120",
+           "BATCH_K8S_MODEL_URI": "gs://m/x", "BATCH_K8S_MODEL_SHA256": "d" * 64}
+    settings = K8sSettings.from_env(env)
+    kw = kpo_partial_kwargs(settings)
+    assert kw["quota_wait_seconds"] == 120 and kw["volumes"][0].empty_dir.size_limit == "2Gi"
+    assert kw["init_containers"][0].env[0].value == "gs://m/x"
