@@ -1,4 +1,5 @@
-"""The three batch-inference DAGs (airflow DAG files only wire: see batch_inference.dag_factory)."""
+"""The batch-inference DAGs: backfill, nightly, on-model-upgrade, and the deployment smoke test when the
+kubernetes runner is enabled (airflow DAG files only wire: see batch_inference.dag_factory)."""
 
 from __future__ import annotations
 

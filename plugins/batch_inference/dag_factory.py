@@ -398,6 +398,12 @@ DAG_SPECS = {
 
 
 def build_all(k8s: K8sSettings | None = None, runners: tuple[str, ...] | None = None) -> dict[str, DAG]:
-    """All three DAGs, keyed by dag id (``runners``: default :func:`enabled_runners`)."""
+    """The three batch DAGs, plus ``batch_inference_smoke`` (:mod:`batch_inference.smoke_dag`) when the
+    ``kubernetes`` runner is enabled, keyed by dag id (``runners``: default :func:`enabled_runners`)."""
     runners = runners or enabled_runners()
-    return {dag_id: build_dag(spec, k8s, runners) for dag_id, spec in DAG_SPECS.items()}
+    dags = {dag_id: build_dag(spec, k8s, runners) for dag_id, spec in DAG_SPECS.items()}
+    if "kubernetes" in runners:
+        from batch_inference.smoke_dag import DAG_ID, build_smoke_dag  # the provider: kubernetes only
+
+        dags[DAG_ID] = build_smoke_dag(k8s)
+    return dags

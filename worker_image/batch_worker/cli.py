@@ -9,7 +9,7 @@ import sys
 from batch_contract.engine_config import ConfigError
 from batch_contract.enums import ExitCode
 
-from batch_worker import quality_gate
+from batch_worker import quality_gate, smoke
 from batch_worker.errors import BadInputError
 from batch_worker.stats import limit_malloc_arenas
 
@@ -59,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     canary.add_argument("--no-profile", action="store_true", help="ignore a saved tuning profile: search again")
     canary.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     quality_gate.add_parser(sub)  # ``quality-gate``: compare two LLM configs on a sample (quality_gate.py)
+    smoke.add_parser(sub)  # ``smoke``: a new deployment's GPU and storage, from inside a pod (smoke.py)
     return parser
 
 
@@ -73,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     log = logging.getLogger("batch_worker")
     if args.command == "quality-gate":
         return quality_gate.cli_main(args)
+    if args.command == "smoke":
+        return smoke.cli_main(args)
     limit_malloc_arenas()  # before torch starts its threads
     from batch_worker.runtime import run_shard  # after logging is set up
 
