@@ -235,12 +235,14 @@ def build_dag(spec: DagSpec, k8s: K8sSettings | None = None,
         spec: what differs between the DAGs.
         k8s: pod settings (default :meth:`K8sSettings.from_env`, read at parse time); used only when the
             ``kubernetes`` runner is enabled.
-        runners: the runners to build (default :func:`enabled_runners`).
+        runners: the runners to build (default :func:`enabled_runners`); the first is the ``runner``
+            Param's default (``BATCH_INFERENCE_RUNNERS=kubernetes,local``: runs, the nightly one included,
+            go to the cluster unless the form says ``local``).
     """
     runners = runners or enabled_runners()
     if "kubernetes" in runners:
         k8s = k8s or K8sSettings.from_env()
-    params = base_params(output_table=spec.output_table)
+    params = base_params(runner=runners[0], output_table=spec.output_table)
     params.update(spec.params)
     alias = published_alias(spec.dag_id)
     deadline_hours = float(params["deadline_hours"].value)

@@ -56,6 +56,19 @@ if TYPE_CHECKING:
 
 SAMPLE_INPUT = str(REPO_ROOT / "data" / "sample" / "debian_descriptions_sample.parquet")
 DEFAULT_OUTPUT_ROOT = os.environ.get("BATCH_OUTPUT_ROOT", str(REPO_ROOT / "output"))
+
+
+def default_duckdb_path(output_root: str = DEFAULT_OUTPUT_ROOT, repo_root: Path = REPO_ROOT) -> str:
+    """The ``duckdb_path`` Param's default: ``<output_root>/warehouse.duckdb`` when ``output_root`` is a
+    local path or ``file://`` URI, else ``<repo_root>/output/warehouse.duckdb`` (a DuckDB database is a
+    local file; ``BATCH_OUTPUT_ROOT=gs://...`` must not become the path ``gs:/...``)."""
+    if output_root.startswith("file://"):
+        output_root = output_root[len("file://"):]
+    elif "://" in output_root:
+        output_root = str(repo_root / "output")
+    return str(Path(output_root) / "warehouse.duckdb")
+
+
 RESERVED_SUFFIX_PATTERN = "(" + "|".join(re.escape(s) for s in RESERVED_SUFFIXES) + ")$"
 """Table names ending like this are refused (the publish package derives these tables from the name)."""
 _FORM_TABLE_NAME_REFUSED = RESERVED_SUFFIX_PATTERN + "|\n"
@@ -346,7 +359,7 @@ PARAM_FIELDS: Mapping[str, ParamField] = _fields(
     ParamField("publish_backend", DEFAULT_BACKEND, "string", "Publish backend", "duckdb: embedded file; "
                "postgres: a PostgreSQL server from an Airflow connection; iceberg: Apache Iceberg tables "
                "in <output_root>/iceberg/warehouse (one snapshot per publish).", "Output", enum=BACKENDS),
-    ParamField("duckdb_path", str(Path(DEFAULT_OUTPUT_ROOT) / "warehouse.duckdb"), "string", "DuckDB file",
+    ParamField("duckdb_path", default_duckdb_path(), "string", "DuckDB file",
                "DuckDB database file for the duckdb backend.", "Output", min_length=1),
     ParamField("postgres_conn_id", "batch_inference_postgres", "string", "PostgreSQL connection id",
                "Airflow connection used by the postgres backend.", "Output", min_length=1),
