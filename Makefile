@@ -164,7 +164,7 @@ test-k8s: venv
 # Kubernetes schema (deploy/k8s), model-sync script. Also part of `make test`.
 .PHONY: check-deploy worker-image
 check-deploy: venv
-	$(PY) -m pytest tests/unit/test_deploy_artifacts.py -q
+	$(PY) -m pytest tests/unit/test_deploy_artifacts.py tests/unit/test_deploy_gcp.py -q
 
 # Build the GPU worker image (needs a Docker engine with BuildKit). See docs/kubernetes.md.
 WORKER_IMAGE ?= batch-worker:dev

@@ -44,6 +44,7 @@ fake_gcs = gcs_fixture.fake_gcs
 pytestmark = [pytest.mark.k8s, pytest.mark.integration]
 
 DAG_ID = "batch_inference_backfill"
+SMOKE_DAG_ID = "batch_inference_smoke"
 SHARDS = 8
 ROWS_PER_SHARD = 150
 ROWS = SHARDS * ROWS_PER_SHARD
@@ -69,7 +70,7 @@ def services(k8s_cluster, fake_gcs, tmp_path_factory: pytest.TempPathFactory):
         env = airflow_k8s_env(airflow_env(tmp / "airflow_home"), k8s_cluster.kubeconfig("airflow-worker"),
                               fake_gcs.url, max_active_pods=str(MAX_ACTIVE_PODS))
         svc = AirflowServices(tmp / "airflow_home", env, sqlalchemy_url(dsn, "airflow"))
-        svc.start((DAG_ID,))
+        svc.start((DAG_ID, SMOKE_DAG_ID))
         try:
             yield {"svc": svc, "bucket": bucket, "tmp": tmp}
         finally:
@@ -324,3 +325,24 @@ def test_local_workers_run_in_parallel_with_the_thread_cap(services, sample_parq
     record(local_max_concurrent_workers=peak, local_worker_threads=sorted(threads))
     assert len(spans) == 4 and peak == 2, spans
     assert threads == {max(1, machine_cores() // 2)}, threads
+
+
+# -- the deployment smoke test -------------------------------------------------------------------
+def test_the_smoke_dag_checks_storage_and_names_the_missing_gpu(services) -> None:
+    """``batch_inference_smoke`` on the cluster: with the GPU checks off its pod passes (probe committed
+    create-only and read back); with them on, on this GPU-less node, the task fails in try 1 and the pod's
+    log names what is missing in one line."""
+    svc, bucket = services["svc"], services["bucket"]
+    root = f"{bucket}/smoke"
+    ok_run = svc.trigger(SMOKE_DAG_ID, {"output_root": root, "gpu": False})
+    assert svc.wait_run(SMOKE_DAG_ID, ok_run, RUN_TIMEOUT_S) == "success"
+    assert len(storage.list_names(f"{root}/_smoke")) == 1
+    gpu_run = svc.trigger(SMOKE_DAG_ID, {"output_root": root, "gpu": True})
+    assert svc.wait_run(SMOKE_DAG_ID, gpu_run, RUN_TIMEOUT_S) == "failed"
+    (ti,) = svc.task_instances(SMOKE_DAG_ID, gpu_run, "smoke_pod").values()
+    log = svc.task_log(SMOKE_DAG_ID, gpu_run, "smoke_pod", -1, 1)
+    assert ti["state"] == "failed" and int(ti["try_number"]) == 1, ti
+    assert "SMOKE FAILED: nvidia-smi is not on PATH" in log, log[-3000:]
+    refused = svc.trigger(SMOKE_DAG_ID, {"output_root": "gs://not-an-allowed-bucket/x", "gpu": False})
+    assert svc.wait_run(SMOKE_DAG_ID, refused, RUN_TIMEOUT_S) == "failed"
+    assert svc.task_instances(SMOKE_DAG_ID, refused, "smoke_pod")[-1]["state"] == "upstream_failed"

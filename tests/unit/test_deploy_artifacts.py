@@ -385,7 +385,7 @@ def test_compose_takes_secrets_from_env_file(tmp_path: Path) -> None:
 
 def _pins(text: str) -> dict[str, str]:
     """``{distribution: version}`` of every ``name[extras]==version`` requirement in ``text``."""
-    return {m.group(1).lower(): m.group(2) for m in re.finditer(r"([A-Za-z0-9_.-]+)(?:\[[a-z,]+\])?==([\w.${}]+)",
+    return {m.group(1).lower(): m.group(2) for m in re.finditer(r"([A-Za-z0-9_.-]+)(?:\[[a-z0-9,-]+\])?==([\w.${}]+)",
                                                                  text)}
 
 
