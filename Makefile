@@ -161,10 +161,12 @@ test-k8s: venv
 	$(PY) tests/k8s_summary.py $(K8S_FIGURES) --seconds $$(( $$(date +%s) - t0 )); exit $$rc
 
 # Deployment artefacts without an engine or a cluster: hadolint, Compose schema + `docker-compose config`,
-# Kubernetes schema (deploy/k8s), model-sync script. Also part of `make test`.
+# Kubernetes schema (deploy/k8s), model-sync script, the GCP set-up script (shellcheck, dry mode, a fake
+# gcloud) and can-i.sh, the Helm values against the chart's schema, the smoke DAG, the quota wait. The
+# same tests run in `make test`.
 .PHONY: check-deploy worker-image
 check-deploy: venv
-	$(PY) -m pytest tests/unit/test_deploy_artifacts.py tests/unit/test_deploy_gcp.py -q
+	$(PY) -m pytest tests/unit/test_deploy_artifacts.py tests/unit/test_deploy_gcp.py tests/unit/test_deploy_helm.py tests/dags/test_smoke_dag.py tests/unit/test_quota.py -q
 
 # Build the GPU worker image (needs a Docker engine with BuildKit). See docs/kubernetes.md.
 WORKER_IMAGE ?= batch-worker:dev
