@@ -33,6 +33,7 @@ import yaml
 from batch_contract.engine_config import WorkerSettings
 from batch_contract.enums import ExitCode
 from batch_inference.pod_spec import DEFAULT_IMAGE, K8sSettings
+from dockerignore import ignore_rules, in_context
 
 fake_gcs, gcs_bucket = gcs_fixture.fake_gcs, gcs_fixture.gcs_bucket
 
@@ -158,56 +159,18 @@ def test_worker_image_copies_only_the_worker_and_the_contract() -> None:
         assert (REPO / source).exists(), f"COPY source {source} does not exist"
 
 
-def _dockerignore_rules() -> list[tuple[bool, re.Pattern[str]]]:
-    """``.dockerignore`` as ``(is_exception, regex)`` with Docker's semantics (``**`` any depth)."""
-    rules = []
-    for raw in (REPO / ".dockerignore").read_text().splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        negate = line.startswith("!")
-        pattern = line[1:] if negate else line
-        regex = ""
-        i = 0
-        while i < len(pattern):
-            if pattern.startswith("**/", i):
-                regex, i = regex + "(?:.*/)?", i + 3
-            elif pattern.startswith("**", i):
-                regex, i = regex + ".*", i + 2
-            elif pattern[i] == "*":
-                regex, i = regex + "[^/]*", i + 1
-            elif pattern[i] == "?":
-                regex, i = regex + "[^/]", i + 1
-            else:
-                regex, i = regex + re.escape(pattern[i]), i + 1
-        rules.append((negate, re.compile(f"^{regex.strip('/')}$")))
-    return rules
-
-
-def _in_context(path: str, rules: list[tuple[bool, re.Pattern[str]]]) -> bool:
-    """Whether Docker sends ``path`` (relative, ``/``-separated): the last matching rule wins, and a
-    rule matching a parent directory applies to everything below it."""
-    parts = path.split("/")
-    prefixes = ["/".join(parts[: n + 1]) for n in range(len(parts))]
-    included = True
-    for negate, regex in rules:
-        if any(regex.match(p) for p in prefixes):
-            included = negate
-    return included
-
-
 def test_dockerignore_sends_the_worker_sources_and_nothing_else() -> None:
-    rules = _dockerignore_rules()
+    rules = ignore_rules(REPO / ".dockerignore")
     wanted = [p for d in ("plugins/batch_contract", "worker_image/batch_worker")
               for p in (REPO / d).rglob("*.py")]
     wanted += [REPO / "worker_image" / "pyproject.toml", SYNC_SCRIPT]
-    missing = [str(p.relative_to(REPO)) for p in wanted if not _in_context(str(p.relative_to(REPO)), rules)]
+    missing = [str(p.relative_to(REPO)) for p in wanted if not in_context(str(p.relative_to(REPO)), rules)]
     assert not missing, f".dockerignore drops files the image needs: {missing}"
     unwanted = [".venv/bin/python", ".git/HEAD", "data/sample/debian_descriptions_sample.parquet",
                 "build/x.whl", "airflow_home/airflow.cfg", "output/runs/r/manifest.json",
                 "plugins/batch_inference/pod_spec.py", "dags/batch_inference.py", "tests/conftest.py",
                 ".env", "worker_image/batch_worker/__pycache__/cli.cpython-311.pyc"]
-    sent = [p for p in unwanted if _in_context(p, rules)]
+    sent = [p for p in unwanted if in_context(p, rules)]
     assert not sent, f".dockerignore lets these into the build context: {sent}"
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+from dockerignore import ignore_rules, in_context
 
 REPO = Path(__file__).resolve().parents[2]
 HELM_DIR = REPO / "deploy" / "helm"
@@ -228,41 +229,6 @@ def test_image_holds_the_dags_and_plugins_where_the_chart_looks() -> None:
     assert f'"{pin}"' in text
 
 
-def _ignore_rules(path: Path) -> list[tuple[bool, re.Pattern[str]]]:
-    """An ignore file as ``(is_exception, regex)`` with Docker's semantics (``**`` any depth)."""
-    rules = []
-    for raw in path.read_text().splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        negate = line.startswith("!")
-        pattern = line[1:] if negate else line
-        regex, i = "", 0
-        while i < len(pattern):
-            if pattern.startswith("**/", i):
-                regex, i = regex + "(?:.*/)?", i + 3
-            elif pattern.startswith("**", i):
-                regex, i = regex + ".*", i + 2
-            elif pattern[i] == "*":
-                regex, i = regex + "[^/]*", i + 1
-            elif pattern[i] == "?":
-                regex, i = regex + "[^/]", i + 1
-            else:
-                regex, i = regex + re.escape(pattern[i]), i + 1
-        rules.append((negate, re.compile(f"^{regex.strip('/')}$")))
-    return rules
-
-
-def _sent(path: str, rules: list[tuple[bool, re.Pattern[str]]]) -> bool:
-    parts = path.split("/")
-    prefixes = ["/".join(parts[: n + 1]) for n in range(len(parts))]
-    included = True
-    for negate, regex in rules:
-        if any(regex.match(p) for p in prefixes):
-            included = negate
-    return included
-
-
 def _files(root: Path) -> Iterator[str]:
     for p in root.rglob("*"):
         if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith(".pyc"):
@@ -272,16 +238,16 @@ def _files(root: Path) -> Iterator[str]:
 def test_airflow_image_build_context_sends_dags_and_plugins_and_nothing_else() -> None:
     # The root .dockerignore is the worker image's allow-list (it keeps dags/ and batch_inference out, a
     # test of test_deploy_artifacts.py); BuildKit reads deploy/airflow/Dockerfile.dockerignore instead.
-    rules = _ignore_rules(AIRFLOW_DOCKERIGNORE)
+    rules = ignore_rules(AIRFLOW_DOCKERIGNORE)
     wanted = [*_files(REPO / "dags"), *_files(REPO / "plugins")]
     assert "plugins/batch_inference/ui/templates" in "\n".join(wanted)
     assert "plugins/.airflowignore" in wanted and "plugins/batch_inference_ui.py" in wanted
-    missing = [p for p in wanted if not _sent(p, rules)]
+    missing = [p for p in wanted if not in_context(p, rules)]
     assert not missing, f"Dockerfile.dockerignore drops files the Airflow image needs: {missing}"
     unwanted = [".venv/bin/python", ".git/HEAD", ".env", "data/sample/debian_descriptions_sample.parquet",
                 "worker_image/batch_worker/cli.py", "tests/conftest.py", "output/runs/r/manifest.json",
                 "airflow_home/airflow.cfg", "build/x.whl", "plugins/batch_inference/__pycache__/x.pyc"]
-    sent = [p for p in unwanted if _sent(p, rules)]
+    sent = [p for p in unwanted if in_context(p, rules)]
     assert not sent, f"Dockerfile.dockerignore lets these into the build context: {sent}"
 
 
