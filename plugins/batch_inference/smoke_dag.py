@@ -17,7 +17,9 @@ from datetime import datetime
 
 from airflow.sdk import DAG, Param, task
 
+from batch_inference.locations import check_allowed_location
 from batch_inference.pod_spec import K8sSettings, kpo_partial_kwargs
+from batch_inference.policy import policy_for
 from batch_inference.shard_pod import ShardPodOperator
 
 DAG_ID = "batch_inference_smoke"
@@ -46,9 +48,6 @@ def check_output_root(output_root: str) -> str:
     Raises:
         ConfigError: ``params.output_root: ... is outside the output roots of this DAG``.
     """
-    from batch_inference.locations import check_allowed_location
-    from batch_inference.policy import policy_for
-
     check_allowed_location("output_root", output_root, policy_for(DAG_ID).output_roots,
                            "the output roots of this DAG")
     return output_root
