@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import re
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -23,6 +24,10 @@ from batch_contract.engine_config import ConfigError, WorkerSettings
 
 DIGEST_PATTERN = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
 SHA256_PATTERN = re.compile(r"[0-9a-f]{64}")
+QUANTITY_PATTERN = re.compile(r"[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
+"""A Kubernetes resource quantity as these settings use it (decimal or binary suffix; no exponent form)."""
+DNS_LABEL_PATTERN = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+DNS_SUBDOMAIN_PATTERN = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 LABEL_VALUE_MAX = 63
 DEFAULT_IMAGE = (
     "us-docker.pkg.dev/example-project/batch-inference/batch-worker"
@@ -121,14 +126,40 @@ class K8sSettings:
         if self.quota_wait_seconds < 0:
             raise ConfigError("k8s.quota_wait_seconds: must be >= 0")
         if self.model_uri and not SHA256_PATTERN.fullmatch(self.model_sha256):
-            raise ConfigError("k8s.model_sha256: must be the 64-hex sha256 of the model's SHA256SUMS when "
-                              "k8s.model_uri is set")
+            raise ConfigError("k8s.model_sha256: must be the sha256 (64 lower-case hex) of the model's "
+                              "SHA256SUMS when k8s.model_uri is set")
         if self.model_uri and not self.model_dir.startswith(MODELS_MOUNT + "/"):
             raise ConfigError(f"k8s.model_dir: {self.model_dir!r} is not under the synced models' volume "
                               f"({MODELS_MOUNT}/)")
         for name, ref in self.secret_env.items():
             if ref.count(":") != 1:
                 raise ConfigError(f"k8s.secret_env.{name}: {ref!r} is not 'secret-name:key'")
+        self._check_shapes()
+
+    def _check_shapes(self) -> None:
+        """Quantities, names, delays and maps in the shapes the API server takes (an error here names
+        the setting; the API server would refuse the pod only when a run starts)."""
+        for name in ("cpu", "memory", "model_volume_size", "shm_size"):
+            value = getattr(self, name)
+            if not (name == "shm_size" and value == "") and not QUANTITY_PATTERN.fullmatch(value):
+                raise ConfigError(f"k8s.{name}: {value!r} is not a Kubernetes quantity (e.g. 4, 500m, 16Gi)")
+        if not DNS_LABEL_PATTERN.fullmatch(self.namespace):
+            raise ConfigError(f"k8s.namespace: {self.namespace!r} is not a DNS-1123 label (lower-case "
+                              "letters, digits, '-', at most 63)")
+        if not DNS_SUBDOMAIN_PATTERN.fullmatch(self.service_account) or len(self.service_account) > 253:
+            raise ConfigError(f"k8s.service_account: {self.service_account!r} is not a DNS-1123 subdomain")
+        for name in ("retry_delay_seconds", "max_retry_delay_seconds", "termination_grace_seconds"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"k8s.{name}: must be >= 0")
+        if self.model_uri and posixpath.normpath(self.model_dir) != self.model_dir:
+            raise ConfigError(f"k8s.model_dir: {self.model_dir!r} is not a normalized path (no '..', '//')")
+        for name in ("node_selector", "env"):
+            value = getattr(self, name)
+            if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                      for k, v in value.items()):
+                raise ConfigError(f"k8s.{name}: must be a JSON object of strings to strings")
+        if not isinstance(self.tolerations, list) or not all(isinstance(t, dict) for t in self.tolerations):
+            raise ConfigError("k8s.tolerations: must be a JSON list of objects (key, operator, value, effect)")
 
     def check_grace(self, worker: WorkerSettings) -> None:
         """Raise unless the pod's grace period exceeds the worker's flush grace (seconds)."""
@@ -155,13 +186,22 @@ class K8sSettings:
         for name, conv in simple.items():
             raw = env.get(f"BATCH_K8S_{name.upper()}")
             if raw:
-                kwargs[name] = conv(raw)
+                try:
+                    kwargs[name] = conv(raw)
+                except ValueError:
+                    raise ConfigError(f"BATCH_K8S_{name.upper()}: {raw!r} is not an integer") from None
         for name in ("node_selector", "tolerations", "secret_env", "env"):
             raw = env.get(f"BATCH_K8S_{name.upper()}")
             if raw:
-                kwargs[name] = json.loads(raw)
-        if env.get("BATCH_K8S_PREFER_SPOT"):
-            kwargs["prefer_spot"] = env["BATCH_K8S_PREFER_SPOT"].lower() in ("1", "true", "yes")
+                try:
+                    kwargs[name] = json.loads(raw)
+                except ValueError as exc:
+                    raise ConfigError(f"BATCH_K8S_{name.upper()}: not valid JSON ({exc})") from None
+        raw = env.get("BATCH_K8S_PREFER_SPOT", "").strip().lower()
+        if raw:
+            if raw not in ("1", "true", "yes", "0", "false", "no"):
+                raise ConfigError(f"BATCH_K8S_PREFER_SPOT: {raw!r} is not true/false (1/0, yes/no)")
+            kwargs["prefer_spot"] = raw in ("1", "true", "yes")
         return cls(**kwargs)
 
 

@@ -7,7 +7,7 @@ the triggerer is killed (SIGKILL of its process group) and started again, one sh
 like a spot reclaim, and the scheduler is killed and started again. What is asserted comes from the API
 server's pod objects (labels, timestamps, exit codes) and from comparing the published table with the
 same input through the local runner. A second run with ``budget_usd`` 0 stops mid-run under concurrency;
-a third runs the ``local`` runner's fan-out under the same scheduler.
+a third runs the ``local`` runner's fan-out under the same scheduler; the deployment smoke DAG runs last.
 """
 
 from __future__ import annotations

@@ -300,7 +300,7 @@ def test_env_names_are_what_the_code_reads_and_their_values_parse(values: dict[s
     assert DIGEST_PATTERN.match(settings.image)
     assert settings.namespace == env["BATCH_K8S_NAMESPACE"] and settings.service_account == "batch-worker"
     assert settings.env == {gcs.PROJECT_ENV: env[gcs.PROJECT_ENV]}
-    assert runners == ("local", "kubernetes")
+    assert runners == ("kubernetes", "local")   # the first is the runner Param's default: the cluster
     assert {r for r in roots if r.startswith("gs://")} and bounds.input_roots == tuple(roots)
     locations.check_allowed_location("nightly", nightly, roots)
     # The default duckdb_path of the image (REPO_ROOT is /opt/airflow there) is checked on every run.

@@ -156,3 +156,32 @@ def test_pod_settings_from_env_reach_the_operator() -> None:
     kw = kpo_partial_kwargs(settings)
     assert kw["quota_wait_seconds"] == 120 and kw["volumes"][0].empty_dir.size_limit == "2Gi"
     assert kw["init_containers"][0].env[0].value == "gs://m/x"
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"BATCH_K8S_SHM_SIZE": "lots"}, r"k8s\.shm_size: 'lots' is not a Kubernetes quantity"),
+    ({"BATCH_K8S_SHM_SIZE": "8GB"}, r"k8s\.shm_size"),
+    ({"BATCH_K8S_MEMORY": "16 GB"}, r"k8s\.memory"),
+    ({"BATCH_K8S_CPU": "four"}, r"k8s\.cpu"),
+    ({"BATCH_K8S_MODEL_VOLUME_SIZE": "-1Gi"}, r"k8s\.model_volume_size"),
+    ({"BATCH_K8S_NAMESPACE": "Bad_NS"}, r"k8s\.namespace: 'Bad_NS' is not a DNS-1123 label"),
+    ({"BATCH_K8S_SERVICE_ACCOUNT": "Worker"}, r"k8s\.service_account"),
+    ({"BATCH_K8S_RETRY_DELAY_SECONDS": "-5"}, r"k8s\.retry_delay_seconds: must be >= 0"),
+    ({"BATCH_K8S_QUOTA_WAIT_SECONDS": "1h"}, r"BATCH_K8S_QUOTA_WAIT_SECONDS: '1h' is not an integer"),
+    ({"BATCH_K8S_NODE_SELECTOR": "{bad"}, r"BATCH_K8S_NODE_SELECTOR: not valid JSON"),
+    ({"BATCH_K8S_NODE_SELECTOR": '["a"]'}, r"k8s\.node_selector: must be a JSON object of strings"),
+    ({"BATCH_K8S_ENV": '{"A": 1}'}, r"k8s\.env: must be a JSON object of strings"),
+    ({"BATCH_K8S_TOLERATIONS": '{"key": "x"}'}, r"k8s\.tolerations: must be a JSON list of objects"),
+    ({"BATCH_K8S_PREFER_SPOT": "flase"}, r"BATCH_K8S_PREFER_SPOT: 'flase' is not true/false"),
+    ({"BATCH_K8S_MODEL_URI": "gs://m/x", "BATCH_K8S_MODEL_SHA256": "c" * 64,
+      "BATCH_K8S_MODEL_DIR": "/models/synced/../../etc"}, r"k8s\.model_dir"),
+])
+def test_a_bad_setting_is_refused_naming_it(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        K8sSettings.from_env({"BATCH_K8S_IMAGE": IMAGE, **env})
+
+
+@pytest.mark.parametrize("quantity", ["4", "500m", "0.5", "16Gi", "512Mi", "8G", "100k"])
+def test_kubernetes_quantities_are_accepted(quantity: str) -> None:
+    settings = K8sSettings(image=IMAGE, cpu=quantity, memory=quantity, shm_size=quantity)
+    assert settings.cpu == settings.memory == settings.shm_size == quantity

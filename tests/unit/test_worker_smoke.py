@@ -41,6 +41,13 @@ def test_a_store_that_overwrites_fails_the_create_only_check(tmp_path: Path, mon
 
 @pytest.mark.parametrize(("value", "flag"), [("True", True), ("false", False), ("1", True), ("no", False)])
 def test_the_gpu_flag_reads_a_rendered_boolean_param(value: str, flag: bool) -> None:
-    assert smoke._flag(value) is flag
+    assert smoke.boolean(value) is flag
     with pytest.raises(ValueError, match="not a boolean"):
-        smoke._flag("maybe")
+        smoke.boolean("maybe")
+
+
+@pytest.mark.parametrize("root", ["gs://", "gs:///", "s3://"])
+def test_a_root_that_names_no_bucket_is_refused_not_written_locally(root: str, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    report = smoke.run_smoke(root, require_gpu=False)
+    assert report.missing == [f"output root {root!r} names no bucket"] and list(tmp_path.iterdir()) == []

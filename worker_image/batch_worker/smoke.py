@@ -83,6 +83,9 @@ def check_storage(report: SmokeReport, output_root: str) -> None:
     from batch_contract.layout import join_uri
     from batch_contract.storage.base import AlreadyExistsError
 
+    if "://" in output_root and not output_root.split("://", 1)[1].strip("/"):
+        report.missing.append(f"output root {output_root!r} names no bucket")
+        return
     uri = join_uri(output_root, "_smoke", f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:8]}.json")
     payload = json.dumps({"host": os.uname().nodename, "pid": os.getpid()}).encode()
     try:
@@ -114,14 +117,14 @@ def run_smoke(output_root: str, require_gpu: bool = True) -> SmokeReport:
     return report
 
 
-def _flag(value: str) -> bool:
+def boolean(value: str) -> bool:
     """``true``/``false`` (any case; also ``1``/``0``, ``yes``/``no``), as a DAG renders a boolean Param."""
     lowered = value.strip().lower()
     if lowered in ("true", "1", "yes"):
         return True
     if lowered in ("false", "0", "no"):
         return False
-    raise ValueError(f"not a boolean: {value!r}")
+    raise ValueError(f"not a boolean: {value!r} (true/false, 1/0, yes/no)")
 
 
 def add_parser(sub: Any) -> None:
@@ -129,7 +132,7 @@ def add_parser(sub: Any) -> None:
     smoke = sub.add_parser("smoke", help="check a new deployment from inside a worker pod (GPU, storage)",
                            description=__doc__.split("\n\n", 1)[0])
     smoke.add_argument("--output-root", required=True, help="where runs write (gs://bucket/prefix or a path)")
-    smoke.add_argument("--gpu", type=_flag, default=True,
+    smoke.add_argument("--gpu", type=boolean, default=True,
                        help="check the GPU: true (default) or false (a CPU-only pool: only the storage checks)")
     smoke.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
 
