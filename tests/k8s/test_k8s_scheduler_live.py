@@ -328,6 +328,19 @@ def test_local_workers_run_in_parallel_with_the_thread_cap(services, sample_parq
 
 
 # -- the deployment smoke test -------------------------------------------------------------------
+def _log_with(svc: AirflowServices, dag_id: str, run_id: str, task_id: str, text: str,
+              timeout: float = 60.0) -> str:
+    """Try 1's log once it holds ``text``, else the last read after ``timeout`` seconds: the part the task
+    wrote after its trigger fired (the pod's log) can reach the log reader a moment after the run ended
+    (a fresh-machine CI run read only the triggerer's part once)."""
+    deadline = time.monotonic() + timeout
+    log = svc.task_log(dag_id, run_id, task_id, -1, 1)
+    while text not in log and time.monotonic() < deadline:
+        time.sleep(2.0)
+        log = svc.task_log(dag_id, run_id, task_id, -1, 1)
+    return log
+
+
 def test_the_smoke_dag_checks_storage_and_names_the_missing_gpu(services) -> None:
     """``batch_inference_smoke`` on the cluster: with the GPU checks off its pod passes (probe committed
     create-only and read back); with them on, on this GPU-less node, the task fails in try 1 and the pod's
@@ -340,7 +353,7 @@ def test_the_smoke_dag_checks_storage_and_names_the_missing_gpu(services) -> Non
     gpu_run = svc.trigger(SMOKE_DAG_ID, {"output_root": root, "gpu": True})
     assert svc.wait_run(SMOKE_DAG_ID, gpu_run, RUN_TIMEOUT_S) == "failed"
     (ti,) = svc.task_instances(SMOKE_DAG_ID, gpu_run, "smoke_pod").values()
-    log = svc.task_log(SMOKE_DAG_ID, gpu_run, "smoke_pod", -1, 1)
+    log = _log_with(svc, SMOKE_DAG_ID, gpu_run, "smoke_pod", "SMOKE FAILED: ")
     assert ti["state"] == "failed" and int(ti["try_number"]) == 1, ti
     assert "SMOKE FAILED: nvidia-smi is not on PATH" in log, log[-3000:]
     refused = svc.trigger(SMOKE_DAG_ID, {"output_root": "gs://not-an-allowed-bucket/x", "gpu": False})
