@@ -81,6 +81,7 @@ bench-attention: venv
 
 .PHONY: bench-storage
 bench-storage: venv
+	@bash scripts/ensure_azurite.sh >/dev/null
 	$(PY) bench/storage.py
 
 # Local runner: 3 shards started at once at parallelism 1, 2 and auto (thread cap per worker).
@@ -144,6 +145,16 @@ ROWS_PER_SHARD_K8S ?= 2000
 .PHONY: run-k8s
 run-k8s: venv
 	PYTHONPATH=plugins:worker_image $(PY) -m scripts.k8s.run_k8s --input "$(INPUT)" --output "$(OUTPUT)" --rows-per-shard $(ROWS_PER_SHARD_K8S) -- $(ARGS)
+
+# The main job with input and output on an object store emulated on 127.0.0.1: moto's S3 server (s3://)
+# or Azurite (az://, installed from npm once). Prints the local copy of the report last; stops the
+# emulator. Against a real bucket: `make run INPUT=s3://... OUTPUT=s3://...` (docs/storage.md).
+.PHONY: run-s3 run-azure
+run-s3: venv
+	PYTHONPATH=plugins:worker_image $(PY) -m scripts.run_object_store --scheme s3 --input "$(INPUT)" --output "$(OUTPUT)" --rows-per-shard $(ROWS_PER_SHARD) -- --publish-backend $(PUBLISH_BACKEND) $(ARGS)
+run-azure: venv
+	@bash scripts/ensure_azurite.sh >/dev/null
+	PYTHONPATH=plugins:worker_image $(PY) -m scripts.run_object_store --scheme az --input "$(INPUT)" --output "$(OUTPUT)" --rows-per-shard $(ROWS_PER_SHARD) -- --publish-backend $(PUBLISH_BACKEND) $(ARGS)
 
 clean:
 	rm -rf build output airflow_home .pytest_cache

@@ -1,21 +1,25 @@
-"""Storage benchmark: create-only part commits and directory listing, gs:// (fake-gcs-server) vs local disk.
+"""Storage benchmark: create-only part commits and directory listing on every scheme: local disk, gs://
+(fake-gcs-server), s3:// (moto's S3 server) and az:// (Azurite), each emulator on loopback.
 
-Run: ``make bench-storage`` (or ``.venv/bin/python bench/storage.py [--commits N] [--objects N]``).
+Run: ``make bench-storage`` (or ``.venv/bin/python bench/storage.py [--commits N] [--objects N]
+[--schemes gs,s3,az]``).
 
-What is measured, in one process, on the same payloads:
+What is measured, in one process, on the same payloads, per scheme (JSON keys ``local``, ``gs``, ``s3``,
+``azure``):
 
 * ``commits_per_s``: sequential :func:`batch_contract.storage.write_create_only` of ``--commits`` part
   files (an embedding part file of 32 rows x float32[384], Parquet zstd, about 66 KB each) into one shard
-  directory on a fake-gcs-server started on loopback (one ``if_generation_match=0`` multipart upload
-  each), as the worker commits its chunks.
+  directory, as the worker commits its chunks: locally temp file + fsync + hard link; on gs:// one
+  ``if_generation_match=0`` upload; on s3:// and az:// one ``If-None-Match: *`` PUT.
 * ``list_objects_per_s``: objects per second returned by :func:`batch_contract.storage.list_names` on a
-  prefix holding ``--objects`` objects (1,000 per page, so 10 pages for 10,000); the objects are created
-  beforehand by 8 threads and not timed.
-* The local-disk baseline does the same in a temp directory (temp file + fsync + hard link per commit;
-  ``iterdir`` for the listing); ``*_vs_local`` = gs:// rate / local rate.
+  prefix holding ``--objects`` objects (1,000 per page on the object stores, so 10 pages for 10,000); the
+  objects are created beforehand by 8 threads and not timed.
+* ``commits_vs_local`` / ``list_vs_local``: the scheme's rate / local disk's rate in the same process.
 
-The last line printed is one JSON object with the figures. The emulator is an in-memory Go server on
-the same machine: the numbers measure client + protocol overhead, not GCS latency (tens of ms a write).
+The last line printed is one JSON object with the figures. The emulators run on the same machine (a Go
+server, a Python server, a Node.js server): the numbers measure client + protocol + emulator overhead,
+not the cloud services' latency (tens of ms a write), and the emulators differ from each other far more
+than the real services do.
 """
 
 from __future__ import annotations
@@ -23,11 +27,9 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
 import sys
 import tempfile
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -39,9 +41,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "plugins"), str(REPO / "tests")]
 
 import hostbench  # noqa: E402
+import object_stores  # noqa: E402 - the tests' emulator wrappers
 from batch_contract import storage  # noqa: E402
 from batch_contract.layout import PART_PREFIX, part_name  # noqa: E402
-from gcs_fixture import FakeGcsServer  # noqa: E402
 
 
 def part_payload(rows: int = 32, dim: int = 384) -> bytes:
@@ -82,37 +84,32 @@ def time_list(dir_uri: str, expected: int) -> float:
     return elapsed
 
 
-def run(commits: int, objects: int) -> dict[str, float | int | str]:
+REPORT_KEYS = {"gs": "gs", "s3": "s3", "az": "azure"}
+"""Scheme -> key of its figures in the JSON line."""
+
+
+def measure(root: str, commits: int, objects: int, payload: bytes) -> dict[str, float]:
+    """Commit and listing rates under ``root`` (any scheme): a warm-up, then the timed commits, then
+    the best of three listings of ``objects`` objects."""
+    time_commits(f"{root}/warmup", 5, payload)  # client, connection pool
+    commit_s = time_commits(f"{root}/runs/r/shards/00000", commits, payload)
+    fill(f"{root}/listing", objects)
+    list_s = min(time_list(f"{root}/listing", objects) for _ in range(3))
+    return {"commits_per_s": round(commits / commit_s, 1), "list_objects_per_s": round(objects / list_s, 1)}
+
+
+def run(commits: int, objects: int, schemes: tuple[str, ...] = object_stores.SCHEMES) -> dict:
+    """Every scheme's rates (one emulator at a time) and, per scheme, the ratios to local disk."""
     payload = part_payload()
-    results: dict[str, float | int | str] = {"bench": "storage", "commits": commits, "part_bytes": len(payload)}
+    results: dict = {"bench": "storage", "commits": commits, "list_objects": objects, "part_bytes": len(payload)}
     with tempfile.TemporaryDirectory() as tmp:
-        local_commit_s = time_commits(f"{tmp}/shards/00000", commits, payload)
-        fill(f"{tmp}/listing", objects)
-        local_list_s = min(time_list(f"{tmp}/listing", objects) for _ in range(3))
-    server = FakeGcsServer().start()
-    previous_env = os.environ.get("STORAGE_EMULATOR_HOST")
-    os.environ["STORAGE_EMULATOR_HOST"] = server.url
-    try:
-        root = server.create_bucket(f"bench-{uuid.uuid4().hex[:8]}")
-        time_commits(f"{root}/warmup", 5, payload)  # client, connection pool
-        gcs_commit_s = time_commits(f"{root}/runs/r/shards/00000", commits, payload)
-        fill(f"{root}/listing", objects)
-        gcs_list_s = min(time_list(f"{root}/listing", objects) for _ in range(3))
-    finally:
-        server.stop()
-        if previous_env is None:
-            os.environ.pop("STORAGE_EMULATOR_HOST", None)
-        else:
-            os.environ["STORAGE_EMULATOR_HOST"] = previous_env
-    results.update(
-        commits_per_s=round(commits / gcs_commit_s, 1),
-        local_commits_per_s=round(commits / local_commit_s, 1),
-        commits_vs_local=round(local_commit_s / gcs_commit_s, 4),
-        list_objects=objects,
-        list_objects_per_s=round(objects / gcs_list_s, 1),
-        local_list_objects_per_s=round(objects / local_list_s, 1),
-        list_vs_local=round(local_list_s / gcs_list_s, 4),
-    )
+        local = results["local"] = measure(tmp, commits, objects, payload)
+    for scheme in schemes:
+        with object_stores.started(scheme) as store:
+            figures = measure(store.new_root("bench"), commits, objects, payload)
+        figures["commits_vs_local"] = round(figures["commits_per_s"] / local["commits_per_s"], 4)
+        figures["list_vs_local"] = round(figures["list_objects_per_s"] / local["list_objects_per_s"], 4)
+        results[REPORT_KEYS[scheme]] = figures
     return results
 
 
@@ -120,14 +117,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--commits", type=int, default=1000, help="part files to commit (default 1000)")
     parser.add_argument("--objects", type=int, default=10_000, help="objects to list (default 10000)")
+    parser.add_argument("--schemes", default=",".join(object_stores.SCHEMES),
+                        help="remote schemes to measure, comma-separated (default gs,s3,az)")
     args = parser.parse_args(argv)
     hostbench.start()
-    results = run(args.commits, args.objects)
-    print(
-        f"gs:// {results['commits_per_s']} commits/s vs local {results['local_commits_per_s']}; "
-        f"list {results['list_objects_per_s']} objects/s vs local {results['local_list_objects_per_s']}",
-        flush=True,
-    )
+    results = run(args.commits, args.objects, tuple(s for s in args.schemes.split(",") if s))
+    for key in ("local", *(REPORT_KEYS[s] for s in object_stores.SCHEMES)):
+        if key in results:
+            print(f"{key}: {results[key]['commits_per_s']} commits/s, {results[key]['list_objects_per_s']} "
+                  "listed objects/s", flush=True)
     results["host"] = hostbench.finish()
     print(json.dumps(results), flush=True)
     return 0

@@ -1,7 +1,7 @@
 """A fault-injecting loopback HTTP proxy for storage-fault tests (stdlib only).
 
-Put it in front of a GCS emulator (fake-gcs-server) and point clients at the proxy instead of the
-emulator. Each request is either forwarded untouched or, with probability ``FaultPlan.rate`` (drawn from
+Put it in front of an object-store emulator (fake-gcs-server, moto's S3 server, Azurite) and point
+clients at the proxy instead of the emulator. Each request is either forwarded untouched or, with probability ``FaultPlan.rate`` (drawn from
 a seeded ``random.Random``), answered with one fault:
 
 * ``429`` / ``503``: an error reply (JSON body in the GCS error shape) *before* anything reaches the
@@ -54,6 +54,8 @@ from urllib.parse import parse_qs, quote, urlsplit
 
 _CONTROL = "/__fault_proxy__/"
 
+ERROR_STYLES = ("gcs", "s3", "azure")
+"""Shapes of an injected error reply (:attr:`FaultPlan.error_style`)."""
 FAULT_KINDS = ("429", "503", "reset", "reset_after", "delay")
 """Every fault kind the proxy can inject (see the module docstring)."""
 
@@ -82,6 +84,11 @@ class FaultPlan:
         delay_seconds: how long a ``delay`` fault holds the reply, seconds.
         max_consecutive: most faults in a row for one request key (method + path + query) before the
             next attempt is let through; bounds the retries a client needs.
+        error_style: the shape of an injected 429/503 reply, as the emulated service sends it: ``"gcs"``
+            (a JSON error object), ``"s3"`` (an XML ``<Error>`` with ``SlowDown``) or ``"azure"`` (an XML
+            ``<Error>`` with ``ServerBusy`` and the ``x-ms-error-code`` header). Clients parse error
+            bodies by the service's format; the Azure C++ SDK in pyarrow aborts the process on a JSON
+            body it cannot read, which no Azure endpoint sends.
     """
 
     rate: float = 0.2
@@ -89,8 +96,11 @@ class FaultPlan:
     kinds: tuple[str, ...] = FAULT_KINDS
     delay_seconds: float = 0.3
     max_consecutive: int = 2
+    error_style: str = "gcs"
 
     def __post_init__(self) -> None:
+        if self.error_style not in ERROR_STYLES:
+            raise ValueError(f"FaultPlan.error_style: {self.error_style!r}; choose from {ERROR_STYLES}")
         if not 0.0 <= self.rate <= 1.0:
             raise ValueError(f"FaultPlan.rate: {self.rate} is outside [0, 1]")
         unknown = sorted(set(self.kinds) - set(FAULT_KINDS))
@@ -311,7 +321,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         for name, value in headers:
             self.send_header(name, value)
-        self.send_header("Content-Length", str(len(body)))
+        if not (self.command == "HEAD" and any(k.lower() == "content-length" for k, _ in headers)):
+            self.send_header("Content-Length", str(len(body)))  # a HEAD keeps the upstream's object size
         self.send_header("Connection", "close")
         self.end_headers()
         if self.command != "HEAD":
@@ -320,10 +331,20 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _error_reply(self, status: int) -> None:
         message = "Too Many Requests (injected)" if status == 429 else "Service Unavailable (injected)"
-        body = json.dumps({"error": {"code": status, "message": message, "errors": [
-            {"reason": "rateLimitExceeded" if status == 429 else "backendError", "message": message}
-        ]}}).encode()
-        self._send(status, [("Content-Type", "application/json; charset=UTF-8")], body)
+        style = self.server.decider.plan.error_style
+        if style == "gcs":
+            body = json.dumps({"error": {"code": status, "message": message, "errors": [
+                {"reason": "rateLimitExceeded" if status == 429 else "backendError", "message": message}
+            ]}}).encode()
+            self._send(status, [("Content-Type", "application/json; charset=UTF-8")], body)
+            return
+        code = {"s3": "SlowDown", "azure": "ServerBusy"}[style]
+        body = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
+                f"<Message>{message}</Message></Error>").encode()
+        headers = [("Content-Type", "application/xml")]
+        if style == "azure":
+            headers.append(("x-ms-error-code", code))
+        self._send(status, headers, body)
 
     def _forward(self, body: bytes, replace: Mapping[str, str] | None = None) -> tuple[int, list[tuple[str, str]], bytes]:
         up = self.server.upstream
@@ -337,7 +358,8 @@ class _Handler(BaseHTTPRequestHandler):
             conn.request(self.command, self.path, body=body or None, headers=headers)
             resp = conn.getresponse()
             data = resp.read()
-            out_headers = [(k, v) for k, v in resp.getheaders() if k.lower() not in _HOP_BY_HOP]
+            out_headers = [(k, v) for k, v in resp.getheaders() if k.lower() not in _HOP_BY_HOP
+                           or (self.command == "HEAD" and k.lower() == "content-length")]
             return resp.status, out_headers, data
         finally:
             conn.close()

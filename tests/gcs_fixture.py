@@ -152,7 +152,8 @@ class Fault:
         method: HTTP method to match (``"POST"``).
         path_contains: substring of the request path (``"/upload/"``).
         mode: ``"drop_reply"`` forwards the request upstream, then closes the connection without an
-            answer (a lost reply); ``"status"`` answers ``status`` without forwarding.
+            answer (a lost reply); ``"cut"`` closes the connection without forwarding (an upload cut
+            before it landed); ``"status"`` answers ``status`` without forwarding.
         status: HTTP status for ``mode="status"``.
     """
 
@@ -164,7 +165,8 @@ class Fault:
 
 @dataclass
 class FaultProxy:
-    """An HTTP proxy on a free loopback port in front of ``upstream`` that injects :class:`Fault` s.
+    """An HTTP proxy on a free loopback port in front of ``upstream`` (any HTTP object store: GCS, S3,
+    Azure Blob) that injects :class:`Fault` s.
 
     Faults are consumed in order, each at most once; ``seen`` logs ``(method, path, outcome)``.
     """
@@ -207,6 +209,7 @@ class FaultProxy:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body go out in two writes: no delayed-ACK wait
 
             def log_message(self, *args: object) -> None:
                 pass
@@ -215,6 +218,11 @@ class FaultProxy:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
                 fault = proxy._take_fault(self.command, self.path)
+                if fault is not None and fault.mode == "cut":  # the connection drops before anything lands
+                    proxy.seen.append((self.command, self.path, "cut"))
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
                 if fault is not None and fault.mode == "status":
                     proxy.seen.append((self.command, self.path, f"injected {fault.status}"))
                     self.send_response(fault.status)
@@ -229,14 +237,18 @@ class FaultProxy:
                     return
                 proxy.seen.append((self.command, self.path, str(status)))
                 self.send_response(status)
+                head = self.command == "HEAD"  # no body: the upstream's Content-Length is the object's size
                 for name, value in headers:
-                    if name.lower() not in ("transfer-encoding", "connection", "content-length"):
+                    if name.lower() not in ("transfer-encoding", "connection") and (
+                            head or name.lower() != "content-length"):
                         self.send_header(name, value)
-                self.send_header("Content-Length", str(len(payload)))
+                if not head:
+                    self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
-                self.wfile.write(payload)
+                if not head:
+                    self.wfile.write(payload)
 
-            do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _handle
+            do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _handle
 
         return Handler
 

@@ -11,7 +11,8 @@
 #   batch-worker-sync-model --write-sums DIR     write DIR/SHA256SUMS, print its sha256 (the pin)
 #
 # Environment:
-#   MODEL_URI                  gs://bucket/prefix, file:///path or /path; empty: no sync, just exec.
+#   MODEL_URI                  gs://bucket/prefix, s3://bucket/prefix, az://container/prefix,
+#                              file:///path or /path; empty: no sync, just exec.
 #   MODEL_SHA256               sha256 (64 hex) of the source's SHA256SUMS file. Required with MODEL_URI:
 #                              it pins the exact bytes, whatever the URI later points at.
 #   MODEL_DIR                  destination directory (default /models/model); its parent must be writable.
@@ -20,6 +21,7 @@
 #   MODEL_SYNC_LOCK_TIMEOUT    seconds to wait for another process syncing the same MODEL_DIR (default
 #                              3600). Pods sharing a node-local cache (hostPath) download once per node.
 #   GOOGLE_APPLICATION_CREDENTIALS  optional key file for gs:// (Workload Identity needs none).
+#   AWS_* / AZURE_STORAGE_*    endpoint, region, account and credentials for s3:// and az:// (docs/storage.md).
 #
 # Exit codes (batch_contract.enums.ExitCode): 2 configuration error (missing/invalid MODEL_SHA256,
 # checksum mismatch: retrying cannot fix it), 1 transient failure (download error: retried).
@@ -69,14 +71,37 @@ print(f"downloaded {len(names)} objects from {uri}", file=sys.stderr)
 PY
 }
 
+download_store() {
+  # $1: s3://bucket/prefix or az://container/prefix   $2: destination directory. Through the project's
+  # storage backends (batch_contract.storage: the endpoint, region, account and credentials they read).
+  python3 - "$1" "$2" <<'PY'
+import sys
+from pathlib import Path
+
+from batch_contract import storage
+
+uri, dest = sys.argv[1].rstrip("/"), Path(sys.argv[2])
+backend = storage.backend_for(uri)
+_, base = storage.arrow_filesystem(uri + "/")
+paths = storage.list_tree(uri)
+if not paths:
+    sys.exit(f"no objects under {uri}")
+for path in paths:
+    relative = path[len(base.rstrip("/")) + 1:]
+    storage.localize(backend.uri_from_arrow_path(path), dest / relative)
+print(f"downloaded {len(paths)} objects from {uri}", file=sys.stderr)
+PY
+}
+
 fetch() {
   # $1: source URI   $2: empty destination directory
   local src=$1 dest=$2
   case "$src" in
     gs://*) download_gcs "$src" "$dest" ;;
+    s3://*|az://*) download_store "$src" "$dest" ;;
     file://*) cp -a -- "${src#file://}/." "$dest/" ;;
     /*) cp -a -- "$src/." "$dest/" ;;
-    *) bad_config "MODEL_URI $src is not gs://, file:// or an absolute path" ;;
+    *) bad_config "MODEL_URI $src is not gs://, s3://, az://, file:// or an absolute path" ;;
   esac
 }
 

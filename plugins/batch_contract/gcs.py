@@ -659,6 +659,7 @@ class GcsBackend(StorageBackend):
     scheme = "gs"
     shared = True
     arrow_filesystem_required = True
+    config_envs = (EMULATOR_ENV, PROJECT_ENV)
 
     def read_bytes(self, uri: str) -> bytes:
         """See :func:`read_bytes`."""

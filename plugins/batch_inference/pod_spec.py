@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from batch_contract import storage
 from batch_contract.engine_config import ConfigError, WorkerSettings
 
 DIGEST_PATTERN = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
@@ -73,7 +74,7 @@ class K8sSettings:
             need more than the container default of 64 MiB); ``""``: none. It counts towards the pod's
             memory limit.
         model_uri / model_sha256: when set, an init container (``model-sync``, the worker image's
-            ``batch-worker-sync-model``) copies the pinned weights (``gs://``, ``file://`` or a path;
+            ``batch-worker-sync-model``) copies the pinned weights (``gs://``, ``s3://``, ``az://``, ``file://`` or a path;
             sha256 of their ``SHA256SUMS``) to ``model_dir`` (under ``/models/synced``) on an ``emptyDir``
             of ``model_volume_size`` that the worker mounts read-only; point the ``model`` Param at
             ``model_dir``. ``""``: the weights are baked into the image.
@@ -277,7 +278,7 @@ def _init_containers(settings: K8sSettings) -> list:
         return []
     env = {"MODEL_URI": settings.model_uri, "MODEL_SHA256": settings.model_sha256,
            "MODEL_DIR": settings.model_dir, "MODEL_SYNC_JITTER_SECONDS": str(MODEL_SYNC_JITTER_SECONDS),
-           **{k: v for k, v in settings.env.items() if k in ("STORAGE_EMULATOR_HOST", "GOOGLE_CLOUD_PROJECT")}}
+           **{k: v for k, v in settings.env.items() if k in storage.config_env_names()}}
     return [k8s.V1Container(
         name="model-sync", image=settings.image, image_pull_policy="IfNotPresent",
         command=["batch-worker-sync-model"],

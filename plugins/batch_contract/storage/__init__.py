@@ -3,8 +3,9 @@
 Callers use the module functions (:func:`read_bytes`, :func:`write_create_only`, ...) and never test a
 scheme themselves: :func:`backend_for` is the one dispatch point. :data:`BACKENDS` maps URI schemes to
 backends (``""``, a plain path, and ``file`` -> :class:`~batch_contract.storage.local.LocalBackend`;
-``gs`` -> :class:`batch_contract.gcs.GcsBackend`, imported on first use so google-cloud-storage stays
-optional). Adding a scheme is one module with a :class:`StorageBackend` subclass plus one line in
+``gs`` -> :class:`batch_contract.gcs.GcsBackend`, ``s3`` -> :class:`batch_contract.storage.s3.S3Backend`,
+``az`` -> :class:`batch_contract.storage.azure.AzureBlobBackend`, each imported on first use so their
+client libraries stay optional). Adding a scheme is one module with a :class:`StorageBackend` subclass plus one line in
 :data:`BACKENDS` (``docs/extending.md``, "Storage scheme").
 
 Commit semantics (the heart of exactly-once at the row level):
@@ -33,7 +34,8 @@ from batch_contract.storage.base import AlreadyExistsError, InputRefusedError, S
 
 __all__ = [
     "BACKENDS", "AlreadyExistsError", "InputRefusedError", "StorageBackend", "StorageError", "arrow_filesystem",
-    "backend_for", "check_under_roots", "clean_temp", "content_tag", "copy", "delete", "exists", "is_local",
+    "backend_for", "check_under_roots", "clean_temp", "config_env_names", "content_tag", "copy", "delete", "exists",
+    "is_local",
     "is_under", "list_names", "list_sizes", "list_tree", "local_path", "localize", "makedirs", "move", "normalize",
     "open_input_file", "open_input_stream", "read_bytes", "register_backend", "scheme_of", "unregister_backend",
     "write_create_only", "write_replace",
@@ -43,6 +45,8 @@ BACKENDS: dict[str, str] = {
     "": "batch_contract.storage.local:LocalBackend",
     "file": "batch_contract.storage.local:LocalBackend",
     "gs": "batch_contract.gcs:GcsBackend",
+    "s3": "batch_contract.storage.s3:S3Backend",
+    "az": "batch_contract.storage.azure:AzureBlobBackend",
 }
 """URI scheme (``""`` for a plain path) -> ``"module:Class"`` of its :class:`StorageBackend`. The module
 is imported and the class instantiated (once per process, shared by schemes naming the same class) on the
@@ -108,6 +112,18 @@ def backend_for(uri: str) -> StorageBackend:
         with _lock:
             backend = _instances.setdefault(spec, made)
     return backend
+
+
+def config_env_names() -> tuple[str, ...]:
+    """Names of the plain (non-secret) environment variables the backends of :data:`BACKENDS` read for
+    their settings (emulator or custom endpoints, region, project, account), sorted: what a worker
+    container must be handed besides its secrets. Imports each backend's module (their client libraries
+    are imported lazily, so this needs none of them)."""
+    names: set[str] = set()
+    for spec in set(BACKENDS.values()):
+        module, _, name = spec.partition(":")
+        names.update(getattr(importlib.import_module(module), name).config_envs)
+    return tuple(sorted(names))
 
 
 # ------------------------------------------------------------------------------------------ schemes

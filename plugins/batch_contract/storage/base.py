@@ -53,11 +53,15 @@ class StorageBackend(ABC):
             own (pyiceberg's FileIO) must be handed :meth:`arrow_filesystem` instead, because this
             backend's client carries settings the library's does not read (GCS: the emulator host and
             ``BATCH_GCS_CREDENTIALS_JSON``). ``False``: the library's own client reaches the same objects.
+        config_envs: names of the plain (non-secret) environment variables this backend reads for its
+            settings (an emulator or custom endpoint, region, account), which a worker container must be
+            handed (:func:`batch_contract.storage.config_env_names`); credentials are not listed.
     """
 
     scheme: str = ""
     shared: bool = False
     arrow_filesystem_required: bool = False
+    config_envs: tuple[str, ...] = ()
 
     # ------------------------------------------------------------------ objects (must be implemented)
 
