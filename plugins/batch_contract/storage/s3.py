@@ -111,9 +111,9 @@ def _libs() -> tuple[Any, Any]:
 
 
 def _cache_key() -> tuple[Any, ...]:
-    """What a cached client depends on: the process, endpoint, region and which credentials are named
-    (the names and a profile, not secret values: a rotated key in the same variables is picked up by the
-    chain's refresh, and the key itself is never held in this module)."""
+    """What a cached client depends on: the process, the endpoint, the region, the profile, the access
+    key id (an identifier, not the secret) and which credential sources are named. The secret key is
+    never part of it: a client made for one key id keeps the secret it was made with."""
     named = tuple(n for n in ("AWS_ACCESS_KEY_ID", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_FULL_URI")
                   if os.environ.get(n))
     return (os.getpid(), endpoint_url(), region(), os.environ.get("AWS_PROFILE", ""),
