@@ -139,6 +139,22 @@ def test_a_model_uri_adds_the_sync_init_container_and_a_read_only_mount(tmp_path
     assert volumes["models"]["emptyDir"] == {"sizeLimit": "40Gi"}
 
 
+@pytest.mark.parametrize("model_uri", ["s3://models/minilm/rev-1", "az://models/minilm/rev-1"])
+def test_the_sync_init_container_gets_every_schemes_plain_settings_and_nothing_else(
+        tmp_path: Path, model_uri: str) -> None:
+    from batch_contract import storage
+
+    plain = {"AWS_REGION": "eu-west-1", "AWS_ENDPOINT_URL": "http://minio:9000",
+             "AZURE_STORAGE_ACCOUNT_NAME": "acct", "STORAGE_EMULATOR_HOST": "http://gcs:4443"}
+    settings = K8sSettings(image=IMAGE, model_uri=model_uri, model_sha256="c" * 64,
+                           env={**plain, "AWS_SECRET_ACCESS_KEY": "s", "AZURE_STORAGE_CONNECTION_STRING": "k"})
+    (init,) = _render(tmp_path, settings)["spec"]["initContainers"]
+    env = {e["name"]: e["value"] for e in init["env"]}
+    assert {k: env[k] for k in plain} == plain and env["MODEL_URI"] == model_uri
+    assert "AWS_SECRET_ACCESS_KEY" not in env and "AZURE_STORAGE_CONNECTION_STRING" not in env
+    assert set(plain) <= set(storage.config_env_names())
+
+
 @pytest.mark.parametrize(("kwargs", "field"), [
     ({"model_uri": "gs://m/x"}, "model_sha256"),
     ({"model_uri": "gs://m/x", "model_sha256": "C" * 64}, "model_sha256"),
