@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from batch_contract import storage
 from batch_contract.engine_config import ConfigError, WorkerSettings
 
 DIGEST_PATTERN = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
@@ -276,6 +275,8 @@ def _init_containers(settings: K8sSettings) -> list:
 
     if not settings.model_uri:
         return []
+    from batch_contract import storage  # pyarrow: only for a DAG whose pods sync a model
+
     env = {"MODEL_URI": settings.model_uri, "MODEL_SHA256": settings.model_sha256,
            "MODEL_DIR": settings.model_dir, "MODEL_SYNC_JITTER_SECONDS": str(MODEL_SYNC_JITTER_SECONDS),
            **{k: v for k, v in settings.env.items() if k in storage.config_env_names()}}

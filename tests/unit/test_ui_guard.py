@@ -88,8 +88,8 @@ D = DAG
      rf"^run dir 'gs://bkt/prefix-other/runs/{D}/r1'" + _OUTSIDE),
     (f"gs://bkt/prefix/../secret/runs/{D}/r1",                           # .. collapsed in gs:// too
      rf"^run dir 'gs://bkt/prefix/\.\./secret/runs/{D}/r1' \(resolved 'gs://bkt/secret/runs/{D}/r1'\)" + _OUTSIDE),
-    (f"s3://bkt/prefix/runs/{D}/r1",                                     # no backend for the scheme
-     rf"^run dir 's3://bkt/prefix/runs/{D}/r1': s3://bkt/prefix/runs/{D}/r1: no storage backend for scheme 's3'"),
+    (f"oss://bkt/prefix/runs/{D}/r1",                                     # no backend for the scheme
+     rf"^run dir 'oss://bkt/prefix/runs/{D}/r1': oss://bkt/prefix/runs/{D}/r1: no storage backend for scheme 'oss'"),
     ("", r"^run dir '' is not a path"),
     # relative: refused, never resolved against the API server's working directory (nor read as /runs/r1)
     ("runs/r1", r"^run dir 'runs/r1' is relative: a run dir is an absolute path or a URI$"),
