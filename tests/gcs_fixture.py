@@ -155,12 +155,15 @@ class Fault:
             answer (a lost reply); ``"cut"`` closes the connection without forwarding (an upload cut
             before it landed); ``"status"`` answers ``status`` without forwarding.
         status: HTTP status for ``mode="status"``.
+        body: the reply's body for ``mode="status"`` (an S3 XML ``<Error>`` naming a code), sent as
+            ``application/xml``; empty: no body.
     """
 
     method: str
     path_contains: str
     mode: str = "drop_reply"
     status: int = 503
+    body: bytes = b""
 
 
 @dataclass
@@ -226,8 +229,11 @@ class FaultProxy:
                 if fault is not None and fault.mode == "status":
                     proxy.seen.append((self.command, self.path, f"injected {fault.status}"))
                     self.send_response(fault.status)
-                    self.send_header("Content-Length", "0")
+                    if fault.body:
+                        self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(fault.body)))
                     self.end_headers()
+                    self.wfile.write(fault.body)
                     return
                 status, headers, payload = proxy._forward(self.command, self.path, dict(self.headers), body)
                 if fault is not None:  # drop_reply: the upstream did the work, the client never hears

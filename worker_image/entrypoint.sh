@@ -24,7 +24,7 @@
 #   AWS_* / AZURE_STORAGE_*    endpoint, region, account and credentials for s3:// and az:// (docs/storage.md).
 #
 # Exit codes (batch_contract.enums.ExitCode): 2 configuration error (missing/invalid MODEL_SHA256,
-# checksum mismatch: retrying cannot fix it), 1 transient failure (download error: retried).
+# checksum mismatch, an object name with an empty, '.' or '..' segment: retrying cannot fix it), 1 transient failure (download error: retried).
 set -euo pipefail
 
 readonly SUMS=SHA256SUMS
@@ -64,6 +64,11 @@ names = [b.name[len(prefix):] for b in client.list_blobs(bucket_name, prefix=pre
          if not b.name.endswith("/")]
 if not names:
     sys.exit(f"no objects under {uri}")
+unsafe = [n for n in names if n.startswith("/") or {"", ".", ".."} & set(n.split("/"))]
+if unsafe:  # such a name would be written outside the destination directory
+    print(f"configuration error: object names under {uri} with an empty, '.' or '..' segment: {unsafe[:5]}",
+          file=sys.stderr)
+    sys.exit(2)
 transfer_manager.download_many_to_path(
     client.bucket(bucket_name), names, destination_directory=dest, blob_name_prefix=prefix,
     max_workers=8, worker_type=transfer_manager.THREAD, raise_exception=True)
@@ -86,9 +91,14 @@ _, base = storage.arrow_filesystem(uri + "/")
 paths = storage.list_tree(uri)
 if not paths:
     sys.exit(f"no objects under {uri}")
+relative = {path: path[len(base.rstrip("/")) + 1:] for path in paths}
+unsafe = [r for r in relative.values() if r.startswith("/") or {"", ".", ".."} & set(r.split("/"))]
+if unsafe:  # such a name would be written outside the destination directory
+    print(f"configuration error: object names under {uri} with an empty, '.' or '..' segment: {unsafe[:5]}",
+          file=sys.stderr)
+    sys.exit(2)
 for path in paths:
-    relative = path[len(base.rstrip("/")) + 1:]
-    storage.localize(backend.uri_from_arrow_path(path), dest / relative)
+    storage.localize(backend.uri_from_arrow_path(path), dest / relative[path])
 print(f"downloaded {len(paths)} objects from {uri}", file=sys.stderr)
 PY
 }
@@ -136,7 +146,8 @@ sync_model() {
   local tmp="$dest.tmp-$$"
   rm -rf -- "$tmp"
   mkdir -p -- "$tmp"
-  trap 'rm -rf -- "$tmp"' EXIT
+  # shellcheck disable=SC2064  # expanded now: $tmp is local to this function, the trap runs at exit
+  trap "rm -rf -- $(printf '%q' "$tmp")" EXIT
   log "syncing $MODEL_URI -> $dest"
   fetch "$MODEL_URI" "$tmp"
   verify "$tmp"

@@ -243,6 +243,16 @@ def _secrets(settings: K8sSettings):
     return out
 
 
+def _secret_env_vars(settings: K8sSettings) -> list:
+    """``secret_env`` as ``V1EnvVar``s with a ``secretKeyRef`` (for containers the provider's ``secrets``
+    do not reach)."""
+    from kubernetes.client import models as k8s  # parse time: kubernetes runner only
+
+    return [k8s.V1EnvVar(name=name, value_from=k8s.V1EnvVarSource(
+        secret_key_ref=k8s.V1SecretKeySelector(name=ref.split(":")[0], key=ref.split(":")[1])))
+        for name, ref in sorted(settings.secret_env.items())]
+
+
 SHM_VOLUME = "dshm"
 MODELS_VOLUME = "models"
 MODELS_MOUNT = "/models/synced"
@@ -270,7 +280,12 @@ def _volumes(settings: K8sSettings) -> tuple[list, list]:
 
 def _init_containers(settings: K8sSettings) -> list:
     """The ``model-sync`` init container when ``model_uri`` is set (the worker image's
-    ``batch-worker-sync-model``: copy, verify against ``model_sha256``, then exit), else none."""
+    ``batch-worker-sync-model``: copy, verify against ``model_sha256``, then exit), else none.
+
+    Its environment: the sync settings, the storage backends' plain settings found in ``env``
+    (:func:`batch_contract.storage.config_env_names`) and every ``secret_env`` entry as a
+    ``secretKeyRef`` (the provider attaches ``secrets`` to the worker container only, and the store's
+    credentials are among them: ``AWS_SECRET_ACCESS_KEY``, ``AZURE_STORAGE_CONNECTION_STRING``)."""
     from kubernetes.client import models as k8s  # parse time: kubernetes runner only
 
     if not settings.model_uri:
@@ -283,7 +298,7 @@ def _init_containers(settings: K8sSettings) -> list:
     return [k8s.V1Container(
         name="model-sync", image=settings.image, image_pull_policy="IfNotPresent",
         command=["batch-worker-sync-model"],
-        env=[k8s.V1EnvVar(name=k, value=v) for k, v in env.items()],
+        env=[k8s.V1EnvVar(name=k, value=v) for k, v in env.items()] + _secret_env_vars(settings),
         volume_mounts=[k8s.V1VolumeMount(name=MODELS_VOLUME, mount_path=MODELS_MOUNT)],
         resources=k8s.V1ResourceRequirements(requests={"cpu": "1", "memory": "2Gi"}, limits={"memory": "2Gi"}),
         security_context=k8s.V1SecurityContext(**{_snake(k): v for k, v in CONTAINER_SECURITY_CONTEXT.items()}),

@@ -161,6 +161,58 @@ def test_uris_without_a_bucket_or_object_name_are_refused(moto_s3) -> None:
         storage.normalize("s3:///x")
     with pytest.raises(storage.StorageError, match="needs a name after the bucket"):
         storage.write_create_only("s3://bucket/dir/", b"")
-    assert storage.is_under("s3://b/runs/a/../r1", "s3://b/runs")
-    assert not storage.is_under("s3://b/runs/../other", "s3://b/runs")
+    for dotted in ("s3://b/runs/a/../r1", "s3://b/runs/../other", "s3://b/../c/runs"):
+        with pytest.raises(storage.StorageError, match="path segment"):
+            storage.is_under(dotted, "s3://b/runs")
     assert not storage.is_under("s3://b/runs2/x", "s3://b/runs")
+
+
+CONFLICT = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>ConditionalRequestConflict</Code>'
+            b"<Message>A conflicting conditional operation is currently in progress against this resource."
+            b"</Message></Error>")
+"""S3's reply to a conditional write while another one to the same key is in flight (HTTP 409)."""
+
+
+def _conflicts(n: int, path: str, method: str = "PUT") -> list[Fault]:
+    return [Fault(method=method, path_contains=path, mode="status", status=409, body=CONFLICT)] * n
+
+
+@pytest.mark.parametrize("conflicts", [1, 4])
+def test_a_conditional_write_conflict_is_retried(s3_fault_proxy, proxied_bucket: str, conflicts: int,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(s3, "CONFLICT_BACKOFF_S", 0.01)
+    s3_fault_proxy.faults += _conflicts(conflicts, "/conflict/")
+    uri = f"{proxied_bucket}/conflict/_SUCCESS.json"
+    storage.write_create_only(uri, b"{}")
+    assert _uploads(s3_fault_proxy) == ["injected 409"] * conflicts + ["200"]
+    assert storage.read_bytes(uri) == b"{}"
+
+
+def test_persistent_conflicts_are_resolved_by_what_the_other_writer_left(
+        s3_fault_proxy, proxied_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(s3, "CONFLICT_BACKOFF_S", 0.01)
+    same, other, absent = (f"{proxied_bucket}/{name}/_SUCCESS.json" for name in ("same", "other", "absent"))
+    storage.write_create_only(same, b'{"ok": 1}')
+    storage.write_create_only(other, b'{"ok": 2}')
+    for uri in (same, other, absent):
+        s3_fault_proxy.faults += _conflicts(s3.CONFLICT_ATTEMPTS, uri.split("/", 3)[3])
+    storage.write_create_only(same, b'{"ok": 1}')  # the other writer committed our bytes
+    with pytest.raises(storage.AlreadyExistsError, match="already exists with other content"):
+        storage.write_create_only(other, b'{"ok": 1}')
+    with pytest.raises(storage.StorageError, match=re.escape(absent) + r": create-only upload failed .*409"):
+        storage.write_create_only(absent, b'{"ok": 1}')
+    assert _uploads(s3_fault_proxy).count("injected 409") == 3 * s3.CONFLICT_ATTEMPTS
+
+
+def test_a_conflict_on_completing_a_multipart_upload_is_retried(
+        s3_fault_proxy, proxied_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(s3, "MULTIPART_THRESHOLD_BYTES", 5 * 2**20)
+    monkeypatch.setattr(s3, "PART_BYTES", 5 * 2**20)
+    monkeypatch.setattr(s3, "CONFLICT_BACKOFF_S", 0.01)
+    data = np.random.default_rng(7).bytes(6 * 2**20)
+    s3_fault_proxy.faults += _conflicts(1, "uploadId=", method="POST")  # CompleteMultipartUpload
+    uri = f"{proxied_bucket}/mpu/part-00000-a.parquet"
+    storage.write_create_only(uri, data)
+    assert storage.read_bytes(uri) == data
+    posts = [(path.split("?")[1][:8], outcome) for m, path, outcome in s3_fault_proxy.seen if m == "POST"]
+    assert posts == [("uploads", "200"), ("uploadId", "injected 409"), ("uploads", "200"), ("uploadId", "200")]

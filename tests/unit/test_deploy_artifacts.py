@@ -589,3 +589,47 @@ def test_sync_from_s3_and_azure(model_src, bucket_fixture: str, request: pytest.
     assert "downloaded 4 objects" in result.stderr
     assert (dest / "tokenizer" / "vocab.txt").read_text() == "a\nb\n"
     assert (dest / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
+
+
+def _raw_put(bucket_uri: str, name: str, data: bytes) -> None:
+    """Store ``name`` verbatim (dot segments and all) with the store's own client: what another tool
+    may leave under a model prefix, and what the project's own backends refuse to name."""
+    scheme, _, bucket = bucket_uri.partition("://")
+    if scheme == "gs":
+        from google.auth.credentials import AnonymousCredentials
+        from google.cloud import storage as gcs_storage
+
+        client = gcs_storage.Client(credentials=AnonymousCredentials(), project="test")
+        client.bucket(bucket).blob(name).upload_from_string(data)
+    elif scheme == "s3":
+        from batch_contract.storage import s3
+
+        s3.client().put_object(Bucket=bucket, Key=name, Body=data)
+    else:
+        from batch_contract.storage import azure
+
+        azure.client().get_blob_client(bucket, name).upload_blob(data)
+
+
+HOSTILE_NAMES = ["../../../escaped.txt", "tokenizer/../../escaped.txt", "a//b.txt"]
+
+
+@pytest.mark.parametrize(("bucket_fixture", "hostile"), [
+    *((fixture, name) for fixture in ("gcs_bucket", "s3_bucket") for name in HOSTILE_NAMES),
+    ("azure_container", "a//b.txt"),  # the Azure SDK cannot sign a request for a name with '..' in it
+])
+def test_sync_refuses_object_names_that_leave_the_model_dir(model_src, bucket_fixture: str, hostile: str,
+                                                            request: pytest.FixtureRequest,
+                                                            tmp_path: Path) -> None:
+    bucket = request.getfixturevalue(bucket_fixture)
+    src, pin = model_src
+    for path in src.rglob("*"):
+        if path.is_file():
+            _raw_put(bucket, f"models/m/rev1/{path.relative_to(src)}", path.read_bytes())
+    _raw_put(bucket, f"models/m/rev1/{hostile}", b"owned")
+    dest = tmp_path / "deep" / "er" / "models" / "m"
+    result = _sync({"MODEL_URI": f"{bucket}/models/m/rev1", "MODEL_SHA256": pin, "MODEL_DIR": str(dest)}, "true")
+    assert result.returncode == ExitCode.BAD_INPUT.value, result.stderr
+    assert "segment" in result.stderr
+    assert not [p for p in tmp_path.rglob("*") if p.name in ("escaped.txt", "b.txt")]
+    assert not dest.exists() and not list(dest.parent.glob("m.tmp-*"))  # the EXIT trap removed it

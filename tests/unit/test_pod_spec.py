@@ -140,18 +140,26 @@ def test_a_model_uri_adds_the_sync_init_container_and_a_read_only_mount(tmp_path
 
 
 @pytest.mark.parametrize("model_uri", ["s3://models/minilm/rev-1", "az://models/minilm/rev-1"])
-def test_the_sync_init_container_gets_every_schemes_plain_settings_and_nothing_else(
+def test_the_sync_init_container_gets_every_schemes_plain_settings_and_the_secret_refs(
         tmp_path: Path, model_uri: str) -> None:
     from batch_contract import storage
 
     plain = {"AWS_REGION": "eu-west-1", "AWS_ENDPOINT_URL": "http://minio:9000",
              "AZURE_STORAGE_ACCOUNT_NAME": "acct", "STORAGE_EMULATOR_HOST": "http://gcs:4443"}
-    settings = K8sSettings(image=IMAGE, model_uri=model_uri, model_sha256="c" * 64,
-                           env={**plain, "AWS_SECRET_ACCESS_KEY": "s", "AZURE_STORAGE_CONNECTION_STRING": "k"})
-    (init,) = _render(tmp_path, settings)["spec"]["initContainers"]
-    env = {e["name"]: e["value"] for e in init["env"]}
+    secret_env = {"AWS_ACCESS_KEY_ID": "s3-creds:id", "AWS_SECRET_ACCESS_KEY": "s3-creds:secret",
+                  "AZURE_STORAGE_CONNECTION_STRING": "az-creds:connection-string"}
+    settings = K8sSettings(image=IMAGE, model_uri=model_uri, model_sha256="c" * 64, secret_env=secret_env,
+                           env={**plain, "AWS_SESSION_TOKEN": "plain-env-is-not-for-secrets"})
+    pod = _render(tmp_path, settings)["spec"]
+    (init,) = pod["initContainers"]
+    env = {e["name"]: e.get("value") for e in init["env"]}
     assert {k: env[k] for k in plain} == plain and env["MODEL_URI"] == model_uri
-    assert "AWS_SECRET_ACCESS_KEY" not in env and "AZURE_STORAGE_CONNECTION_STRING" not in env
+    assert "AWS_SESSION_TOKEN" not in env  # only the backends' plain settings are copied from env
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in init["env"] if "valueFrom" in e}
+    assert refs == {name: {"name": ref.split(":")[0], "key": ref.split(":")[1]} for name, ref in secret_env.items()}
+    assert not any("value" in e for e in init["env"] if e["name"] in secret_env)  # never the secret's bytes
+    (worker,) = pod["containers"]
+    assert {e["name"] for e in worker["env"] if "valueFrom" in e} >= set(secret_env)  # same secrets as the worker
     assert set(plain) <= set(storage.config_env_names())
 
 

@@ -155,10 +155,12 @@ def local_path(uri: str) -> Path:
 
 def normalize(uri: str) -> str:
     """Canonical form of ``uri`` (local: ``os.path.realpath``, ``file://`` stripped; ``gs://``: bucket
-    checked, ``.``/``..`` collapsed, no trailing ``/``), for comparisons such as the allow-list.
+    checked, ``.``/``..`` collapsed, no trailing ``/``; ``s3://``, ``az://``: lower-case scheme, no
+    trailing ``/``, dot and empty segments refused), for comparisons such as the allow-list.
 
     Raises:
-        StorageError: unknown scheme, or ``uri`` malformed for its scheme (``gs://`` without a bucket).
+        StorageError: unknown scheme, or ``uri`` malformed for its scheme (``gs://`` without a bucket,
+            ``s3://b/a/../c``).
     """
     return backend_for(uri).normalize(uri)
 
@@ -182,7 +184,7 @@ def _own_roots(backend: StorageBackend, roots: Sequence[str]) -> list[str] | Non
 
 def check_under_roots(uri: str, roots: Sequence[str]) -> None:
     """Refuse ``uri`` unless it lies under one of ``roots`` by :func:`is_under` (local: real paths, so
-    after following symbolic links; ``gs://``: bucket and object prefix). No roots: no check.
+    after following symbolic links; object stores: bucket and object prefix). No roots: no check.
 
     Raises:
         InputRefusedError: ``uri`` lies outside every root (the message names ``uri``, never the roots
@@ -301,11 +303,13 @@ def move(src: str, dst: str) -> None:
 
     Raises:
         FileNotFoundError: ``src`` does not exist.
-        StorageError: ``src`` and ``dst`` belong to different backends.
+        StorageError: ``src`` and ``dst`` belong to different backends, either is malformed for its
+            scheme (refused before anything is read), or the backend failed.
     """
     backend = backend_for(src)
     if backend_for(dst) is not backend:
         raise StorageError(f"{src} -> {dst}: a move stays within one storage backend")
+    backend.normalize(src), backend.normalize(dst)  # a malformed URI is refused before any I/O
     backend.move(src, dst)
 
 
@@ -316,11 +320,13 @@ def copy(src: str, dst: str) -> None:
     Raises:
         FileNotFoundError: ``src`` does not exist.
         AlreadyExistsError: ``dst`` exists with other content.
-        StorageError: ``src`` and ``dst`` belong to different backends, or the backend failed.
+        StorageError: ``src`` and ``dst`` belong to different backends, either is malformed for its
+            scheme (refused before anything is read), or the backend failed.
     """
     backend = backend_for(src)
     if backend_for(dst) is not backend:
         raise StorageError(f"{src} -> {dst}: a copy stays within one storage backend")
+    backend.normalize(src), backend.normalize(dst)  # a malformed URI is refused before any I/O
     backend.copy(src, dst)
 
 

@@ -240,7 +240,8 @@ def client() -> Any:
 
     Raises:
         StorageError: the Azure SDK is not installed; neither :data:`CONNECTION_STRING_ENV` nor
-            :data:`ACCOUNT_NAME_ENV` is set; the connection string is malformed (not quoted).
+            :data:`ACCOUNT_NAME_ENV` is set; the connection string is malformed (not quoted); a token
+            credential would be sent to a non-https :data:`BLOB_ENDPOINT_ENV`.
     """
     key = _env_key()
     with _lock:
@@ -270,8 +271,12 @@ def client() -> Any:
             from azure.identity import DefaultAzureCredential
         except ImportError as exc:
             raise StorageError(_INSTALL_HINT) from exc
-        made = blob.BlobServiceClient(account_url=_account_url(account), credential=DefaultAzureCredential(),
-                                      **options)
+        url = _account_url(account)
+        if not url.lower().startswith("https://"):  # the SDK's own ValueError names neither variable
+            raise StorageError(f"{BLOB_ENDPOINT_ENV}={url}: a token credential (DefaultAzureCredential, used "
+                               f"with {ACCOUNT_NAME_ENV}) needs an https:// endpoint; for an http:// emulator "
+                               f"set {CONNECTION_STRING_ENV} instead")
+        made = blob.BlobServiceClient(account_url=url, credential=DefaultAzureCredential(), **options)
     else:
         raise StorageError(f"az:// access needs a storage account: set {CONNECTION_STRING_ENV} (a connection "
                            f"string with a key or SAS) or {ACCOUNT_NAME_ENV} (with credentials found by "
@@ -681,21 +686,19 @@ class AzureBlobBackend(StorageBackend):
         return arrow_filesystem(uri)
 
     def normalize(self, uri: str) -> str:
-        """``az://container/a/../b`` -> ``az://container/b`` (no trailing ``/``).
+        """``az://container/a/`` -> ``az://container/a`` (see :func:`objectstore.normalize`).
 
         Raises:
-            StorageError: not an ``az://`` URI, or no container name.
+            StorageError: not an ``az://`` URI, no container name, or a ``.``, ``..`` or empty segment.
         """
         return objectstore.normalize(uri, SCHEME, "container")
 
     def is_under(self, uri: str, root: str) -> bool:
-        """Whether ``uri`` lies under ``root`` by container and blob-name prefix, both as written (no
-        trailing ``/``) and with ``.``/``..`` segments collapsed: whichever way a client sends the name
-        (HTTP libraries may collapse dot segments of a URL path), the blob stays under the root.
+        """Whether ``uri`` lies under ``root`` by container and whole key segments. Neither may hold a dot
+        or empty segment (refused, not collapsed: an HTTP client may collapse ``..`` in a request path,
+        even across the container name), so the name compared is the name sent.
 
         Raises:
-            StorageError: either URI is not ``az://container[/prefix]``.
+            StorageError: either URI is not ``az://container[/prefix]`` or holds a refused segment.
         """
-        top = self.normalize(root)
-        forms = (self.normalize(uri), uri.rstrip("/"))
-        return all(is_segment_prefix(form, top, "/") for form in forms)
+        return is_segment_prefix(self.normalize(uri), self.normalize(root), "/")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
-import posixpath
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,23 +33,37 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+REFUSED_SEGMENTS = frozenset({"", ".", ".."})
+"""Path segments refused in a bucket or key: an HTTP client or server may collapse ``.``/``..`` in a
+request path (``/inputs/../secrets/x`` reaches bucket ``secrets``) and ``a//b`` is another object
+than ``a/b``, so a URI holding one could name an object other than the one an allow-list check saw."""
+
+
 def split_uri(uri: str, scheme: str, container_word: str = "bucket") -> tuple[str, str]:
-    """Split ``<scheme>://bucket/key`` into ``(bucket, key)``; ``key`` may be ``""`` (the bucket root).
+    """Split ``<scheme>://bucket/key`` into ``(bucket, key)``; ``key`` may be ``""`` (the bucket root) and
+    may end with ``/`` (a directory prefix). The scheme matches in any case (``S3://`` is ``s3://``).
 
     Args:
         uri: the URI.
-        scheme: its expected scheme, without ``://`` (``"s3"``).
+        scheme: its expected scheme, lower case, without ``://`` (``"s3"``).
         container_word: what the store calls a bucket, for messages (``"container"`` on Azure).
 
     Raises:
-        StorageError: ``uri`` is not of ``scheme`` or names no bucket.
+        StorageError: ``uri`` is not of ``scheme``, names no bucket, or its bucket or key holds a
+            segment of :data:`REFUSED_SEGMENTS` (``..``, ``.``, or an empty one as in ``a//b``).
     """
     prefix = f"{scheme}://"
-    if not uri.startswith(prefix):
+    if uri[:len(prefix)].lower() != prefix:
         raise StorageError(f"{uri}: not a {prefix} URI")
     bucket, _, key = uri[len(prefix):].partition("/")
     if not bucket:
         raise StorageError(f"{uri}: no {container_word} name (expected {prefix}{container_word}/prefix)")
+    segments = [bucket, *(key[:-1] if key.endswith("/") else key).split("/")] if key else [bucket]
+    bad = next((s for s in segments if s in REFUSED_SEGMENTS), None)
+    if bad is not None:
+        raise StorageError(f"{uri}: {'an empty' if not bad else repr(bad)} path segment; {prefix} URIs must "
+                           "name each object plainly (no '.', '..' or '//'), as a client may resolve them to "
+                           f"another object or {container_word}")
     return bucket, key
 
 
@@ -73,13 +86,13 @@ def dir_prefix(key: str) -> str:
 
 
 def normalize(uri: str, scheme: str, container_word: str = "bucket") -> str:
-    """``<scheme>://bucket/a/../b`` -> ``<scheme>://bucket/b`` (no trailing ``/``).
+    """Canonical form of ``uri``: lower-case scheme, no trailing ``/`` (``S3://b/a/`` -> ``s3://b/a``).
+    Nothing is collapsed: a URI with a dot or empty segment is refused (:func:`split_uri`).
 
     Raises:
-        StorageError: not of ``scheme``, or no bucket name.
+        StorageError: not of ``scheme``, no bucket name, or a refused segment.
     """
     bucket, key = split_uri(uri, scheme, container_word)
-    key = posixpath.normpath("/" + key).lstrip("/")
     return f"{scheme}://{bucket}/{key}".rstrip("/")
 
 

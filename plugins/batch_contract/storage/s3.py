@@ -16,9 +16,10 @@ Semantics (the same guarantees as ``gs://``, see ``docs/storage.md``):
   (:func:`batch_contract.storage.objectstore.same_content`): our bytes -> success, other bytes ->
   :class:`~batch_contract.storage.AlreadyExistsError`. A failure after which our bytes may have landed
   (connection errors, retries run out, ``NoSuchUpload`` for a multipart upload that a lost reply had
-  already completed) is read back the same way. A failed multipart upload is aborted, so no parts stay
-  billed (a killed process can still leave some: set the bucket lifecycle rule
-  ``AbortIncompleteMultipartUpload``).
+  already completed) is read back the same way. A 409 ``ConditionalRequestConflict`` (a concurrent
+  conditional write to the same key) is retried :data:`CONFLICT_ATTEMPTS` times, then read back. A
+  failed multipart upload is aborted, so no parts stay billed (a killed process can still leave some:
+  set the bucket lifecycle rule ``AbortIncompleteMultipartUpload``).
 * **Retries**: botocore's ``standard`` retry mode (throttling errors and 429, 500, 502, 503, 504,
   connection resets and timeouts; exponential backoff with full jitter, base 1 s, ceiling 20 s) with
   :data:`MAX_ATTEMPTS` attempts per call. Every call is safe to repeat: a repeated conditional write is
@@ -39,7 +40,9 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import threading
+import time
 from typing import Any
 
 import pyarrow.fs as pafs
@@ -73,10 +76,18 @@ PART_BYTES = 64 * 2**20
 """Bytes per part of a multipart upload (S3: at least 5 MiB except the last, at most 10,000 parts)."""
 LIST_PAGE_SIZE = 1000
 """Keys per ``ListObjectsV2`` request (the S3 maximum)."""
+CONFLICT_ATTEMPTS = 5
+"""Uploads of one create-only write, first included, while S3 answers 409 ``ConditionalRequestConflict``
+(another conditional write to the key in flight); then the object is read back."""
+CONFLICT_BACKOFF_S = 0.2
+"""First backoff ceiling (seconds) after a 409 conflict, doubled per attempt, full jitter: 0.2 s to
+1.6 s, a few seconds in all, longer than a conditional write to S3 stays in flight."""
 
 _CONTENT_TYPES = {".json": "application/json", ".html": "text/html", ".parquet": "application/vnd.apache.parquet"}
-_MAY_HAVE_LANDED_CODES = {"NoSuchUpload", "RequestTimeout", "InternalError", "ServiceUnavailable", "SlowDown"}
-"""S3 error codes after which a write may nevertheless have landed: read back before failing."""
+_MAY_HAVE_LANDED_CODES = {"NoSuchUpload", "RequestTimeout", "InternalError", "ServiceUnavailable", "SlowDown",
+                          "ConditionalRequestConflict"}
+"""S3 error codes after which a write (ours, or for a conflict the other writer's) may nevertheless have
+landed: read back before failing."""
 
 _lock = threading.Lock()
 _clients: dict[tuple[Any, ...], Any] = {}
@@ -122,13 +133,17 @@ def _cache_key() -> tuple[Any, ...]:
 
 def client() -> Any:
     """The process's boto3 S3 client for the current environment (cached per process, endpoint, region
-    and credential source; rebuilt after ``fork``)."""
+    and credential source; rebuilt after ``fork``). Sets ``botocore.credentials`` to WARNING unless a
+    level was configured for it."""
     key = _cache_key()
     with _lock:
         cached = _clients.get(key)
     if cached is not None:
         return cached
     boto3, botocore = _libs()
+    credentials_log = logging.getLogger("botocore.credentials")
+    if credentials_log.level == logging.NOTSET:  # "Found credentials in ...": once per client, every task
+        credentials_log.setLevel(logging.WARNING)
     endpoint = endpoint_url()
     config = botocore.config.Config(
         retries={"mode": "standard", "total_max_attempts": MAX_ATTEMPTS},
@@ -183,7 +198,7 @@ def _api_error(uri: str, action: str, exc: BaseException) -> StorageError:
     """A :class:`StorageError` naming the URI, the action, the S3 error code and HTTP status (nothing
     else is quoted, so no header, signature or key can reach a log)."""
     code, status = _code(exc), _status(exc)
-    detail = type(exc).__name__ + (f" {code}" if code and code != str(status) else "") + (
+    detail = type(exc).__name__ + (f" {code}" if code and code not in (str(status), type(exc).__name__) else "") + (
         f" HTTP {status}" if status else "")
     return StorageError(f"{uri}: {action} failed ({detail})")
 
@@ -251,6 +266,28 @@ def _multipart(bucket: str, key: str, data: bytes, uri: str) -> None:
         raise
 
 
+def _is_conflict(exc: BaseException) -> bool:
+    """S3's 409 ``ConditionalRequestConflict``: another conditional write to the key is in flight."""
+    return _code(exc) == "ConditionalRequestConflict"
+
+
+def _upload(bucket: str, key: str, data: bytes, uri: str) -> None:
+    """:func:`_put` or :func:`_multipart` by size, repeated on ``ConditionalRequestConflict`` up to
+    :data:`CONFLICT_ATTEMPTS` times in all, with full-jitter backoff from :data:`CONFLICT_BACKOFF_S`
+    doubling (AWS: "On a 409 failure you should retry the upload"; botocore's retry modes do not
+    retry it). Raises the last botocore exception."""
+    upload = _put if len(data) <= MULTIPART_THRESHOLD_BYTES else _multipart
+    for attempt in range(1, CONFLICT_ATTEMPTS + 1):
+        try:
+            upload(bucket, key, data, uri)
+            return
+        except _failures() as exc:
+            if not _is_conflict(exc) or attempt == CONFLICT_ATTEMPTS:
+                raise
+            log.info("%s: conditional write conflict (409), attempt %d of %d", uri, attempt, CONFLICT_ATTEMPTS)
+            time.sleep(random.uniform(0, CONFLICT_BACKOFF_S * 2 ** (attempt - 1)))
+
+
 def write_create_only(uri: str, data: bytes) -> None:
     """Commit ``data`` at ``uri`` with ``If-None-Match: *``; never overwrite (see the module doc).
 
@@ -262,7 +299,7 @@ def write_create_only(uri: str, data: bytes) -> None:
     bucket, key = _object(uri)
     failure: BaseException | None = None
     try:
-        (_put if len(data) <= MULTIPART_THRESHOLD_BYTES else _multipart)(bucket, key, data, uri)
+        _upload(bucket, key, data, uri)
         return
     except _failures() as exc:
         if not _is_precondition(exc):
@@ -531,21 +568,19 @@ class S3Backend(StorageBackend):
         return arrow_filesystem(uri)
 
     def normalize(self, uri: str) -> str:
-        """``s3://bucket/a/../b`` -> ``s3://bucket/b`` (no trailing ``/``).
+        """``s3://bucket/a/`` -> ``s3://bucket/a`` (see :func:`objectstore.normalize`).
 
         Raises:
-            StorageError: not an ``s3://`` URI, or no bucket name.
+            StorageError: not an ``s3://`` URI, no bucket name, or a ``.``, ``..`` or empty segment.
         """
         return objectstore.normalize(uri, SCHEME)
 
     def is_under(self, uri: str, root: str) -> bool:
-        """Whether ``uri`` lies under ``root`` by bucket and key prefix, both as written (no trailing
-        ``/``) and with ``.``/``..`` collapsed: S3 keys are not normalized, so whichever way a reader takes
-        the name, the object stays under the root.
+        """Whether ``uri`` lies under ``root`` by bucket and whole key segments. Neither may hold a dot
+        or empty segment (refused, not collapsed: an HTTP client may collapse ``..`` in a request path,
+        even across the bucket name), so the name compared is the name sent.
 
         Raises:
-            StorageError: either URI is not ``s3://bucket[/prefix]``.
+            StorageError: either URI is not ``s3://bucket[/prefix]`` or holds a refused segment.
         """
-        top = self.normalize(root)
-        forms = (self.normalize(uri), uri.rstrip("/"))
-        return all(is_segment_prefix(form, top, "/") for form in forms)
+        return is_segment_prefix(self.normalize(uri), self.normalize(root), "/")
