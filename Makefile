@@ -45,6 +45,17 @@ test-security: venv
 	$(PY) -m pytest tests/security -q -p no:cacheprovider -n $(or $(TEST_JOBS),2) --dist loadfile --durations=5
 	@$(PY) -c "import json; print(json.dumps(json.load(open('build/security/summary.json'))))"
 
+# Observability (docs/observability.md) on a deployment of its own: Airflow's API server, scheduler,
+# triggerer and DAG processor on PostgreSQL, three runs at once (a shard slowed past its deadline, a run
+# below min_success_ratio, a budget stop). Last line: one JSON object (metrics_received,
+# lineage_events_valid, deadline_alert_fired, ...).
+.PHONY: test-observability
+test-observability: venv
+	@bash scripts/pg_test_cluster.sh install
+	@rm -f build/observability/summary.json
+	$(PY) -m pytest tests/observability -q -p no:cacheprovider --durations=5
+	@$(PY) -c "import json; print(json.dumps(json.load(open('build/observability/summary.json'))))"
+
 # The Batch inference page (plugins/batch_inference/ui) in headless Chromium against `airflow standalone`
 # started by the tests (tests/ui, ~4 min); screenshots in build/ui/. Installs Debian's chromium +
 # chromium-driver and Selenium when missing. Last line: one JSON object (pages, screenshots, refusals).

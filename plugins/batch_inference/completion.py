@@ -1,4 +1,5 @@
-"""Which shards of a run are complete, read from storage (markers), and the gate's decision."""
+"""Which shards of a run are complete, read from storage (markers), the gate's decision, and what the gate
+reports at each check (progress line and metrics: :func:`gate_progress`)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import logging
 from dataclasses import asdict, dataclass, field
 
 from batch_contract.runstore import RunStore
+
+from batch_inference.progress import collect_progress, format_progress
 
 log = logging.getLogger(__name__)
 MAX_NAMED = 20
@@ -73,15 +76,23 @@ def check_completion(run: str | RunStore, min_success_ratio: float = 1.0) -> Com
     )
 
 
-def progress_line(run: str | RunStore, status: CompletionStatus) -> str:
-    """One compact log line: the live progress summary (``batch_inference.progress.format_progress``:
-    rows/s and ETA first, shard counts, the shards waited on) when that module is installed, else the
-    shard counts and missing shards."""
-    try:
-        from batch_inference.progress import collect_progress, format_progress  # optional: see the docstring
-    except ImportError:
-        line = (f"shards complete {status.shards_complete}/{status.shards_total}, rows in complete shards "
-                f"{status.rows_complete}/{status.rows_total}")
-        return line + (f"; missing: {name_shards(status.missing)}" if status.missing else "")
+def gate_progress(run: str | RunStore) -> str:
+    """What the gate does at each check besides deciding, from one read of the run's markers and progress
+    objects (:func:`~batch_inference.progress.collect_progress`): one compact progress line (returned;
+    :func:`~batch_inference.progress.format_progress`: rows/s and ETA first, shard counts, the shards
+    waited on) and the gate's metrics (:func:`batch_inference.metrics.emit_gate_metrics`: rows, rates,
+    dead letters by reason, spend so far and projected, per run and per shard).
+
+    Args:
+        run: the run directory or the store kept across polls (the metrics' ``dag_id`` and ``run_id``
+            are the manifest's).
+
+    Raises:
+        FileNotFoundError: the run has no manifest. (A metrics failure is logged, never raised.)
+    """
+    from batch_inference.metrics import emit_gate_metrics  # numpy (the report package): only when checking
+
     store = _store(run)
-    return format_progress(collect_progress(store, [s.shard_id for s in store.manifest.shards]))
+    summary = collect_progress(store, [s.shard_id for s in store.manifest.shards], per_shard=True)
+    emit_gate_metrics(store, summary)
+    return format_progress(summary)

@@ -17,11 +17,15 @@ state), because storage, not task state, decides: it opens when the completed sh
 Asset event on the table it wrote (through the :func:`~batch_inference.assets.published_alias` outlet)
 with the fingerprint, row counts and cost.
 
-Parse cost: this module imports only ``airflow.sdk`` and light project modules. Task bodies import
-:mod:`batch_inference.tasks` (planner, pyarrow, publish) when they run, and the Kubernetes provider
-(``KubernetesPodOperator``, ~1 s of CPU to import) is imported only when the deployment enables the
-``kubernetes`` runner (:func:`enabled_runners`); ``tests/dags/test_parse_time.py`` keeps each DAG file
-under 0.3 s of CPU.
+``plan`` and ``publish`` are ``@lineage_task`` s (:mod:`batch_inference.lineage.operator`): with the
+OpenLineage provider installed and enabled, their START / COMPLETE events name the run's input, the
+table written and the model and fingerprints (:mod:`batch_inference.lineage`); otherwise plain ``@task`` s.
+
+Parse cost: this module imports only ``airflow.sdk``, light project modules and the standard provider's
+``@task`` operator (which any ``@task`` loads). Task bodies import :mod:`batch_inference.tasks` (planner,
+pyarrow, publish) when they run, and the Kubernetes provider (``KubernetesPodOperator``, ~1 s of CPU to
+import) is imported only when the deployment enables the ``kubernetes`` runner (:func:`enabled_runners`);
+``tests/dags/test_parse_time.py`` keeps each DAG file under 0.3 s of CPU.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ from batch_contract.engine_config import ConfigError
 
 from batch_inference.approval import ProjectionApprovalOperator
 from batch_inference.assets import MODEL_ASSET, published_alias, table_asset
+from batch_inference.lineage.operator import lineage_task
+from batch_inference.notifiers import RunAlertNotifier
 from batch_inference.params import REPO_ROOT, RUNNERS, base_params, param_default, replace_field
 from batch_inference.pod_spec import K8sSettings, canary_pod_kwargs, kpo_partial_kwargs
 from batch_inference.sensors import ShardMarkerSensor
@@ -140,13 +146,14 @@ def default_args() -> dict[str, Any]:
             "retry_exponential_backoff": 2.0, "max_retry_delay": timedelta(minutes=10)}
 
 
-def deadline_alert(spec: DagSpec, deadline_hours: float,
+def deadline_alert(spec: DagSpec, deadline_hours: float, output_root: str = "",
                    environ: Mapping[str, str] | None = None) -> DeadlineAlert | None:
     """The DAG's deadline alert, or ``None`` when ``BATCH_INFERENCE_DEADLINE_CALLBACK`` is unset.
 
     When set (a dotted path to an awaitable, e.g. :data:`DEFAULT_DEADLINE_CALLBACK`, which logs an error):
     a run not finished ``deadline_hours`` after it was queued makes the triggerer call it with
-    ``dag_id`` and ``deadline_hours``. Opt-in because Airflow 3.3.2's ``dag.test()`` (and so
+    ``dag_id``, ``deadline_hours`` and ``output_root`` (the DAG's default; the callback finds the run
+    there unless the run's ``conf`` names another). Opt-in because Airflow 3.3.2's ``dag.test()`` (and so
     ``airflow dags test``, ``make run``) fails a *successful* run of a DAG that has a deadline alert
     (``DagRun.update_state`` looks the alerts up by id, and ``dag.test`` holds them unsynced): set it
     where the DAG processor parses, not where ``airflow dags test`` runs.
@@ -162,7 +169,8 @@ def deadline_alert(spec: DagSpec, deadline_hours: float,
     return DeadlineAlert(
         reference=DeadlineReference.DAGRUN_QUEUED_AT,
         interval=timedelta(hours=deadline_hours),
-        callback=AsyncCallback(path, kwargs={"dag_id": spec.dag_id, "deadline_hours": deadline_hours}),
+        callback=AsyncCallback(path, kwargs={"dag_id": spec.dag_id, "deadline_hours": deadline_hours,
+                                             "output_root": output_root}),
         name=f"{spec.dag_id}: not finished {deadline_hours:g} h after queued",
     )
 
@@ -257,7 +265,7 @@ def build_dag(spec: DagSpec, k8s: K8sSettings | None = None,
         params=params,
         default_args=default_args(),
         doc_md=dag_doc(spec, runners, alias, deadline_hours),
-        deadline=deadline_alert(spec, deadline_hours),
+        deadline=deadline_alert(spec, deadline_hours, str(params["output_root"].value)),
         render_template_as_native_obj=False,
     ) as dag:
         _wire(spec, k8s if "kubernetes" in runners else None, alias, runners)
@@ -291,7 +299,7 @@ def _canary_pod(k8s: K8sSettings):
 
 
 def _wire(spec: DagSpec, k8s: K8sSettings | None, alias: AssetAlias, runners: tuple[str, ...]) -> None:
-    @task
+    @lineage_task("plan", model_from_asset=spec.model_from_asset)
     def plan(**context: Any) -> list[dict[str, Any]]:
         from batch_inference import tasks  # parse time: a task body imports its module when it runs
 
@@ -321,7 +329,7 @@ def _wire(spec: DagSpec, k8s: K8sSettings | None, alias: AssetAlias, runners: tu
 
         return tasks.render_k8s_task(refs, context)
 
-    @task(outlets=[alias])
+    @lineage_task("publish", model_from_asset=spec.model_from_asset, outlets=[alias])
     def publish(gate: dict[str, Any], **context: Any) -> dict[str, Any]:
         from batch_inference import tasks  # parse time: a task body imports its module when it runs
 
@@ -355,6 +363,7 @@ def _wire(spec: DagSpec, k8s: K8sSettings | None, alias: AssetAlias, runners: tu
         straggler_grace_seconds=(k8s.termination_grace_seconds + 60) if k8s is not None else 0,
         trigger_rule=TriggerRule.ALL_DONE,
         poll_seconds=10.0,
+        on_failure_callback=[RunAlertNotifier()],
     )
     fanout >> gate
     summary(publish(gate.output))

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,6 +96,10 @@ def worker_thread_env(threads: int) -> dict[str, str]:
 
 class ShardRetryableError(RuntimeError):
     """The worker was interrupted (75) or failed unexpectedly (1, signals): retry the shard."""
+
+
+class ShardNotStartedError(RuntimeError):
+    """The shard's worker was not started: the caller's ``may_start`` check refused (a budget stop)."""
 
 
 class ShardBadInputError(RuntimeError):
@@ -221,18 +225,24 @@ def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def run_shard(run_dir: str, shard_id: str, *, parallelism: int = 1) -> ShardResult:
+def run_shard(run_dir: str, shard_id: str, *, parallelism: int = 1,
+              may_start: Callable[[], str | None] | None = None) -> ShardResult:
     """Run the worker for one shard unless its marker already exists.
 
     Args:
         run_dir: ``<output_root>/runs/<run_id>`` (local path or ``gs://``).
         shard_id: five-digit shard id.
         parallelism: how many local shards may run at once on this machine; 0: :func:`auto_parallelism`.
+        may_start: asked once this shard holds its parallelism slot, right before its worker would start
+            (so it sees what the shards that held the slot before it committed): a message refuses the
+            start (the in-run budget stop: ``batch_inference.budget.over_budget_message``); ``None`` or
+            no callable: start.
 
     Returns:
         :class:`ShardResult` with the marker's row counts.
 
     Raises:
+        ShardNotStartedError: ``may_start`` refused (do not retry).
         ShardBadInputError: exit code 2 (do not retry).
         ShardRetryableError: exit code 75, 1, any other code, or exit 0 without a marker.
     """
@@ -246,6 +256,9 @@ def run_shard(run_dir: str, shard_id: str, *, parallelism: int = 1) -> ShardResu
     threads = worker_threads(parallelism)
     env = {**os.environ, **worker_thread_env(threads)}
     with parallelism_slot(run_dir, parallelism) as slot:
+        refusal = may_start() if may_start is not None else None
+        if refusal:
+            raise ShardNotStartedError(refusal)
         log.info("shard %s: slot %d/%d, %d thread(s) of %d cores: %s", shard_id, slot + 1, parallelism,
                  threads, machine_cores(), shlex.join(cmd))
         start = time.monotonic()

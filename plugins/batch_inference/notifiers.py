@@ -1,42 +1,183 @@
-"""Deadline-alert callbacks of the batch-inference DAGs (run by Airflow's triggerer).
+"""Run alerts delivered through Airflow's notifier mechanism (:class:`~airflow.sdk.BaseNotifier`).
 
-With ``BATCH_INFERENCE_DEADLINE_CALLBACK`` set where the DAG files are parsed (a dotted path to an
-awaitable), each DAG carries a :class:`~airflow.sdk.DeadlineAlert` (see ``dag_factory.deadline_alert``):
-when a run is still not finished ``deadline_hours`` (the DAG's default) after it was queued, Airflow's
-triggerer calls it. ``batch_inference.notifiers.log_deadline_missed`` logs an error; point the variable
-at your own notifier instead, e.g. a module on the triggerer's ``PYTHONPATH`` with::
+Two paths, one message (:class:`batch_inference.alerts.RunAlert`: the run, rows left, projected finish,
+cause):
 
-    async def page_on_call(context=None, **kwargs):
-        await SlackWebhookNotifier(slack_webhook_conn_id="slack", text=...).async_notify(context)
+- **Deadline** (run by Airflow's triggerer): with ``BATCH_INFERENCE_DEADLINE_CALLBACK`` set where the DAG
+  files are parsed, each DAG carries a :class:`~airflow.sdk.DeadlineAlert` (``dag_factory.deadline_alert``)
+  whose callback is :func:`log_deadline_missed` (or your own awaitable): a run still not finished
+  ``deadline_hours`` (the DAG's default) after it was queued is read from the run store and alerted.
+- **Budget stop, below ``min_success_ratio``, a failed gate** (run in the task process): the completion
+  gate ``wait_for_shards`` has :class:`RunAlertNotifier` as its ``on_failure_callback``.
 
-Imports nothing beyond the standard library, so the DAG files can reference it at parse time.
+Both log the alert as an error and, with ``BATCH_INFERENCE_ALERT_NOTIFIER`` set (a dotted path to a
+callable ``factory(alert: dict) -> BaseNotifier``), send it through the notifier it returns: any of
+Airflow's notifiers (Slack, SMTP, PagerDuty, ...) built with the alert's text, e.g.::
+
+    def page(alert):
+        return SlackWebhookNotifier(slack_webhook_conn_id="slack", text=alert["message"])
+
+The triggerer awaits it (the notifier's ``async_notify``, or its ``notify`` in a thread when it has no
+async form); a task calls it. Imports only the standard library and ``airflow.sdk`` (loaded before any
+DAG file parses) at module level, so the DAG files can reference it at parse time.
 """
 
 from __future__ import annotations
 
+import asyncio
+import importlib
 import logging
+import os
+from collections.abc import Mapping
 from typing import Any
+
+from airflow.sdk import BaseNotifier
 
 log = logging.getLogger(__name__)
 
+ALERT_NOTIFIER_ENV = "BATCH_INFERENCE_ALERT_NOTIFIER"
+"""Env var: dotted path (``package.module.factory``) of ``factory(alert: dict) -> BaseNotifier``; unset:
+alerts are logged only."""
+
+
+class AlertDeliveryError(RuntimeError):
+    """``BATCH_INFERENCE_ALERT_NOTIFIER`` names nothing importable, or its factory did not return a
+    notifier."""
+
+
+def _factory(environ: Mapping[str, str] | None = None) -> Any | None:
+    """The callable named by :data:`ALERT_NOTIFIER_ENV`, or ``None`` when unset.
+
+    Raises:
+        AlertDeliveryError: the path cannot be imported.
+    """
+    path = (os.environ if environ is None else environ).get(ALERT_NOTIFIER_ENV, "").strip()
+    if not path:
+        return None
+    module, _, name = path.replace(":", ".").rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise AlertDeliveryError(f"{ALERT_NOTIFIER_ENV}={path}: cannot import it ({exc})") from exc
+
+
+def _notifier_for(alert: dict[str, Any]) -> BaseNotifier | None:
+    """The user's notifier for ``alert`` (:data:`ALERT_NOTIFIER_ENV`), or ``None`` when unset.
+
+    Raises:
+        AlertDeliveryError: unimportable, or the factory returned something other than a notifier.
+    """
+    factory = _factory()
+    if factory is None:
+        return None
+    notifier = factory(alert)
+    if not isinstance(notifier, BaseNotifier):
+        raise AlertDeliveryError(f"{ALERT_NOTIFIER_ENV}: the factory returned {type(notifier).__name__}, "
+                                 "not an airflow.sdk.BaseNotifier")
+    return notifier
+
+
+def _has_async(notifier: BaseNotifier) -> bool:
+    return type(notifier).async_notify is not BaseNotifier.async_notify
+
+
+def deliver(alert: Any, context: Mapping[str, Any] | None = None) -> str:
+    """Log ``alert`` (a :class:`~batch_inference.alerts.RunAlert`) as an error and send it through the
+    user's notifier (synchronously: task callbacks). Returns the message.
+
+    Raises:
+        AlertDeliveryError: see :func:`_notifier_for`; the notifier's own errors propagate.
+    """
+    log.error("%s", alert.message)
+    notifier = _notifier_for(alert.to_dict())
+    if notifier is not None:
+        notifier({**(context or {}), "batch_alert": alert.to_dict()})
+    return alert.message
+
+
+async def deliver_async(alert: Any, context: Mapping[str, Any] | None = None) -> str:
+    """:func:`deliver` for the triggerer: awaits the notifier's ``async_notify``, or runs its ``notify``
+    in a thread when it has no async form. Returns the message."""
+    log.error("%s", alert.message)
+    notifier = _notifier_for(alert.to_dict())
+    if notifier is not None:
+        full = {**(context or {}), "batch_alert": alert.to_dict()}
+        if _has_async(notifier):
+            notifier.context = full
+            await notifier
+        else:
+            await asyncio.to_thread(notifier, full)
+    return alert.message
+
+
+FINISHED_STATES = ("success", "failed")
+"""DAG run states after which a deadline alert is noise: Airflow 3.3.2 drops the deadlines of a run that
+succeeded but keeps those of a failed one, whose failure the gate's notifier already sent."""
+
+
+def _dag_run_fields(context: Any) -> tuple[str, dict[str, Any], str]:
+    """``(run_id, conf, state)`` of the deadline callback's context: Airflow 3.3 passes the DAG run as
+    the REST API's JSON (a dict); an object with attributes is read the same way."""
+    dag_run = context.get("dag_run") if isinstance(context, Mapping) else None
+    if dag_run is None:
+        return "?", {}, ""
+    if isinstance(dag_run, Mapping):
+        return (str(dag_run.get("run_id") or dag_run.get("dag_run_id") or "?"), dict(dag_run.get("conf") or {}),
+                str(dag_run.get("state") or ""))
+    return (str(getattr(dag_run, "run_id", "?")), dict(getattr(dag_run, "conf", None) or {}),
+            str(getattr(dag_run, "state", "") or ""))
+
 
 async def log_deadline_missed(context: Any = None, **kwargs: Any) -> str:
-    """Default deadline callback: log an error naming the DAG, the deadline and what to check.
+    """Default deadline callback: read the run from the store and :func:`deliver_async` a
+    ``deadline_missed`` alert (run, rows left, projected finish).
 
     Args:
-        context: the Airflow context Airflow passes to deadline callbacks (may be ``None``).
-        kwargs: the callback kwargs the DAG declared (``dag_id``, ``deadline_hours``).
+        context: what Airflow passes to deadline callbacks (``{"dag_run": {...}, "deadline": {...}}``;
+            may be ``None``).
+        kwargs: the callback kwargs the DAG declared: ``dag_id``, ``deadline_hours`` and ``output_root``
+            (the DAG's default; a run's ``conf`` value wins).
 
     Returns:
-        The message logged (handy in tests).
+        The message delivered; ``""`` (nothing delivered) for a run that had already finished when the
+        deadline was handled (:data:`FINISHED_STATES`).
     """
-    dag_id = kwargs.get("dag_id", "?")
+    from batch_inference.alerts import AlertKind, describe_run, run_dir_for  # pyarrow: at alert time only
+
+    dag_id = str(kwargs.get("dag_id", "?"))
     hours = kwargs.get("deadline_hours", "?")
-    run = ""
-    if isinstance(context, dict) and context.get("dag_run") is not None:
-        run = f" run {getattr(context['dag_run'], 'run_id', context['dag_run'])}"
-    message = (f"batch inference deadline missed: DAG {dag_id}{run} is not finished {hours} h after it was "
-               "queued. Check wait_for_shards (missing shards, progress line) and publish; set "
-               "BATCH_INFERENCE_DEADLINE_CALLBACK to route this alert to your pager.")
-    log.error("%s", message)
-    return message
+    run_id, conf, state = _dag_run_fields(context)
+    if state.rsplit(".", 1)[-1].lower() in FINISHED_STATES:
+        log.info("DAG %s run %s had already ended (%s) when its %s h deadline passed: no alert", dag_id, run_id,
+                 state, hours)
+        return ""
+    output_root = str(conf.get("output_root") or kwargs.get("output_root") or "")
+    run_dir = run_dir_for(output_root, dag_id, run_id) if output_root and run_id != "?" else ""
+    detail = (f"Not finished {hours} h after it was queued: check wait_for_shards (missing shards, progress "
+              "line) and publish.")
+    alert = await asyncio.to_thread(describe_run, AlertKind.DEADLINE_MISSED, dag_id, run_id, run_dir, detail)
+    return await deliver_async(alert, context if isinstance(context, Mapping) else None)
+
+
+class RunAlertNotifier(BaseNotifier):
+    """``on_failure_callback`` of the completion gate: a budget stop, a run below ``min_success_ratio``
+    or a gate that failed before waiting becomes a :class:`~batch_inference.alerts.RunAlert`
+    (:func:`~batch_inference.alerts.classify_gate_failure` on the task's exception), delivered by
+    :func:`deliver`. The run dir is the plan task's XCom ``run_dir``."""
+
+    def notify(self, context: Any) -> None:
+        from batch_inference.alerts import classify_gate_failure, describe_run  # pyarrow: at alert time only
+
+        error = str(context.get("exception") or "")
+        dag_run = context.get("dag_run")
+        run_id = str(getattr(dag_run, "run_id", "?"))
+        dag_id = str(getattr(dag_run, "dag_id", "") or getattr(context.get("dag"), "dag_id", "?"))
+        run_dir = ""
+        ti = context.get("ti")
+        if ti is not None:
+            run_dir = str(ti.xcom_pull(task_ids="plan", key="run_dir") or "")
+        deliver(describe_run(classify_gate_failure(error), dag_id, run_id, run_dir, error), context)
+
+
+__all__ = ["ALERT_NOTIFIER_ENV", "AlertDeliveryError", "RunAlertNotifier", "deliver", "deliver_async",
+           "log_deadline_missed"]

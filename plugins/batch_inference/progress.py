@@ -38,7 +38,8 @@ def _age_seconds(updated_at: str, now: datetime) -> float | None:
     return (now - ts).total_seconds()
 
 
-def collect_progress(run: str | RunStore, shard_ids: list[str], *, now: datetime | None = None) -> dict[str, Any]:
+def collect_progress(run: str | RunStore, shard_ids: list[str], *, now: datetime | None = None,
+                     per_shard: bool = False) -> dict[str, Any]:
     """Summarise the progress of ``shard_ids`` of a run.
 
     Args:
@@ -48,6 +49,7 @@ def collect_progress(run: str | RunStore, shard_ids: list[str], *, now: datetime
             read per newly complete shard and one per shard with a progress object and no marker.
         shard_ids: the shards to watch (five-digit ids).
         now: the current time (UTC) for staleness; default: the clock.
+        per_shard: also return each shard's figures (key ``shards``), from the same reads.
 
     Returns:
         ``{"total", "completed", "failed", "running", "pending", "stale"}`` (shard counts),
@@ -55,7 +57,11 @@ def collect_progress(run: str | RunStore, shard_ids: list[str], *, now: datetime
         some shard's size is unknown), ``rows_done`` (rows committed incl. dead letters),
         ``rows_dead_letter``, ``rows_per_s`` (sum of fresh running shards' rates, rows/s),
         ``eta_s`` (remaining rows / rows_per_s, seconds; ``None`` without a rate), ``fraction_done``,
-        ``missing`` (ids without marker), ``failed_ids``, ``stale_ids``.
+        ``missing`` (ids without marker), ``failed_ids``, ``stale_ids``; with ``per_shard``, ``shards``:
+        ``{shard_id: {"state", "rows_total", "rows_done", "rows_dead_letter", "rows_per_s"}}`` where
+        ``state`` is the count it went to (``completed``, ``failed``, ``running``, ``pending``,
+        ``stale``), ``rows_total`` is ``None`` when unknown and ``rows_per_s`` is the live rate (rows/s)
+        of a fresh running shard, 0.0 for every other.
     """
     store = run if isinstance(run, RunStore) else RunStore.open(run)
     now = now or datetime.now(UTC)
@@ -65,6 +71,7 @@ def collect_progress(run: str | RunStore, shard_ids: list[str], *, now: datetime
     rows_done = rows_dead = 0
     rate = 0.0
     missing, failed_ids, stale_ids = [], [], []
+    shards: dict[str, dict[str, Any]] = {}
     markers = store.poll()
     progress = store.progress_of(sid for sid in shard_ids if sid not in markers)
     for sid in shard_ids:
@@ -74,6 +81,8 @@ def collect_progress(run: str | RunStore, shard_ids: list[str], *, now: datetime
             rows_total = None if rows_total is None else rows_total + marker.rows_input
             rows_done += marker.rows_ok + marker.rows_dead_letter
             rows_dead += marker.rows_dead_letter
+            shards[sid] = _shard("completed", marker.rows_input, marker.rows_ok + marker.rows_dead_letter,
+                                 marker.rows_dead_letter)
             continue
         missing.append(sid)
         prog = progress.get(sid)
@@ -83,6 +92,7 @@ def collect_progress(run: str | RunStore, shard_ids: list[str], *, now: datetime
                 manifest_rows = _manifest_rows(store)
             size = manifest_rows.get(sid)
             rows_total = None if rows_total is None or size is None else rows_total + size
+            shards[sid] = _shard("pending", size, 0, 0)
             continue
         rows_total = None if rows_total is None else rows_total + prog.rows_total
         rows_done += prog.rows_done
@@ -90,15 +100,18 @@ def collect_progress(run: str | RunStore, shard_ids: list[str], *, now: datetime
         if prog.status == ShardStatus.FAILED.value:
             counts["failed"] += 1
             failed_ids.append(sid)
+            shards[sid] = _shard("failed", prog.rows_total, prog.rows_done, prog.rows_dead_letter)
             continue
         age = _age_seconds(prog.updated_at, now)
         if prog.status == ShardStatus.RUNNING.value and age is not None and age > STALE_AFTER_SECONDS:
             counts["stale"] += 1
             stale_ids.append(sid)
+            shards[sid] = _shard("stale", prog.rows_total, prog.rows_done, prog.rows_dead_letter)
             continue
         counts["running"] += 1
-        if prog.status == ShardStatus.RUNNING.value:
-            rate += max(0.0, prog.rows_per_s)
+        shard_rate = max(0.0, prog.rows_per_s) if prog.status == ShardStatus.RUNNING.value else 0.0
+        rate += shard_rate
+        shards[sid] = _shard("running", prog.rows_total, prog.rows_done, prog.rows_dead_letter, shard_rate)
     remaining = None if rows_total is None else max(0, rows_total - rows_done)
     return {
         "total": len(shard_ids),
@@ -112,7 +125,15 @@ def collect_progress(run: str | RunStore, shard_ids: list[str], *, now: datetime
         "missing": missing,
         "failed_ids": failed_ids,
         "stale_ids": stale_ids,
+        **({"shards": shards} if per_shard else {}),
     }
+
+
+def _shard(state: str, rows_total: int | None, rows_done: int, rows_dead_letter: int,
+           rows_per_s: float = 0.0) -> dict[str, Any]:
+    """One shard's entry of :func:`collect_progress`'s ``shards`` (rows; rows/s)."""
+    return {"state": state, "rows_total": rows_total, "rows_done": rows_done,
+            "rows_dead_letter": rows_dead_letter, "rows_per_s": rows_per_s}
 
 
 def _eta(seconds: float | None) -> str:

@@ -24,7 +24,12 @@ from batch_contract.runstore import RunStore
 from batch_inference.assets import table_asset
 from batch_inference.budget import over_budget_message
 from batch_inference.carryover import carry_over, index_published
-from batch_inference.local_runner import ShardBadInputError, ShardRetryableError, run_shard
+from batch_inference.local_runner import (
+    ShardBadInputError,
+    ShardNotStartedError,
+    ShardRetryableError,
+    run_shard,
+)
 from batch_inference.params import REPO_ROOT, RunConfig, default_model_path, resolve_run_config
 from batch_inference.planned import manifest_for, planned_run, run_config_of, run_dir_of
 from batch_inference.planner import PlanRequest, plan
@@ -60,6 +65,21 @@ def _extra_of(event: Any) -> dict[str, Any]:
     return dict(extra or {})
 
 
+def model_event_extra(triggering_events: Mapping[Any, Iterable[Any]] | None) -> dict[str, Any] | None:
+    """The ``extra`` of the newest triggering Asset event that names a model (``model_path`` or
+    ``model``; with ``model_version`` when the producer gave one), or ``None``.
+
+    Args:
+        triggering_events: ``context['triggering_asset_events']`` (asset -> events, oldest first).
+    """
+    for events in (triggering_events or {}).values():
+        for event in reversed(list(events)):
+            extra = _extra_of(event)
+            if extra.get("model_path") or extra.get("model"):
+                return extra
+    return None
+
+
 def model_from_events(triggering_events: Mapping[Any, Iterable[Any]] | None,
                       fallback: str | None) -> tuple[str, str]:
     """Model location for an Asset-triggered run: the newest triggering event's ``extra['model_path']``,
@@ -75,13 +95,11 @@ def model_from_events(triggering_events: Mapping[Any, Iterable[Any]] | None,
     Raises:
         ConfigError: neither the events nor the params give a model.
     """
-    for events in (triggering_events or {}).values():
-        for event in reversed(list(events)):
-            extra = _extra_of(event)
-            path = extra.get("model_path") or extra.get("model")
-            if path:
-                version = extra.get("model_version", "")
-                return str(path), f"asset event extra (model_version={version!r})"
+    extra = model_event_extra(triggering_events)
+    if extra is not None:
+        path = extra.get("model_path") or extra.get("model")
+        version = extra.get("model_version", "")
+        return str(path), f"asset event extra (model_version={version!r})"
     if fallback:
         return fallback, "params.model"
     raise ConfigError(
@@ -183,18 +201,17 @@ def infer_local_task(ref: dict[str, Any], context: Mapping[str, Any]) -> dict[st
 
     Raises:
         AirflowFailException: worker exit 2 (bad input), or the run's actual spend has passed ``budget_usd``
-            (``budget.over_budget_message``; the shard is not started): no retry.
+            when the shard's parallelism slot came free (``budget.over_budget_message``; the shard is not
+            started): no retry.
         AirflowException: worker exit 75 / 1 / other: retried with backoff.
     """
     from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
     planned = run_config_of(manifest_for(ref["run_dir"]))  # the run as planned, not the raw Params
-    over = over_budget_message(ref["run_dir"], planned, ref["shard_id"])
-    if over:
-        raise AirflowFailException(over)
-    try:
-        return run_shard(ref["run_dir"], ref["shard_id"], parallelism=planned.parallelism).to_dict()
-    except ShardBadInputError as exc:
+    try:  # the budget is checked once the shard holds its slot: what earlier shards spent is committed
+        return run_shard(ref["run_dir"], ref["shard_id"], parallelism=planned.parallelism,
+                         may_start=lambda: over_budget_message(ref["run_dir"], planned, ref["shard_id"])).to_dict()
+    except (ShardBadInputError, ShardNotStartedError) as exc:
         raise AirflowFailException(str(exc)) from None
     except ShardRetryableError as exc:
         raise AirflowException(str(exc)) from None
@@ -262,8 +279,11 @@ def publish_and_report_task(context: Mapping[str, Any], gate: dict[str, Any] | N
 
 
 def summary_task(result: dict[str, Any], context: Mapping[str, Any]) -> str:
-    """Log the report's human summary and the report path (the line ``batch_inference.cli`` parses)."""
-    from batch_inference.report import text_summary  # numpy, pyarrow: loaded by this task only
+    """Log the report's human summary and the report path (the line ``batch_inference.cli`` parses), and
+    emit the report's metrics through Airflow's ``Stats`` (:func:`batch_inference.metrics.emit_report_metrics`;
+    a metrics failure is logged, never raised)."""
+    from batch_inference.metrics import emit_report_metrics  # numpy, pyarrow: loaded by this task only
+    from batch_inference.report import text_summary
 
     report = RunStore.open(result["report_json"].rsplit("/", 1)[0]).report()
     if report is None:
@@ -271,4 +291,5 @@ def summary_task(result: dict[str, Any], context: Mapping[str, Any]) -> str:
     for line in text_summary(report).splitlines():
         log.info("%s", line)
     log.info("%s%s", REPORT_LINE_PREFIX, result["report_json"])
+    emit_report_metrics(report)
     return result["report_json"]

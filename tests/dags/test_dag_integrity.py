@@ -177,10 +177,11 @@ def test_deadline_callback_is_configurable_and_logs() -> None:
     from batch_inference.dag_factory import DAG_SPECS, deadline_alert
     from batch_inference.notifiers import log_deadline_missed
 
-    assert deadline_alert(DAG_SPECS["batch_inference_backfill"], 2.0, {}) is None
-    alert = deadline_alert(DAG_SPECS["batch_inference_backfill"], 2.0,
-                           {"BATCH_INFERENCE_DEADLINE_CALLBACK": DEADLINE_CALLBACK})
-    assert alert.callback.kwargs == {"dag_id": "batch_inference_backfill", "deadline_hours": 2.0}
+    assert deadline_alert(DAG_SPECS["batch_inference_backfill"], 2.0, environ={}) is None
+    alert = deadline_alert(DAG_SPECS["batch_inference_backfill"], 2.0, "/srv/out",
+                           environ={"BATCH_INFERENCE_DEADLINE_CALLBACK": DEADLINE_CALLBACK})
+    assert alert.callback.kwargs == {"dag_id": "batch_inference_backfill", "deadline_hours": 2.0,
+                                     "output_root": "/srv/out"}
     message = asyncio.run(log_deadline_missed(None, **alert.callback.kwargs))
     assert "batch_inference_backfill" in message and "2.0 h" in message
 

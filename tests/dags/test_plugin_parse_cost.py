@@ -63,7 +63,9 @@ def test_plugin_adds_no_parse_cost(tmp_path: Path) -> None:
     with_plugin = _measure(REPO / "plugins")
     print(f"\nplugins load CPU: {without['plugins_cpu']:.4f} s without, {with_plugin['plugins_cpu']:.4f} s with the "
           f"UI plugin; DAG file parse CPU: {without['parse_cpu']:.3f} s without, {with_plugin['parse_cpu']:.3f} s with")
-    assert without["plugins"] == [] and with_plugin["plugins"] == ["batch_inference"]
+    # installed providers' entry-point plugins (the OpenLineage provider's) load in both measurements
+    assert "batch_inference" not in without["plugins"]
+    assert sorted(with_plugin["plugins"]) == sorted([*without["plugins"], "batch_inference"])
     assert with_plugin["plugins_cpu"] - without["plugins_cpu"] <= PLUGIN_LOAD_BUDGET_CPU_S, (without, with_plugin)
     # the parse itself does not depend on the plugin (noise margin: the machine is shared)
     assert with_plugin["parse_cpu"] <= without["parse_cpu"] * 1.5 + 0.05, (without, with_plugin)

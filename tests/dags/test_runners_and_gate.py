@@ -12,7 +12,12 @@ from batch_contract import storage
 from batch_contract.layout import RunLayout
 from batch_contract.marker import ShardMarker
 from batch_inference.completion import check_completion, name_shards
-from batch_inference.local_runner import ShardBadInputError, ShardRetryableError, run_shard
+from batch_inference.local_runner import (
+    ShardBadInputError,
+    ShardNotStartedError,
+    ShardRetryableError,
+    run_shard,
+)
 from batch_inference.planner import PlanRequest, plan
 from batch_inference.triggers import ShardMarkerTrigger
 
@@ -63,6 +68,34 @@ def test_success_reads_the_marker_and_a_complete_shard_is_not_rerun(run_dir: str
     _fake_worker(monkeypatch, 2)  # would fail if it ran
     again = run_shard(run_dir, "00001")
     assert again.skipped and again.rows_ok == 1990
+
+
+def test_the_start_check_runs_once_the_slot_is_held_and_sees_what_the_holder_committed(
+        run_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The in-run budget stop's class of defect: a check made before a shard waits for its slot cannot see
+    what the shards ahead of it spend. ``parallelism`` 1: the second shard is asked only after the first
+    one's worker committed its marker, and its refusal starts no worker."""
+    import threading
+
+    _fake_worker(monkeypatch, 0, run_dir)
+    asked: dict[str, bool] = {}
+
+    def check(shard_id: str):
+        def may_start() -> str | None:
+            asked[shard_id] = storage.exists(RunLayout.from_run_dir(run_dir).marker_uri("00000"))
+            return "BUDGET EXCEEDED: test" if asked[shard_id] else None
+        return may_start
+
+    first = threading.Thread(target=run_shard, args=(run_dir, "00000"),
+                             kwargs={"parallelism": 1, "may_start": check("00000")})
+    first.start()
+    while "00000" not in asked:
+        time.sleep(0.01)
+    with pytest.raises(ShardNotStartedError, match="BUDGET EXCEEDED: test"):
+        run_shard(run_dir, "00001", parallelism=1, may_start=check("00001"))
+    first.join()
+    assert asked == {"00000": False, "00001": True}
+    assert not storage.exists(RunLayout.from_run_dir(run_dir).marker_uri("00001"))  # no worker started
 
 
 def test_completion_status_and_ratio(run_dir: str) -> None:

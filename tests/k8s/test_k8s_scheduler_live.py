@@ -334,6 +334,19 @@ def _defer_race(svc: AirflowServices, run_id: str) -> bool:
     return any("finished with state success, but the task instance's state attribute is" in line for line in lines)
 
 
+def _run_past_defer_race(svc: AirflowServices, dag_id: str, conf: dict) -> tuple[str, str]:
+    """Trigger ``dag_id`` with ``conf`` and wait: ``(run_id, state)``. A run failed by Airflow 3.3.2's defer
+    race (:func:`_defer_race`) is recorded and triggered once more, as its user would: the race fails a
+    task that did nothing wrong, and it must not hide what the second run shows."""
+    run_id = svc.trigger(dag_id, conf)
+    state = svc.wait_run(dag_id, run_id, RUN_TIMEOUT_S)
+    if state == "failed" and _defer_race(svc, run_id):
+        record(smoke_defer_race_hits_on_success_run=1)
+        run_id = svc.trigger(dag_id, conf)
+        state = svc.wait_run(dag_id, run_id, RUN_TIMEOUT_S)
+    return run_id, state
+
+
 def _log_with(svc: AirflowServices, dag_id: str, run_id: str, task_id: str, text: str,
               timeout: float = 60.0) -> str:
     """Try 1's log once it holds ``text``, else the last read after ``timeout`` seconds: the part the task
@@ -353,9 +366,9 @@ def test_the_smoke_dag_checks_storage_and_names_the_missing_gpu(services) -> Non
     log names what is missing in one line."""
     svc, bucket = services["svc"], services["bucket"]
     root = f"{bucket}/smoke"
-    ok_run = svc.trigger(SMOKE_DAG_ID, {"output_root": root, "gpu": False})
-    assert svc.wait_run(SMOKE_DAG_ID, ok_run, RUN_TIMEOUT_S) == "success"
-    assert len(storage.list_names(f"{root}/_smoke")) == 1
+    _, state = _run_past_defer_race(svc, SMOKE_DAG_ID, {"output_root": root, "gpu": False})
+    assert state == "success"
+    assert len(storage.list_names(f"{root}/_smoke")) >= 1  # one probe per run that reached its pod
     gpu_run = svc.trigger(SMOKE_DAG_ID, {"output_root": root, "gpu": True})
     assert svc.wait_run(SMOKE_DAG_ID, gpu_run, RUN_TIMEOUT_S) == "failed"
     (ti,) = svc.task_instances(SMOKE_DAG_ID, gpu_run, "smoke_pod").values()

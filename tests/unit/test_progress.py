@@ -24,7 +24,7 @@ def _write(uri: str, data: bytes) -> None:
 @pytest.fixture()
 def run(tmp_path) -> RunLayout:
     """6 shards of 100 rows: 2 complete, 1 running, 1 failed, 1 stale, 1 pending (manifest only)."""
-    layout = RunLayout(str(tmp_path), "progress_run")
+    layout = RunLayout(str(tmp_path), "progress_run", "dag_a")
     spec = InputSpec(uri="in.parquet", format="parquet", id_column="id", text_column="text",
                      files=[InputFile(uri="in.parquet", rows=600)])
     shards = [ShardSpec(sid, [Segment(0, 100 * i, 100 * (i + 1))]) for i, sid in enumerate(IDS)]
