@@ -96,10 +96,13 @@ _last_replace: dict[str, float] = {}
 def split_uri(uri: str) -> tuple[str, str]:
     """Split ``gs://bucket/key`` into ``(bucket, key)``; ``key`` may be ``""`` (the bucket root).
 
+    The scheme matches in any case (``GS://`` is ``gs://``, as :func:`batch_contract.storage.scheme_of`
+    dispatches it).
+
     Raises:
         StorageError: ``uri`` is not a ``gs://`` URI or names no bucket.
     """
-    if not uri.startswith("gs://"):
+    if uri[:5].lower() != "gs://":
         raise StorageError(f"{uri}: not a gs:// URI")
     bucket, _, key = uri[len("gs://") :].partition("/")
     if not bucket:

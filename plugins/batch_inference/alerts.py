@@ -110,7 +110,8 @@ def describe_run(kind: AlertKind | str, dag_id: str, run_id: str, run_dir: str, 
         summary = collect_progress(store, [s.shard_id for s in store.manifest.shards], now=now)
     except Exception as exc:  # noqa: BLE001 - any read error: the alert still goes out, saying so
         log.warning("alert for %s %s: progress unreadable: %s", dag_id, run_id, exc)
-        reason = "not planned yet (no manifest)" if isinstance(exc, FileNotFoundError) else f"unreadable ({exc})"
+        reason = ("unknown: no run dir" if not run_dir else "not planned yet (no manifest)"
+                  if isinstance(exc, FileNotFoundError) else f"unreadable ({exc})")
         return RunAlert(str(kind), dag_id, run_id, run_dir, None, 0, None, 0.0, None, 0,
                         f"{detail} The run's progress is {reason}.".strip())
     total = summary["rows_total"]

@@ -144,8 +144,9 @@ METRICS: tuple[MetricSpec, ...] = (
          "none runs).", "gate: `collect_progress` `rows_per_s`"),
     _run("eta_seconds", "seconds", GATE, "Seconds until the rows left are done at the live rate.",
          "gate: `collect_progress` `eta_s`", "while a running shard reports a rate"),
-    _run("rows_per_s_per_gpu", "rows/s", REPORT, "End-to-end throughput per accelerator: input rows / worker "
-         "seconds / GPUs per worker (load, I/O, idle and re-done work included).",
+    _run("rows_per_s_per_gpu", "rows/s", REPORT, "End-to-end throughput per accelerator: input rows / the shards' "
+         "worker seconds (the canary's excluded) / GPUs per worker (load, I/O, idle and re-done work "
+         "included).",
          "report: `throughput.end_to_end_rows_per_s_per_gpu`", "when the run has worker seconds"),
     _run("preemptions", "attempts", REPORT, "Worker attempts that ended preempted (exit 75).",
          "report: `attempts.preemptions`"),
@@ -159,7 +160,8 @@ METRICS: tuple[MetricSpec, ...] = (
          "for a run whose canary measured a speed"),
     _run("worker_seconds", "seconds", REPORT, "Worker wall seconds, every stage and attempt (canary "
          "included).", "report: `worker_seconds`"),
-    _run("gpu_seconds", "seconds", REPORT, "Accelerator seconds: worker seconds x GPUs per worker.",
+    _run("gpu_seconds", "seconds", REPORT, "Accelerator seconds: worker seconds x GPUs per worker (with "
+         "`accelerator` `cpu`, one CPU worker counts as one accelerator, as the cost report prices it).",
          "report: `gpu_seconds`"),
     _run("cpu_seconds", "seconds", REPORT, "Worker process CPU seconds.", "report: `utilisation.cpu_seconds`"),
     _run("padding_efficiency", "ratio", REPORT, "Real tokens / padded tokens (1.0: no padding).",

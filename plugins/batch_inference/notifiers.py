@@ -18,7 +18,8 @@ Airflow's notifiers (Slack, SMTP, PagerDuty, ...) built with the alert's text, e
         return SlackWebhookNotifier(slack_webhook_conn_id="slack", text=alert["message"])
 
 The triggerer awaits it (the notifier's ``async_notify``, or its ``notify`` in a thread when it has no
-async form); a task calls it. Imports only the standard library and ``airflow.sdk`` (loaded before any
+async form); a task calls its ``notify``. Its template fields are not rendered: the alert's text is
+data (a gate's error, run ids and paths a trigger-form user chose), never a template. Imports only the standard library and ``airflow.sdk`` (loaded before any
 DAG file parses) at module level, so the DAG files can reference it at parse time.
 """
 
@@ -85,28 +86,31 @@ def deliver(alert: Any, context: Mapping[str, Any] | None = None) -> str:
     """Log ``alert`` (a :class:`~batch_inference.alerts.RunAlert`) as an error and send it through the
     user's notifier (synchronously: task callbacks). Returns the message.
 
+    The notifier's ``notify`` is called directly, not through ``BaseNotifier.__call__``, so its template
+    fields are not rendered: an alert's text holds a gate's error, a run id and paths a trigger-form
+    user chose, and a value a run gives is never a template (``batch_inference.templating``).
+
     Raises:
         AlertDeliveryError: see :func:`_notifier_for`; the notifier's own errors propagate.
     """
     log.error("%s", alert.message)
     notifier = _notifier_for(alert.to_dict())
     if notifier is not None:
-        notifier({**(context or {}), "batch_alert": alert.to_dict()})
+        notifier.notify({**(context or {}), "batch_alert": alert.to_dict()})
     return alert.message
 
 
 async def deliver_async(alert: Any, context: Mapping[str, Any] | None = None) -> str:
     """:func:`deliver` for the triggerer: awaits the notifier's ``async_notify``, or runs its ``notify``
-    in a thread when it has no async form. Returns the message."""
+    in a thread when it has no async form (templates not rendered either). Returns the message."""
     log.error("%s", alert.message)
     notifier = _notifier_for(alert.to_dict())
     if notifier is not None:
         full = {**(context or {}), "batch_alert": alert.to_dict()}
         if _has_async(notifier):
-            notifier.context = full
-            await notifier
+            await notifier.async_notify(full)
         else:
-            await asyncio.to_thread(notifier, full)
+            await asyncio.to_thread(notifier.notify, full)
     return alert.message
 
 
@@ -122,10 +126,37 @@ def _dag_run_fields(context: Any) -> tuple[str, dict[str, Any], str]:
     if dag_run is None:
         return "?", {}, ""
     if isinstance(dag_run, Mapping):
-        return (str(dag_run.get("run_id") or dag_run.get("dag_run_id") or "?"), dict(dag_run.get("conf") or {}),
-                str(dag_run.get("state") or ""))
-    return (str(getattr(dag_run, "run_id", "?")), dict(getattr(dag_run, "conf", None) or {}),
-            str(getattr(dag_run, "state", "") or ""))
+        run_id, conf, state = (dag_run.get("run_id") or dag_run.get("dag_run_id"), dag_run.get("conf"),
+                               dag_run.get("state"))
+    else:
+        run_id, conf, state = (getattr(dag_run, "run_id", None), getattr(dag_run, "conf", None),
+                               getattr(dag_run, "state", None))
+    return str(run_id or "?"), dict(conf) if isinstance(conf, Mapping) else {}, str(state or "")
+
+
+def _deadline_run_dir(dag_id: str, run_id: str, conf: Mapping[str, Any], default_root: str) -> tuple[str, str]:
+    """``(run_dir, why not)`` of a deadline alert's run: under the run's ``conf`` ``output_root`` when
+    the deployment allows it (:func:`batch_inference.locations.check_allowed_location`: a trigger-form
+    user cannot point the triggerer at another store), else under the DAG's default; ``("", reason)``
+    when no run dir can be formed (an unusual run id, no root)."""
+    from batch_contract.engine_config import ConfigError
+
+    from batch_inference.alerts import run_dir_for
+    from batch_inference.locations import check_allowed_location
+
+    root = str(conf.get("output_root") or "")
+    if root:
+        try:
+            check_allowed_location("output_root", root)
+        except ConfigError:
+            root = ""
+    root = root or default_root
+    if not root:
+        return "", "no output_root"
+    try:
+        return run_dir_for(root, dag_id, run_id), ""
+    except ValueError as exc:  # a run id or DAG id that is not a safe path segment
+        return "", f"no run dir ({exc})"
 
 
 async def log_deadline_missed(context: Any = None, **kwargs: Any) -> str:
@@ -142,19 +173,18 @@ async def log_deadline_missed(context: Any = None, **kwargs: Any) -> str:
         The message delivered; ``""`` (nothing delivered) for a run that had already finished when the
         deadline was handled (:data:`FINISHED_STATES`).
     """
-    from batch_inference.alerts import AlertKind, describe_run, run_dir_for  # pyarrow: at alert time only
+    from batch_inference.alerts import AlertKind, describe_run  # pyarrow: at alert time only
 
-    dag_id = str(kwargs.get("dag_id", "?"))
+    dag_id = str(kwargs.get("dag_id") or "?")
     hours = kwargs.get("deadline_hours", "?")
     run_id, conf, state = _dag_run_fields(context)
     if state.rsplit(".", 1)[-1].lower() in FINISHED_STATES:
         log.info("DAG %s run %s had already ended (%s) when its %s h deadline passed: no alert", dag_id, run_id,
                  state, hours)
         return ""
-    output_root = str(conf.get("output_root") or kwargs.get("output_root") or "")
-    run_dir = run_dir_for(output_root, dag_id, run_id) if output_root and run_id != "?" else ""
+    run_dir, why = _deadline_run_dir(dag_id, run_id, conf, str(kwargs.get("output_root") or ""))
     detail = (f"Not finished {hours} h after it was queued: check wait_for_shards (missing shards, progress "
-              "line) and publish.")
+              f"line) and publish.{f' ({why})' if why else ''}")
     alert = await asyncio.to_thread(describe_run, AlertKind.DEADLINE_MISSED, dag_id, run_id, run_dir, detail)
     return await deliver_async(alert, context if isinstance(context, Mapping) else None)
 
@@ -170,12 +200,14 @@ class RunAlertNotifier(BaseNotifier):
 
         error = str(context.get("exception") or "")
         dag_run = context.get("dag_run")
-        run_id = str(getattr(dag_run, "run_id", "?"))
-        dag_id = str(getattr(dag_run, "dag_id", "") or getattr(context.get("dag"), "dag_id", "?"))
+        run_id = str(getattr(dag_run, "run_id", None) or "?")
+        dag_id = str(getattr(dag_run, "dag_id", None) or getattr(context.get("dag"), "dag_id", None) or "?")
         run_dir = ""
-        ti = context.get("ti")
-        if ti is not None:
-            run_dir = str(ti.xcom_pull(task_ids="plan", key="run_dir") or "")
+        try:  # the alert goes out even when the run dir cannot be read back (API server down)
+            ti = context.get("ti")
+            run_dir = str(ti.xcom_pull(task_ids="plan", key="run_dir") or "") if ti is not None else ""
+        except Exception as exc:  # noqa: BLE001 - any failure of the lookup: alert without the figures
+            log.warning("alert for %s %s: the plan task's run_dir could not be read: %s", dag_id, run_id, exc)
         deliver(describe_run(classify_gate_failure(error), dag_id, run_id, run_dir, error), context)
 
 

@@ -272,7 +272,7 @@ def _fields(*fields: ParamField) -> Mapping[str, ParamField]:
 
 PARAM_FIELDS: Mapping[str, ParamField] = _fields(
     ParamField("input_uri", SAMPLE_INPUT, "string", "Input URI",
-               "Parquet/JSONL file, directory or glob; local path, file:// or gs://. A concrete "
+               "Parquet/JSONL file, directory or glob; local path, file://, gs://, s3:// or az://. A concrete "
                "value: only a DAG's own default may be a template of the schedule's dates ({{ ds }}).", "Input", min_length=1, required=True),
     ParamField("id_column", "id", "string", "Id column", "Stable row id column (string or integer).",
                "Input", min_length=1, max_length=200, required=True),
@@ -347,8 +347,9 @@ PARAM_FIELDS: Mapping[str, ParamField] = _fields(
                "rows with the same label; LLM outputs: the least agreement of the quality gate (mean JSON field "
                "agreement, or mean text similarity for free text).", "Execution", minimum=0.0, maximum=1.0),
     ParamField("output_root", DEFAULT_OUTPUT_ROOT, "string", "Output root",
-               "Where runs/<run_id>/ (manifest, part files, markers, report) is written; local path or "
-               "gs://bucket/prefix. Must be reachable by every worker.", "Output", min_length=1,
+               "Where runs/<run_id>/ (manifest, part files, markers, report) is written; local path, "
+               "gs://bucket/prefix, s3://bucket/prefix or az://container/prefix. Must be reachable by every "
+               "worker.", "Output", min_length=1,
                required=True),
     ParamField("output_table", "descriptions_embeddings", "string", "Output table", "Table published "
                "atomically: lower-case letters, digits and underscore, not starting with a digit, at most "

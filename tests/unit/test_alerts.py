@@ -132,3 +132,68 @@ def test_a_run_that_already_ended_gets_no_deadline_alert(user_notifiers, monkeyp
     context["dag_run"]["state"] = "running"
     assert asyncio.run(notifiers.log_deadline_missed(context, dag_id="d", deadline_hours=1, output_root=""))
     assert [alert["kind"] for _, alert in user_notifiers] == ["deadline_missed"]
+
+
+class _Templated(BaseNotifier):
+    """A notifier with a templated field, built the way docs/observability.md shows (Slack's ``text``)."""
+
+    template_fields = ("text",)
+
+    def __init__(self, alert: dict[str, Any]) -> None:
+        super().__init__()
+        self.text = alert["message"]
+
+    def notify(self, context: Any) -> None:
+        RECEIVED.append(("text", {"message": self.text}))
+
+
+@pytest.mark.parametrize("detail", ["{{ 7 * 7 }}", "x {{ unclosed", "{% for x in y %}", "{# c #}"])
+def test_an_alerts_text_is_delivered_verbatim_never_rendered(user_notifiers, monkeypatch: pytest.MonkeyPatch,
+                                                             detail: str) -> None:
+    sys.modules["alert_sinks_for_tests"].templated = _Templated
+    monkeypatch.setenv(notifiers.ALERT_NOTIFIER_ENV, "alert_sinks_for_tests.templated")
+    alert = describe_run(AlertKind.GATE_FAILED, "d", "r", "", detail)
+    notifiers.deliver(alert, {"dag_run": None})
+    asyncio.run(notifiers.deliver_async(alert))
+    assert [sent["message"] for _, sent in user_notifiers] == [alert.message] * 2
+    assert detail in alert.message
+
+
+@pytest.mark.parametrize(("context", "kwargs"), [
+    ({"dag_run": {"run_id": "a/../x"}}, {"dag_id": "d", "output_root": "/srv/out"}),
+    ({"dag_run": {"run_id": "r"}}, {"output_root": "/srv/out"}),                      # no dag_id
+    ({"dag_run": {"run_id": "r", "conf": "not a dict"}}, {"dag_id": "d"}),
+    ({"dag_run": {"run_id": "r", "conf": ["x"]}}, {"dag_id": "d", "output_root": ""}),
+    (None, {}),
+])
+def test_an_odd_deadline_context_still_alerts(user_notifiers, monkeypatch: pytest.MonkeyPatch,
+                                              context: Any, kwargs: dict[str, Any]) -> None:
+    monkeypatch.setenv(notifiers.ALERT_NOTIFIER_ENV, "alert_sinks_for_tests.sync_only")
+    message = asyncio.run(notifiers.log_deadline_missed(context, deadline_hours=1, **kwargs))
+    ((_, alert),) = user_notifiers
+    assert message and alert["kind"] == "deadline_missed" and alert["rows_left"] is None
+
+
+def test_the_deadline_callback_reads_only_an_allowed_conf_output_root(run, user_notifiers,  # noqa: F811
+                                                                     monkeypatch: pytest.MonkeyPatch,
+                                                                     tmp_path: Path) -> None:
+    monkeypatch.setenv(notifiers.ALERT_NOTIFIER_ENV, "alert_sinks_for_tests.sync_only")
+    monkeypatch.setenv("BATCH_INFERENCE_ALLOWED_ROOTS", str(tmp_path / "allowed"))
+    context = {"dag_run": {"run_id": "progress_run", "conf": {"output_root": run.output_root}}}
+    asyncio.run(notifiers.log_deadline_missed(context, dag_id="dag_a", deadline_hours=1, output_root="/srv/default"))
+    ((_, alert),) = user_notifiers
+    assert alert["run_dir"].startswith("/srv/default/") and alert["rows_left"] is None  # the conf root refused
+
+
+def test_the_gate_notifier_alerts_when_the_run_dir_cannot_be_read(user_notifiers,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(notifiers.ALERT_NOTIFIER_ENV, "alert_sinks_for_tests.sync_only")
+
+    def down(**_: Any) -> None:
+        raise ConnectionError("API server down")
+
+    context = {"dag_run": types.SimpleNamespace(run_id="r", dag_id="d"), "ti": types.SimpleNamespace(xcom_pull=down),
+               "exception": "completion gate: nothing to wait for: the plan task failed"}
+    notifiers.RunAlertNotifier()(context)
+    ((_, alert),) = user_notifiers
+    assert alert["kind"] == "gate_failed" and "no run dir" in alert["message"]

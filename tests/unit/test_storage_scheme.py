@@ -22,6 +22,8 @@ from batch_contract.schemas import part_schema
 from batch_contract.storage import AlreadyExistsError, StorageBackend, StorageError
 from batch_contract.tokens import TokenCounts
 from batch_worker.engines.base import ChunkOutput, Engine, LoadedModel
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 class MemBackend(StorageBackend):
@@ -216,3 +218,33 @@ def test_plan_run_publish_on_the_new_scheme(mem: MemBackend, tmp_path: Path,
                                                  duckdb_path=str(tmp_path / "w.duckdb")))
     assert summary["rows_published"] == rows and summary["rows_missing"] == 0
     assert not list(tmp_path.rglob("*.parquet"))  # nothing of the run touched the local disk but DuckDB
+
+
+KNOWN_SCHEMES = sorted(s for s in storage.BACKENDS if s)
+
+
+@settings(max_examples=200, deadline=None)
+@given(scheme=st.sampled_from(KNOWN_SCHEMES), upper=st.lists(st.booleans(), min_size=5, max_size=5),
+       separator=st.sampled_from([":", ":/", ":\\\\", ": //", ":/ /"]),
+       rest=st.text(alphabet="abc/._-", min_size=0, max_size=12))
+def test_a_known_scheme_without_its_double_slash_is_refused_not_taken_for_a_folder(
+        scheme: str, upper: list[bool], separator: str, rest: str) -> None:
+    """``make run OUTPUT=s3:/demo/out`` once wrote to a local folder ``./s3:``: every known scheme followed
+    by a colon but not ``://``, in any case, is refused; the same scheme in any case with ``://``
+    dispatches to the scheme's backend."""
+    cased = "".join(c.upper() if u else c for c, u in zip(scheme, upper * 3, strict=False))
+    with pytest.raises(storage.StorageError, match="malformed separator"):
+        storage.backend_for(f"{cased}{separator}{rest}")
+    assert storage.scheme_of(f"{cased}://bucket/x") == scheme
+    assert storage.backend_for(f"{cased}://bucket/x") is storage.backend_for(f"{scheme}://bucket/x")
+
+
+@pytest.mark.parametrize("path", ["notes:2024/x", "./s3:/x", "/tmp/a:b", "data/gs:x"])
+def test_a_colon_elsewhere_in_a_local_path_is_still_a_path(path: str) -> None:
+    assert storage.scheme_of(path) == "" and storage.is_local(path)
+
+
+@pytest.mark.parametrize("uri", ["GS://b/a/../c", "Gs://b/a/./c/"])
+def test_upper_case_gs_and_file_uris_normalize_like_lower_case(uri: str, tmp_path) -> None:
+    assert storage.normalize(uri) == "gs://b/c" if ".." in uri else storage.normalize(uri) == "gs://b/a/c"
+    assert storage.normalize(f"FILE://{tmp_path}") == storage.normalize(str(tmp_path))

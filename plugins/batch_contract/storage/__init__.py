@@ -53,6 +53,9 @@ is imported and the class instantiated (once per process, shared by schemes nami
 first URI of that scheme."""
 
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_SCHEME_TYPO_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
+"""``s3:/bucket``, ``gs:bucket``, ``az:\\c``: a known scheme and a colon without ``//`` (a typo that would
+otherwise name a local folder called ``s3:``)."""
 _lock = threading.Lock()
 _instances: dict[str, StorageBackend] = {}
 """``"module:Class"`` -> its instance."""
@@ -64,13 +67,18 @@ def scheme_of(uri: str) -> str:
     """The lower-cased URI scheme of ``uri`` (``"gs"`` for ``gs://b/k``), ``""`` for a plain path.
 
     Raises:
-        StorageError: ``uri`` contains ``://`` but does not start with a valid scheme.
+        StorageError: ``uri`` contains ``://`` but does not start with a valid scheme, or starts with a
+            known scheme and a colon without ``//`` (``s3:/bucket/key``: a typo, not a local path).
     """
     match = _SCHEME_RE.match(uri)
     if match:
         return match.group(1).lower()
     if "://" in uri:
         raise StorageError(f"{uri}: not a local path nor a URI of the form scheme://...")
+    typo = _SCHEME_TYPO_RE.match(uri)
+    if typo and typo.group(1).lower() in {s for s in (*BACKENDS, *_registered) if s}:
+        raise StorageError(f"{uri}: a {typo.group(1).lower()}:// URI with a malformed separator (write "
+                           f"{typo.group(1).lower()}://...); a local path may not start with a storage scheme")
     return ""
 
 

@@ -71,7 +71,7 @@ class LocalBackend(StorageBackend):
         """
         if "\x00" in uri:
             raise StorageError(f"{uri!r}: a path cannot contain a NUL byte")
-        if uri.startswith(FILE_PREFIX):
+        if uri[:len(FILE_PREFIX)].lower() == FILE_PREFIX:  # FILE:// is file://, as scheme_of dispatches it
             return Path(uri[len(FILE_PREFIX) :])
         if "://" in uri:
             raise StorageError(f"{uri}: not a local path or file:// URI")

@@ -123,7 +123,8 @@ def throughput(markers: list[ShardMarker], gpu_count: int) -> dict[str, Any]:
         ``steady_rows_per_s_per_gpu``: mean over shards of the worker's steady-state rows/s (after
         warm-up, last attempt) divided by ``gpu_count``; ``inference_rows_per_s_per_gpu``: rows
         through inference / inference seconds / ``gpu_count``; ``end_to_end_rows_per_s_per_gpu``:
-        input rows / worker seconds / ``gpu_count`` (includes load, I/O, idle and re-done work).
+        input rows / the shards' worker seconds (the canary's excluded) / ``gpu_count`` (includes load,
+        I/O, idle and re-done work).
     """
     steady = [m.steady_rows_per_s for m in markers if m.steady_rows_per_s > 0]
     inference_s = sum(m.stage_seconds.get("inference", 0.0) for m in markers)
