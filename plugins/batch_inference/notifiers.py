@@ -139,6 +139,8 @@ def _deadline_run_dir(dag_id: str, run_id: str, conf: Mapping[str, Any], default
     the deployment allows it (:func:`batch_inference.locations.check_allowed_location`: a trigger-form
     user cannot point the triggerer at another store), else under the DAG's default; ``("", reason)``
     when no run dir can be formed (an unusual run id, no root)."""
+    # at alert time only: this module is imported when a DAG file parses, and these pull in the
+    # policy and storage modules
     from batch_contract.engine_config import ConfigError
 
     from batch_inference.alerts import run_dir_for
