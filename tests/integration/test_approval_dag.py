@@ -42,15 +42,18 @@ ANSWER = textwrap.dedent("""
     with TestClient(app) as client:
         token = get_auth_manager().generate_jwt(SimpleAuthManagerUser(username=user, role="admin"))
         client.headers["Authorization"] = f"Bearer {token}"
-        end, items = time.time() + wait, []
+        end, items, seen = time.time() + wait, [], []
         while time.time() < end and not items:
             r = client.get(f"/api/v2/dags/{dag_id}/dagRuns/~/hitlDetails",
                            params={"task_id": "approve", "response_received": False})
             assert r.status_code == 200, r.text
-            items = r.json()["hitl_details"]
+            # The request row is written while the task is still running, just before it defers: wait
+            # until the task waits for input, as a person would see it on the Required Actions page.
+            seen = r.json()["hitl_details"]
+            items = [i for i in seen if i["task_instance"]["state"] == "awaiting_input"]
             if not items:
-                time.sleep(2)
-        assert items, "no approval request appeared"
+                time.sleep(1)
+        assert items, f"no approval request reached awaiting_input: {seen!r}"
         item = items[0]
         ti = item["task_instance"]
         print("REQUEST " + json.dumps({k: item[k] for k in ("subject", "body", "options", "defaults", "multiple")}
