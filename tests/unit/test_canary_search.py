@@ -258,3 +258,45 @@ def test_projection_refuses_a_deadline_no_parallelism_meets_and_picks_the_cheape
 def test_makespan_schedules_longest_first() -> None:
     assert makespan([5, 4, 3, 3, 3], 2) == 10  # longest first onto the least loaded: 5+3, 4+3+3 (the optimum is 9)
     assert makespan([], 3) == 0.0 and makespan([2.0], 4) == 2.0
+
+
+def _noisy_choice(speed: dict[int, float], noise: float, seed: int, repeats: bool = True) -> int:
+    """Drive a ``candidates`` search whose trials measure ``speed`` times a random factor (seeded)."""
+    rng = np.random.default_rng(seed)
+    search = BudgetSearch("candidates", candidates=tuple(speed), incumbent=8192)
+    while (b := search.next_budget()) is not None:
+        if not repeats and len(search.trials) == len(speed):
+            break
+        search.record(_trial(b, speed[b] * float(rng.normal(1.0, noise))))
+    return search.chosen(default=1)
+
+
+@pytest.mark.parametrize("speed", [
+    {2048: 100, 4096: 112, 8192: 113, 16384: 98},   # two candidates within timing noise of each other
+    {2048: 100, 4096: 104, 8192: 106, 16384: 105},  # a flat curve: every candidate within 5%
+    {2048: 100, 4096: 110, 8192: 116, 16384: 105},  # the default a little faster than its neighbour
+    {2048: 60, 4096: 80, 8192: 120, 16384: 90},     # the default a clear winner
+    {2048: 90, 4096: 140, 8192: 100, 16384: 80},    # another candidate a clear winner
+])
+def test_candidates_search_chooses_the_same_budget_on_every_run_of_the_same_host(speed: dict[int, float]) -> None:
+    """Same true speeds, 3% timing noise per trial (what 1-2 s trials on a quiet CPU show), 100 runs with
+    the device default 8,192 as the incumbent: the choice is repeatable (a single trial per candidate,
+    fastest wins, flipped on close calls)."""
+    choices = [_noisy_choice(speed, 0.03, seed) for seed in range(100)]
+    top = max(set(choices), key=choices.count)
+    assert choices.count(top) >= 0.9 * len(choices), {c: choices.count(c) for c in set(choices)}
+    assert speed[top] * 1.05 >= max(speed.values()) * 0.97, "the choice is never far from the fastest"
+
+
+def test_candidates_search_repeats_only_undecided_candidates_and_keeps_the_incumbent_on_a_close_call() -> None:
+    search = BudgetSearch("candidates", candidates=(2048, 4096, 8192), incumbent=8192)
+    tried = _drive(search, {2048: 50, 4096: 108, 8192: 100})
+    assert tried == [2048, 4096, 8192, 4096, 8192, 4096, 8192]  # 2048 is slower: never repeated
+    assert search.median_rates() == {2048: 50.0, 4096: 108.0, 8192: 100.0}
+    assert search.chosen(default=1) == 4096  # 8% faster in all three trials: confidently
+    close = BudgetSearch("candidates", candidates=(4096, 8192), incumbent=8192)
+    _drive(close, {4096: 103, 8192: 100})
+    assert close.chosen(default=1) == 8192  # 3% is not a gain
+    clear = BudgetSearch("candidates", candidates=(2048, 4096))  # no incumbent: the smallest holds
+    assert _drive(clear, {2048: 50, 4096: 100}) == [2048, 4096]  # twice as fast: no repeats needed
+    assert clear.chosen(default=1) == 4096

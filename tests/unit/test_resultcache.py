@@ -23,10 +23,12 @@ def _part(ids: list[str], fp: str = FP, dim: int = 4) -> pa.Table:
                      "embedding": [[float(i)] * dim for i in range(n)]}, schema=schema)
 
 
-def _write(root: str, name: str, texts: list[str], fp: str = FP) -> str:
+def _write(root: str, texts: list[str], fp: str = FP) -> str:
+    """Append one cache file of ``texts`` to the log; its URI."""
     part = _part([f"id{i}" for i in range(len(texts))], fp)
     table = resultcache.cache_table(part, resultcache.text_keys(texts), pa.array([0.5] * len(texts)))
-    return resultcache.write_entries(root, fp, name, table)
+    name = resultcache.append_entries(root, fp, table, resultcache.origin_of("run", "00000", "part-x"))
+    return join_uri(resultcache.cache_dir(root, fp), name)
 
 
 def test_key_is_the_text_and_settings_outside_outputs_do_not_change_the_fingerprint() -> None:
@@ -53,24 +55,23 @@ def test_reused_part_names_are_part_files() -> None:
 
 def test_lookup_hits_misses_repeats_and_first_entry_wins(tmp_path: Path) -> None:
     root = str(tmp_path)
-    _write(root, "a.parquet", ["one", "two", "three"])
-    _write(root, "b.parquet", ["three", "four"])
+    _write(root, ["one", "two", "three"])
+    _write(root, ["three", "four"])
     keys = resultcache.text_keys(["four", "zero", "one", "one", "three"])
     found = resultcache.lookup(root, FP, keys)
     assert found.row_hit.to_pylist()[1] is None and found.hits == 4
     rows = [found.table.slice(i, 1).to_pylist()[0] if i is not None else None for i in found.row_hit.to_pylist()]
     assert rows[2] == rows[3] and rows[2]["n_tokens"] == 1
-    assert rows[4]["n_tokens"] == 3  # "three" from a.parquet (first file), not b.parquet
+    assert rows[4]["n_tokens"] == 3  # "three" from the first file of the log, not the second
     assert found.table.num_rows == len(set(found.table.column("key").to_pylist()))
 
 
 def test_another_fingerprint_is_never_a_hit(tmp_path: Path) -> None:
     root = str(tmp_path)
     other = "e" * 32
-    _write(root, "a.parquet", ["one"], fp=other)
+    src = _write(root, ["one"], fp=other)
     assert resultcache.lookup(root, FP, resultcache.text_keys(["one"])).hits == 0
     # a file of another fingerprint copied into this fingerprint's directory is skipped, not used
-    src = join_uri(resultcache.cache_dir(root, other), "a.parquet")
     storage.makedirs(resultcache.cache_dir(root, FP))
     storage.write_create_only(join_uri(resultcache.cache_dir(root, FP), "stray.parquet"), storage.read_bytes(src))
     found = resultcache.lookup(root, FP, resultcache.text_keys(["one"]))
@@ -79,14 +80,14 @@ def test_another_fingerprint_is_never_a_hit(tmp_path: Path) -> None:
 
 def test_torn_file_is_quarantined_and_its_rows_are_misses(tmp_path: Path) -> None:
     root = str(tmp_path)
-    uri = _write(root, "a.parquet", ["one", "two"])
-    _write(root, "b.parquet", ["three"])
+    uri = _write(root, ["one", "two"])
+    second = _write(root, ["three"])
     data = Path(uri).read_bytes()
     Path(uri).write_bytes(data[: len(data) // 2])
     found = resultcache.lookup(root, FP, resultcache.text_keys(["one", "three"]))
     assert found.row_hit.to_pylist()[0] is None and found.hits == 1 and found.files_quarantined == 1
-    assert storage.list_names(join_uri(resultcache.cache_dir(root, FP), "quarantine")) == ["a.parquet"]
-    assert resultcache.cache_files(root, FP) == ["b.parquet"]
+    assert storage.list_names(join_uri(resultcache.cache_dir(root, FP), "quarantine")) == [Path(uri).name]
+    assert resultcache.cache_files(root, FP) == [Path(second).name]
 
 
 def test_empty_or_missing_cache_is_all_misses(tmp_path: Path) -> None:

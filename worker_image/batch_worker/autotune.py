@@ -2,9 +2,17 @@
 
 Two strategies (:data:`batch_contract.canary.STRATEGIES`):
 
-* ``candidates`` (CPU): try each of :data:`CPU_CANDIDATES` once, keep the fastest (real tokens per
-  engine second). On the 2-core development machine 4k-8k-token batches ran 10-20% faster than 16k
-  ones (``AUTO_TOKEN_BUDGET``'s note); the search checks that on the machine at hand.
+* ``candidates`` (CPU): try each of :data:`CPU_CANDIDATES` once. The device's default (the
+  *incumbent*: ``AUTO_TOKEN_BUDGET['cpu']`` for the encoder) stays chosen unless another candidate is
+  **confidently** faster: its median speed at least ``1 + MIN_GAIN`` times the incumbent's, its slowest
+  trial faster than the incumbent's fastest, and :data:`CANDIDATE_REPEATS` trials each (one each when
+  it is :data:`CLEAR_GAIN` faster). Then the choice steps to the smallest confidently faster candidate
+  and repeats from there. A candidate that looks faster but not yet confidently is tried again with
+  the current choice, up to :data:`CANDIDATE_REPEATS` trials each. One 1-2 s trial per candidate, fastest wins, let timing
+  noise pick 8,192 on one run and 4,096 on the next for the same input on the same host; with the
+  confidence rule a choice changes only when a candidate is faster by more than the noise. On the 2-core
+  development machine 4k-8k-token batches ran 10-20% faster than 16k ones (``AUTO_TOKEN_BUDGET``'s
+  note); the search checks that on the machine at hand.
 * ``grow`` (GPU): start at :data:`GROW_START` tokens and double while each step gains at least
   :data:`MIN_GAIN`; stop at the first out-of-memory trial or the first step without that gain and back
   off one step (the largest budget that ran without running out of memory and still gained). A first
@@ -39,6 +47,11 @@ GROW_MAX = 4_194_304
 """Largest token budget the GPU search tries (the form's ``token_budget`` maximum)."""
 MIN_GAIN = 0.05
 """A doubling must raise tokens/s by at least 5% to count as a gain (below that is timing noise)."""
+CLEAR_GAIN = 0.20
+"""A candidate 20% faster than the holder in single trials wins without repeats (noise is a few %)."""
+CANDIDATE_REPEATS = 3
+"""Trials per undecided candidate (and the incumbent) at most, ``candidates``: a median of three ignores one
+outlier, and three trials give the range the confidence rule compares."""
 
 
 LLM_CPU_CANDIDATES = (8, 16, 32, 64)
@@ -104,10 +117,13 @@ class BudgetSearch:
         start / maximum: first and largest value for ``grow`` (default ``space.grow_start`` / ``grow_max``).
         min_gain: relative gain of ``space.rate`` a doubling must bring (default :data:`MIN_GAIN`).
         space: what is searched (default :data:`ENCODER_SPACE`).
+        incumbent: ``candidates``: the value kept unless another is confidently faster (the device's
+            default); ``None`` or not among the candidates: the smallest candidate.
     """
 
     def __init__(self, strategy: str, candidates: Sequence[int] | None = None, start: int | None = None,
-                 maximum: int | None = None, min_gain: float = MIN_GAIN, space: SearchSpace = ENCODER_SPACE) -> None:
+                 maximum: int | None = None, min_gain: float = MIN_GAIN, space: SearchSpace = ENCODER_SPACE,
+                 incumbent: int | None = None) -> None:
         if strategy not in ("candidates", "grow"):
             raise ValueError(f"search strategy {strategy!r} is not 'candidates' or 'grow'")
         self.strategy = strategy
@@ -116,6 +132,7 @@ class BudgetSearch:
         self.start = space.grow_start if start is None else start
         self.maximum = space.grow_max if maximum is None else maximum
         self.min_gain = min_gain
+        self.incumbent = incumbent if incumbent in self.candidates else min(self.candidates, default=None)
         self.trials: list[AutotuneTrial] = []
         self._done = False
 
@@ -146,8 +163,74 @@ class BudgetSearch:
         if self.strategy == "candidates":
             tried = {self.value(t) for t in measured}
             rest = [c for c in self.candidates if c not in tried]
-            return rest[0] if rest else None
+            if rest:
+                return rest[0]
+            counts = self._trial_counts()
+            undecided = self._undecided()
+            if undecided:
+                undecided.append(self._winner())
+            again = [c for c in undecided if counts.get(c, 0) < CANDIDATE_REPEATS]
+            return min(again, key=lambda c: (counts.get(c, 0), c)) if again else None
         return self._next_grow(measured)
+
+    def _trial_counts(self) -> dict[int, int]:
+        counts: dict[int, int] = {}
+        for t in self._measured():
+            counts[self.value(t)] = counts.get(self.value(t), 0) + 1
+        return counts
+
+    def _fitting_rates(self) -> dict[int, list[float]]:
+        rates: dict[int, list[float]] = {}
+        for t in self._measured():
+            if not t.oom:
+                rates.setdefault(self.value(t), []).append(self.rate(t))
+        return dict(sorted(rates.items()))
+
+    def median_rates(self) -> dict[int, float]:
+        """Median speed (``space.rate``) per value over its trials that did not run out of memory."""
+        return {v: float(np.median(r)) for v, r in self._fitting_rates().items()}
+
+    def _holder(self) -> int | None:
+        """The value that holds the choice unless beaten: the incumbent when it fitted, else the
+        fitting value with the best median (ties to the smaller); ``None`` when nothing fitted."""
+        medians = self.median_rates()
+        if not medians:
+            return None
+        if self.incumbent in medians:
+            return self.incumbent
+        return max(medians, key=lambda v: (medians[v], -v))
+
+    def _beats(self, value: int, holder: int, confidently: bool) -> bool:
+        """Whether ``value``'s median speed is at least ``1 + min_gain`` times ``holder``'s; confidently:
+        also its slowest trial is faster than ``holder``'s fastest, and both have
+        :data:`CANDIDATE_REPEATS` trials (or the gain is at least :data:`CLEAR_GAIN`)."""
+        rates = self._fitting_rates()
+        gain = float(np.median(rates[value])) / max(float(np.median(rates[holder])), 1e-12)
+        if gain < 1 + self.min_gain:
+            return False
+        if not confidently:
+            return True
+        enough = min(len(rates[value]), len(rates[holder])) >= CANDIDATE_REPEATS or gain >= 1 + CLEAR_GAIN
+        return enough and min(rates[value]) > max(rates[holder])
+
+    def _winner(self) -> int | None:
+        """From the holder, step to the smallest value that confidently beats the current one, until none
+        does (speeds rise at each step, so this ends); ``None`` when nothing fitted."""
+        current = self._holder()
+        while current is not None:
+            beaters = [v for v in self._fitting_rates() if v != current and self._beats(v, current, True)]
+            if not beaters:
+                return current
+            current = min(beaters)
+        return None
+
+    def _undecided(self) -> list[int]:
+        """Values whose median beats the current winner's by ``min_gain`` but not yet confidently."""
+        winner = self._winner()
+        if winner is None:
+            return []
+        return [v for v in self._fitting_rates() if v != winner and self._beats(v, winner, False)
+                and not self._beats(v, winner, True)]
 
     def _next_grow(self, measured: list[AutotuneTrial]) -> int | None:
         if not measured:
@@ -165,7 +248,8 @@ class BudgetSearch:
         return nxt if nxt <= self.maximum else None
 
     def chosen(self, default: int) -> int:
-        """The budget to use: ``candidates``: the fastest trial that did not run out of memory; ``grow``:
+        """The budget to use: ``candidates``: the incumbent (module docstring), or, stepping from it, the
+        smallest value confidently faster than the current one until none is; ``grow``:
         one step back from where growth stopped (the fastest fitting trial, ties to the smaller budget).
         ``default`` when nothing was measured; half the smallest budget tried when every trial ran out
         of memory (at least ``space.minimum``)."""
@@ -179,8 +263,7 @@ class BudgetSearch:
             if len(fits) >= 2 and self.rate(fits[-1]) < self.rate(fits[-2]) * (1 + self.min_gain):
                 return self.value(fits[-2])
             return self.value(fits[-1])
-        best = max(fits, key=lambda t: (self.rate(t), -self.value(t)))
-        return self.value(best)
+        return self._winner()
 
 
 def stratified_order(lengths: Sequence[int] | np.ndarray) -> np.ndarray:

@@ -49,12 +49,13 @@ from batch_contract.manifest import Manifest, Segment, result_fingerprint
 from batch_contract.runstore import RunStore
 
 from batch_worker.autotune import MIN_GAIN, BudgetSearch, llm_batched_tokens, search_space, stratified_order
+from batch_worker.dedupe import append_part, with_winners
 from batch_worker.engines.base import ChunkRows, Engine, LoadedModel, check_chunk_output, engine_class
 from batch_worker.errors import BadInputError
 from batch_worker.ledger import build_ledger
 from batch_worker.progress import utc_now
 from batch_worker.reader import iter_shard_blocks
-from batch_worker.reuse import cache_rows, reuse_enabled
+from batch_worker.reuse import reuse_enabled
 from batch_worker.runtime import adopt_pin
 from batch_worker.stats import StageClock, apply_thread_cap
 from batch_worker.validate import DeadLetter, Validator, concat_rows
@@ -170,6 +171,8 @@ class Canary:
         self.clock = StageClock()
         self.t0 = time.perf_counter()
         self.reuse_on = reuse_enabled(self.engine, self.settings)
+        self.result_log: resultcache.ResultLog | None = None
+        """The sample's keys in the result cache's log (set by :meth:`read_sample` when reuse is on)."""
         self.shard_rows: dict[str, int] = {}
         self.shard_tokens: dict[str, int] = {}
         self.shard_cached: dict[str, int] = {}
@@ -214,6 +217,7 @@ class Canary:
         the engine's (``Engine.reuse_keys``), as the reuse pass computes them."""
         keys = pa.array(self.engine.reuse_keys(rows), resultcache.KEY_TYPE)
         found = resultcache.lookup(self.store.layout.output_root, self.fingerprint, keys)
+        self.result_log = found.log
         keep = pc.indices_nonzero(pc.invert(pc.is_valid(found.row_hit))).to_pylist()
         kept = set(keep)
         for i, owner in enumerate(owners):
@@ -274,8 +278,16 @@ class Canary:
                              output_tokens=int(out.tokens.output))
 
     def _commit(self, sample: Sample, rows: ChunkRows, owners: list[str], out: Any, seconds: float) -> None:
-        """Commit the slice's results and engine dead letters into each owning shard's directory."""
+        """Commit the slice's results and engine dead letters into each owning shard's directory. With the
+        result cache, the slice is appended to its log first and every row is committed with its key's
+        winner (``batch_worker.dedupe``: one result per key, as the shards' own workers do)."""
         part = assemble_part(rows, out, self.fingerprint, self.loaded.part_schema)
+        if self.reuse_on and self.result_log is not None and part.num_rows:
+            key_of = dict(zip(rows.ids, self.engine.reuse_keys(rows), strict=True))
+            self.result_log.track(key_of.values())
+            origin = resultcache.origin_of(self.manifest.run_id, "canary", f"slice-{len(self.outputs):05d}")
+            own = append_part(self.result_log, self.fingerprint, part, key_of, seconds, origin)
+            part = with_winners(self.result_log, part, key_of, own)
         self.outputs.append(part)
         owner_of = dict(zip(rows.ids, owners, strict=True))
         where = {rid: i for i, rid in enumerate(rows.ids)}
@@ -289,11 +301,7 @@ class Canary:
                 commit_table(shard_dir, DEAD_LETTER_PREFIX, self._chunk(sample, shard_id),
                              dead_letter_table(dead, self.fingerprint))
             if sub.num_rows:
-                name, _ = commit_table(shard_dir, PART_PREFIX, self._chunk(sample, shard_id), sub)
-                if self.reuse_on:
-                    mine = [i for i, o in enumerate(owners) if o == shard_id]
-                    cache_rows(self.engine, self.store.layout.output_root, self.manifest.run_id, shard_id, name, sub,
-                               rows.take(mine), seconds * sub.num_rows / max(part.num_rows, 1))
+                commit_table(shard_dir, PART_PREFIX, self._chunk(sample, shard_id), sub)
             n = sub.num_rows + len(dead)
             self.shard_rows[shard_id] = self.shard_rows.get(shard_id, 0) + n
             tokens = int(pc.sum(sub.column("n_tokens")).as_py() or 0) if sub.num_rows else 0
@@ -390,7 +398,8 @@ class Canary:
         if strategy == "auto":
             strategy = "grow" if self.on_gpu else "candidates"
         return strategy, BudgetSearch(strategy, candidates=self.options.candidates, start=self.options.grow_start,
-                                      min_gain=self.options.min_gain, space=self.space), None
+                                      min_gain=self.options.min_gain, space=self.space,
+                                      incumbent=self._default_value()), None
 
     def _slice_rows(self, value: int, order: list[int], est: np.ndarray) -> int | None:
         """Rows of the next trial at search value ``value``, ``None`` when too few are left: the encoder

@@ -16,6 +16,7 @@ from typing import Any
 from batch_contract.engine_config import WorkerSettings
 from batch_contract.manifest import InputSpec, Segment
 
+from batch_worker.dedupe import Deduper, Split
 from batch_worker.engines.base import ChunkRows, Engine
 from batch_worker.reader import iter_shard_blocks
 from batch_worker.stats import StageClock
@@ -24,12 +25,14 @@ from batch_worker.validate import DeadLetter, Validator, concat_rows
 
 @dataclass
 class ChunkWork:
-    """One chunk ready for the engine: rows to process, dead letters found while reading them, and
-    the engine's prepared form of the rows."""
+    """One chunk ready for the engine: rows to process, dead letters found while reading them, the
+    engine's prepared form of the rows, and (with :class:`~batch_worker.dedupe.Deduper`) the split of
+    the chunk's rows into those computed (``rows``) and the copies that take their key's result."""
 
     rows: ChunkRows
     dead: list[DeadLetter] = field(default_factory=list)
     prepared: Any = None
+    split: Split | None = None
 
 
 class ChunkSizer:
@@ -68,13 +71,16 @@ class Producer:
         sizer: chunk sizing.
         clock: stage clock (``input_read`` and ``tokenize`` are timed here).
         should_stop: stop request (SIGTERM).
+        deduper: splits each chunk into rows to compute and copies (``None``: every row is computed).
     """
 
     def __init__(
         self, engine: Engine, spec: InputSpec, segments: list[Segment], settings: WorkerSettings,
         validator: Validator, sizer: ChunkSizer, clock: StageClock, should_stop: Callable[[], bool],
+        deduper: Deduper | None = None,
     ) -> None:
         self.engine = engine
+        self.deduper = deduper
         self.spec = spec
         self.segments = segments
         self.settings = settings
@@ -141,9 +147,13 @@ class Producer:
             yield block
 
     def _emit(self, rows: ChunkRows, dead: list[DeadLetter]) -> bool:
+        split = None
         with self.clock.stage("tokenize"):
+            if self.deduper is not None:
+                split = self.deduper.split(rows)
+                rows = split.compute
             prepared = self.engine.prepare(rows)
-        return self._put(ChunkWork(rows=rows, dead=dead, prepared=prepared))
+        return self._put(ChunkWork(rows=rows, dead=dead, prepared=prepared, split=split))
 
     def _chunks(self) -> Iterator[tuple[ChunkRows, list[DeadLetter]]]:
         pending: list[ChunkRows] = []

@@ -34,7 +34,7 @@ from batch_contract.layout import DEAD_LETTER_PREFIX, PART_PREFIX
 from batch_contract.manifest import InputSpec, Segment
 from batch_contract.schemas import COMMON_FIELDS
 
-from batch_worker.engines.base import ChunkRows, Engine
+from batch_worker.engines.base import Engine
 from batch_worker.ledger import Ledger
 from batch_worker.reader import iter_shard_blocks
 from batch_worker.validate import DeadLetter, Validator
@@ -67,6 +67,8 @@ class ReuseOutcome:
         part_schema: schema of the reused parts (``None`` without hits).
         hash_seconds / lookup_seconds / read_seconds: measured cost of the pass's steps.
         cache_files_read / cache_files_skipped / cache_files_quarantined: see ``LookupResult``.
+        log: the lookup's :class:`~batch_contract.resultcache.ResultLog`, which keeps tracking the
+            shard's keys for the main pass (``batch_worker.dedupe``).
     """
 
     rows_reused: int = 0
@@ -81,6 +83,7 @@ class ReuseOutcome:
     cache_files_read: int = 0
     cache_files_skipped: int = 0
     cache_files_quarantined: int = 0
+    log: resultcache.ResultLog | None = None
 
 
 @dataclass
@@ -142,6 +145,7 @@ def reuse_pass(*, engine: Engine, output_root: str, run_id: str, shard_id: str, 
     out.lookup_seconds = time.perf_counter() - t0
     out.cache_files_read, out.cache_files_skipped = found.files_read, found.files_skipped
     out.cache_files_quarantined = found.files_quarantined
+    out.log = found.log
     out.rows_to_compute = len(rows.ids) - found.hits
     chunk = ledger.next_chunk
     if found.hits:
@@ -182,26 +186,3 @@ def _part_table(ids: list[str], repaired: list[bool], cached: pa.Table, fingerpr
         else:
             cols[f.name] = cached.column(f.name)
     return pa.table(cols, schema=schema)
-
-
-def cache_rows(engine: Engine, output_root: str, run_id: str, shard_id: str, part_name: str, part: pa.Table,
-               rows: ChunkRows, seconds: float) -> None:
-    """Add a just-committed computed part to the result cache, keyed by ``engine.reuse_keys`` (rows
-    without a key are left out). The chunk's measured ``seconds`` (engine + commit) are shared out over
-    its rows by ``n_tokens``. A failure is logged, never raised: the cache is an optimisation, the part
-    file is what counts."""
-    try:
-        key_by_id = dict(zip(rows.ids, engine.reuse_keys(rows), strict=True))
-        keyed = pa.array([key_by_id.get(i) is not None for i in part.column("id").to_pylist()])
-        part = part.filter(keyed)
-        if part.num_rows == 0:
-            return
-        keys = pa.array([key_by_id[i] for i in part.column("id").to_pylist()], resultcache.KEY_TYPE)
-        n_tokens = part.column("n_tokens").cast(pa.float64())
-        total = float(pc.sum(n_tokens).as_py() or 0.0)
-        share = pc.divide(n_tokens, total) if total else pa.array([1.0 / part.num_rows] * part.num_rows)
-        table = resultcache.cache_table(part, keys, pc.multiply(share, seconds))
-        resultcache.write_entries(output_root, part.column("fingerprint")[0].as_py(),
-                                  resultcache.entry_name(run_id, shard_id, part_name), table)
-    except Exception:  # noqa: BLE001 - the cache must never fail a shard
-        log.exception("shard %s: could not add %s to the result cache (its rows stay uncached)", shard_id, part_name)

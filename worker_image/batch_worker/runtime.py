@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from batch_contract import storage
+from batch_contract import resultcache, storage
 from batch_contract.engine_config import ConfigError
 from batch_contract.enums import ExitCode, ShardStatus
 from batch_contract.hostinfo import host_facts
@@ -38,12 +38,20 @@ from batch_contract.partfiles import digest_of, quarantined_count
 from batch_contract.runstore import RunStore, is_complete
 from batch_contract.tokens import TokenCounts
 
-from batch_worker.engines.base import ChunkOutput, Engine, LoadedModel, check_chunk_output, engine_class
+from batch_worker.dedupe import Deduper
+from batch_worker.engines.base import (
+    ChunkOutput,
+    ChunkRows,
+    Engine,
+    LoadedModel,
+    check_chunk_output,
+    engine_class,
+)
 from batch_worker.errors import BadInputError
 from batch_worker.ledger import Ledger, build_ledger, read_parquet_columns
 from batch_worker.pipeline import ChunkSizer, ChunkWork, Producer
 from batch_worker.progress import Counters, ProgressReporter, utc_now
-from batch_worker.reuse import ReuseOutcome, cache_rows, reuse_enabled, reuse_pass
+from batch_worker.reuse import ReuseOutcome, reuse_enabled, reuse_pass
 from batch_worker.signals import StopSignal
 from batch_worker.stats import GpuSampler, StageClock, apply_thread_cap, cpu_seconds, release_memory
 from batch_worker.validate import DeadLetter, Validator
@@ -177,6 +185,8 @@ class ShardRun:
         self.steady_rows = 0
         self.steady_rate = 0.0
         self.reuse_on = reuse_enabled(ctx.engine, self.settings)
+        self.deduper: Deduper | None = None
+        """One result per key (``batch_worker.dedupe``): set in :meth:`run` for engines that reuse results."""
         self._attempt_lock = threading.Lock()
 
     # -- attempt record -------------------------------------------------------------------------------
@@ -218,16 +228,20 @@ class ShardRun:
         progress = None
         try:
             ledger = build_ledger(self.ctx.shard_dir, self.ctx.fingerprint)
+            result_log = None
             if self.reuse_on:
                 outcome = self._reuse(ledger)
                 if outcome is None:
                     return self._interrupted(None)
+                result_log = outcome.log
                 ledger = build_ledger(self.ctx.shard_dir, self.ctx.fingerprint)
                 if outcome.rows_to_compute == 0 and ledger.rows_done == self.spec.rows:
                     self.gpu.stop()
                     self._finish(self._without_model(outcome))  # every row reused: no model load
                     self.status = ShardStatus.COMPLETE.value
                     return int(ExitCode.OK)
+            if self.ctx.engine.reuses_results:
+                self.deduper = Deduper(self.ctx.engine, result_log, self.ctx.fingerprint)
             planned = self.ctx.engine.planned_device()  # engines whose batch settings are load arguments
             tuned = planned is not None and self._apply_canary_tuning(planned)
             with self.clock.stage("model_load"):
@@ -338,7 +352,7 @@ class ShardRun:
                               text_column=self.ctx.manifest.input.text_column)
         producer = Producer(
             self.ctx.engine, self.ctx.manifest.input, self.spec.segments, self.settings,
-            validator, sizer, self.clock, self.stop,
+            validator, sizer, self.clock, self.stop, self.deduper,
         ).start()
         chunk_no = ledger.next_chunk
         chunks_done = 0
@@ -382,6 +396,14 @@ class ShardRun:
         for stage, seconds in out.stage_seconds.items():
             self.clock.add(stage, seconds)
         check_chunk_output(rows, out)
+        processed = out.table.num_rows + len(out.rejects)
+        if work.split is not None and self.deduper is not None:
+            settled = self.deduper.settle(
+                work.split, out, loaded.part_schema, compute_more=self._compute_more,
+                seconds=lambda: time.perf_counter() - t0,
+                origin=resultcache.origin_of(self.ctx.manifest.run_id, self.ctx.shard_id,
+                                             f"{self.attempt.attempt_id}/chunk-{chunk_no:05d}"))
+            rows, out, processed = settled.rows, settled.output, settled.processed
         where = {rid: i for i, rid in enumerate(rows.ids)}
         dead = list(work.dead) + [
             DeadLetter(r.id, r.reason, r.detail, rows.source_uri[where[r.id]], rows.source_row[where[r.id]])
@@ -394,18 +416,24 @@ class ShardRun:
                 self._record(commit_table(self.ctx.shard_dir, DEAD_LETTER_PREFIX, chunk_no, table))
             if n_ok:
                 part = assemble_part(rows, out, self.ctx.fingerprint, loaded.part_schema)
-                committed = commit_table(self.ctx.shard_dir, PART_PREFIX, chunk_no, part)
-                self._record(committed)
-                if self.reuse_on:
-                    cache_rows(self.ctx.engine, self.ctx.layout.output_root, self.ctx.manifest.run_id, self.ctx.shard_id,
-                               committed[0], part, rows, time.perf_counter() - t0)
+                self._record(commit_table(self.ctx.shard_dir, PART_PREFIX, chunk_no, part))
         if dead or n_ok:
             self.attempt.chunks_committed += 1
         self.attempt.tokens_real += out.tokens.real
         self.attempt.tokens_padded += out.tokens.padded
-        self.counters.add_committed(n_ok + len(dead), len(dead), n_ok + len(out.rejects))
+        self.counters.add_committed(n_ok + len(dead), len(dead), processed)
         self._last_chunk_complete = not out.interrupted
         return out.interrupted
+
+    def _compute_more(self, rows: ChunkRows) -> ChunkOutput:
+        """Prepare and process ``rows`` now (copies no other row settles: ``Deduper.settle``)."""
+        with self.clock.stage("tokenize"):
+            prepared = self.ctx.engine.prepare(rows)
+        out = self.ctx.engine.process(prepared, self.stop)
+        for stage, seconds in out.stage_seconds.items():
+            self.clock.add(stage, seconds)
+        check_chunk_output(rows, out)
+        return out
 
     def _record(self, committed: tuple[str, dict]) -> None:
         name, digest = committed
