@@ -227,7 +227,7 @@ def _conf(args: argparse.Namespace) -> dict[str, Any]:
 def precheck(conf: dict[str, Any]) -> None:
     """Check the conf as the plan task will (:func:`resolve_run_config`) before starting Airflow, so a
     bad flag fails in a second, not after Airflow's start-up, and reject keys that are not Params
-    (:func:`check_known_params`: a typo would be ignored), and refuse Jinja in a value (a conf is never
+    (:func:`check_known_params`, the rule the plan task applies too: a typo would be ignored), and refuse Jinja in a value (a conf is never
     rendered: :mod:`batch_inference.templating`).
 
     Raises:

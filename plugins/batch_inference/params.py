@@ -19,7 +19,7 @@ import copy
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -562,24 +562,63 @@ def is_shared(uri: str) -> bool:
         return False
 
 
-def check_known_params(conf: Mapping[str, Any]) -> None:
-    """Reject conf keys that are not Params (:data:`PARAM_FIELDS`), naming the closest Param: a misspelt
-    guardrail (``budget`` for ``budget_usd``) would otherwise be dropped without a word and the run
-    would go ahead unguarded. Used where a person typed the conf (the CLI); :func:`resolve_run_config`
-    itself ignores other keys, since a DAG may declare Params of its own beside these.
+AIRFLOW_CONF_KEYS = frozenset({"openlineage"})
+"""Conf keys Airflow itself may put into a run's conf, never refused as unknown: ``openlineage`` (the
+standard provider's ``TriggerDagRunOperator`` adds the triggering task's lineage ids there, and the
+OpenLineage provider reads them back)."""
+
+
+def nearest_param(key: str, declared: Iterable[str]) -> str | None:
+    """The declared Param a mistyped ``key`` most likely meant, or ``None`` when none is close.
+
+    The closest name by :func:`difflib.get_close_matches` (ratio >= 0.5, case folded), else a name that
+    ``key`` is a prefix of or that is a prefix of ``key`` (``budget`` -> ``budget_usd``): a prefix is as
+    telling as a near spelling.
+
+    Args:
+        key: the unknown conf key.
+        declared: the DAG's Param names.
+    """
+    import difflib  # stdlib, needed only when a key is unknown
+
+    names = sorted(str(n) for n in declared)
+    folded = {name.lower(): name for name in names}
+    close = difflib.get_close_matches(str(key).lower(), list(folded), n=1, cutoff=0.5)
+    if close:
+        return folded[close[0]]
+    lowered = str(key).lower()
+    prefixed = [n for n in names if lowered and (n.lower().startswith(lowered) or lowered.startswith(n.lower()))]
+    return prefixed[0] if prefixed else None
+
+
+def check_known_params(conf: Mapping[str, Any], declared: Iterable[str] | None = None) -> None:
+    """Reject conf keys the DAG does not declare, naming the nearest Param (:func:`nearest_param`): a
+    misspelt guardrail (``budget`` for ``budget_usd``) would otherwise be dropped without a word and the
+    run would go ahead unguarded. One rule for every way a run is triggered: the plan task applies it to
+    the run's ``dag_run.conf`` (trigger form, REST ``conf``, ``airflow dags trigger -c``, a backfill's
+    conf; :func:`batch_inference.tasks.run_config`) and the CLI to its ``--conf`` and flags before
+    Airflow starts. Keys in :data:`AIRFLOW_CONF_KEYS` are always accepted.
+
+    Args:
+        conf: the run's conf (JSON object: key -> value); only its keys are read.
+        declared: the Param names the DAG declares (``dag.params``: :data:`PARAM_FIELDS` plus any Param a
+            DAG built by :mod:`batch_inference.dag_factory` adds); ``None``: :data:`PARAM_FIELDS`.
 
     Raises:
-        ConfigError: ``params.<key>: not a Param of this DAG ...`` for the first unknown key (sorted).
+        ConfigError: ``params.<key>: not a Param of this DAG (did you mean '<param>'?) ...`` for the
+            first unknown key in sorted order (the hint only when a Param is close).
     """
-    import difflib
-
-    for key in sorted(k for k in conf if k not in PARAM_FIELDS):
-        close = difflib.get_close_matches(str(key), list(PARAM_FIELDS), n=1, cutoff=0.5)
-        if not close:  # a prefix ("budget" for "budget_usd") is as telling as a near spelling
-            close = [name for name in PARAM_FIELDS if name.startswith(str(key)) or str(key).startswith(name)][:1]
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"params.{key}: not a Param of this DAG{hint}; the Params are listed by --help "
-                          "and in docs/configuration.md")
+    names = list(PARAM_FIELDS) if declared is None else [str(n) for n in declared]
+    known = set(names) | AIRFLOW_CONF_KEYS
+    unknown = sorted(str(k) for k in conf if str(k) not in known)
+    if unknown:
+        key = unknown[0]
+        close = nearest_param(key, names)
+        hint = f" (did you mean {close!r}?)" if close else ""
+        shown = key if key.isprintable() and len(key) <= 60 else _shown(key, 60)  # one readable line
+        raise ConfigError(f"params.{shown}: not a Param of this DAG{hint}; its Params are "
+                          "the fields of its trigger form, listed in docs/configuration.md (and by "
+                          "`run --help` of the CLI)")
 
 
 def resolve_run_config(params: Mapping[str, Any], policy: DagPolicy | None = None) -> RunConfig:

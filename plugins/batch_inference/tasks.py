@@ -30,7 +30,13 @@ from batch_inference.local_runner import (
     ShardRetryableError,
     run_shard,
 )
-from batch_inference.params import REPO_ROOT, RunConfig, default_model_path, resolve_run_config
+from batch_inference.params import (
+    REPO_ROOT,
+    RunConfig,
+    check_known_params,
+    default_model_path,
+    resolve_run_config,
+)
 from batch_inference.planned import manifest_for, planned_run, run_config_of, run_dir_of
 from batch_inference.planner import PlanRequest, plan
 from batch_inference.pod_spec import K8sSettings, kpo_expand_kwargs
@@ -47,13 +53,18 @@ RENDER_DIR = os.environ.get("BATCH_RENDER_DIR", str(REPO_ROOT / "build" / "k8s")
 
 
 def run_config(context: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> RunConfig:
-    """The run's validated config: params updated with ``overrides``, the DAG's own default templates
+    """The run's validated config: the run's conf keys checked against the Params the DAG declares
+    (:func:`batch_inference.params.check_known_params`: a key the DAG does not declare is refused, so a
+    misspelt guardrail in the trigger form's JSON, a REST ``conf`` or ``airflow dags trigger -c`` fails
+    the run instead of being ignored), params updated with ``overrides``, the DAG's own default templates
     rendered with the schedule's dates only (:mod:`batch_inference.templating`; a run's own value is never
     rendered), checked against the DAG's deployment settings (:func:`batch_inference.policy.policy_for`).
 
     Raises:
         ConfigError: naming ``params.<field>`` (or ``BATCH_INFERENCE_POLICY`` for a broken policy file).
     """
+    conf = getattr(context.get("dag_run"), "conf", None) or {}
+    check_known_params(conf, context["dag"].params.keys())
     params = dict(context["params"])
     params.update(overrides or {})
     params = resolve_templates(params, dag_defaults(context["dag"]), context)

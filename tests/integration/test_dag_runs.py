@@ -182,6 +182,58 @@ def test_empty_input_is_a_green_noop(tmp_path: Path, airflow_env: dict[str, str]
     assert not Path(conf["duckdb_path"]).exists()  # nothing published
 
 
+TEAM_DAG = textwrap.dedent("""
+    # A DAG built by the factory with a Param of its own ("team") beside the shared ones.
+    from airflow.sdk import Param
+    from batch_inference.dag_factory import DagSpec, build_dag
+
+    team_embed = build_dag(DagSpec(dag_id="team_embed", description="a team's own DAG", schedule=None,
+                                   tags=["test"], params={"team": Param("search", type="string")}),
+                           runners=("local",))
+""")
+
+RUN_CONFS = textwrap.dedent("""
+    # One dag.test() per conf in one process (one Airflow start-up); the state of each run's tasks.
+    import json, sys
+    from datetime import datetime, timedelta, timezone
+    from airflow.dag_processing.dagbag import DagBag
+    dag_id, confs = sys.argv[1], json.loads(sys.argv[2])
+    bag = DagBag(dag_folder=sys.argv[3])
+    assert not bag.import_errors, bag.import_errors
+    start = datetime(2026, 3, 1, tzinfo=timezone.utc)
+    for i, conf in enumerate(confs):
+        when = start + timedelta(days=i)
+        dr = bag.dags[dag_id].test(run_conf=conf, logical_date=when, run_after=when)
+        tasks = {ti.task_id: str(ti.state) for ti in dr.get_task_instances()}
+        print("RESULT " + json.dumps({"state": str(dr.state), "run_id": dr.run_id, "tasks": tasks}), flush=True)
+""")
+
+
+def test_an_unknown_conf_key_fails_the_plan_task_naming_the_nearest_param(tmp_path: Path) -> None:
+    """A conf key the DAG does not declare (a REST ``conf`` or ``airflow dags trigger -c`` reach the plan
+    task the same way) fails the run in ``plan`` with the nearest Param named, before any shard; the
+    DAG's own Param and Airflow's ``openlineage`` key pass."""
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "team_embed.py").write_text(TEAM_DAG)
+    env = airflow_test_home.airflow_env(tmp_path / "home", {"AIRFLOW__CORE__DAGS_FOLDER": str(dags)})
+    (tmp_path / "empty").mkdir()
+    ok = _conf(tmp_path, input_uri=str(tmp_path / "empty"), team="ads",
+               openlineage={"parentRunId": "01890000-0000-7000-8000-000000000000"})
+    typo = {**_conf(tmp_path), "budjet_usd": 0.01}
+    proc = subprocess.run([sys.executable, "-c", RUN_CONFS, "team_embed", json.dumps([typo, ok]), str(dags)],
+                          env=env, capture_output=True, text=True, timeout=900)
+    out = proc.stdout + proc.stderr
+    results = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and len(results) == 2, out[-6000:]
+    refused, passed = results
+    assert refused["state"].endswith("failed") and refused["tasks"]["plan"] == "failed", out[-6000:]
+    assert "params.budjet_usd: not a Param of this DAG (did you mean 'budget_usd'?)" in out
+    assert not any(t.startswith("infer") and s.endswith("success") for t, s in refused["tasks"].items())
+    assert not list(Path(typo["output_root"]).glob(f"runs/*/{refused['run_id']}"))  # nothing planned
+    assert passed["state"].endswith("success"), out[-6000:]
+
+
 def test_dry_run_renders_valid_pod_manifests(tmp_path: Path, airflow_env: dict[str, str]) -> None:
     import kubernetes_validate
     import yaml
