@@ -153,6 +153,10 @@ def test_an_approved_run_shows_the_projection_then_runs_every_shard_and_publishe
     approval = json.loads((run_dir / "approval.json").read_text())
     assert approval["decision"] == "approved" and approval["responded_by"]["name"] == "alice"
     assert approval["timed_out"] is False and approval["projection"]["cost_usd"] == chosen["cost_usd"]
+    assert report["approval"]["responded_by"] == approval["responded_by"]  # the report says who and when
+    assert report["approval"]["responded_at"] == approval["responded_at"] and report["approval"]["decision"] == "approved"
+    assert f"approved by {approval['responded_by']['name']}" in out  # the summary task's log
+    assert f"Approval: approved by {approval['responded_by']['name']}" in (run_dir / "report.html").read_text()
 
 
 def test_a_rejected_run_starts_no_shard_and_the_gate_says_who_rejected_it(tmp_path: Path,
@@ -182,6 +186,8 @@ def test_with_no_projection_to_approve_nothing_waits(tmp_path: Path, airflow_env
     run_dir = dag_run_dir(tmp_path / "out", result["run_id"])
     assert not (run_dir / "approval.json").exists()
     assert "Waiting for Human-in-the-loop input" not in out
+    assert json.loads((run_dir / "report.json").read_text())["approval"] is None
+    assert "Approval: not required" in (run_dir / "report.html").read_text()
 
 
 def test_without_an_answer_the_scheduler_rejects_at_the_runs_deadline(tmp_path: Path,

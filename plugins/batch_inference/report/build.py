@@ -25,6 +25,7 @@ from batch_inference.pricing import (
     worker_cost,
 )
 from batch_inference.projection import read_projection
+from batch_inference.report.approvals import read_section
 from batch_inference.report.attempts import OUTCOMES, summarize_attempts
 from batch_inference.report.collect import IO_THREADS, RunData, load_run
 from batch_inference.report.history import recent_runs
@@ -147,7 +148,8 @@ def _status(data: RunData, shard_id: str) -> str:
 def compute_report(data: RunData, *, dag_id: str, publish_summary: dict[str, Any] | None,
                    params: CostParams, counts: dict[str, np.ndarray],
                    history: list[dict[str, Any]], generated_at: str,
-                   projection: dict[str, Any] | None = None, canary_worker_seconds: float = 0.0) -> dict[str, Any]:
+                   projection: dict[str, Any] | None = None, canary_worker_seconds: float = 0.0,
+                   approval: dict[str, Any] | None = None) -> dict[str, Any]:
     """The report dict from already-read inputs (pure; :func:`build_report` does the I/O).
 
     Args:
@@ -163,6 +165,8 @@ def compute_report(data: RunData, *, dag_id: str, publish_summary: dict[str, Any
             committed into the shards, whose markers count only their own work, so the report adds them
             as the stage ``canary`` (in ``worker_seconds``, ``gpu_seconds`` and every cost figure, as the
             in-run budget check ``budget.spent_usd`` prices the run).
+        approval: who approved the run and when (:func:`batch_inference.report.approvals.approval_section`
+            of its ``approval.json``); ``None``: the run did not ask for approval.
     """
     layout, manifest = data.layout, data.manifest
     markers = [data.markers[s.shard_id] for s in manifest.shards if s.shard_id in data.markers]
@@ -282,6 +286,7 @@ def compute_report(data: RunData, *, dag_id: str, publish_summary: dict[str, Any
             plan_created_at=manifest.created_at, last_shard_finished_at=timeline_of["last_shard_finished_at"],
             params=params),
         "upgrade": (projection or {}).get("upgrade"),
+        "approval": approval,
     }
 
 
@@ -324,7 +329,8 @@ def build_report(run_dir: str, *, dag_id: str, publish_summary: dict[str, Any] |
     projection, canary_ws = _projection_inputs(run_dir)
     report = compute_report(data, dag_id=dag_id, publish_summary=publish_summary, params=params,
                             counts=counts, history=history, generated_at=generated_at,
-                            projection=projection, canary_worker_seconds=canary_ws)
+                            projection=projection, canary_worker_seconds=canary_ws,
+                            approval=read_section(RunStore(data.layout)))
     report = json.loads(json.dumps(report, default=str))  # plain JSON types only (what readers will see)
     html = None
     if write_html:

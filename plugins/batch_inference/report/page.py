@@ -6,6 +6,7 @@ from html import escape
 from typing import Any
 
 import batch_inference.report.fmt as fmt
+from batch_inference.report.approvals import approval_text
 from batch_inference.report.charts import render_all
 
 MAX_TABLE_ROWS = 500
@@ -171,7 +172,8 @@ def _shards_section(r: dict[str, Any]) -> str:
 def render_html(report: dict[str, Any]) -> str:
     """The report as one self-contained HTML page (UTF-8 text).
 
-    Sections: headline figures, time by stage, cost and counterfactuals, rows and tokens, utilisation,
+    Sections: who approved the run and when (``id="approval"``; "not required" for a run that did not
+    ask), headline figures, time by stage, cost and counterfactuals, rows and tokens, utilisation,
     attempts, per-shard table, and four charts (``data-chart`` = ``time_by_stage``,
     ``shard_throughput``, ``token_histogram``, ``cost_history``).
     """
@@ -187,6 +189,7 @@ def render_html(report: dict[str, Any]) -> str:
         f"<h1>Batch inference report: {escape(r['run_id'])}</h1>",
         f'<p class="note">DAG {escape(r["dag_id"])} &middot; engine {escape(r["engine_kind"])} &middot; '
         f"generated {escape(r['generated_at'])} &middot; report schema v{r['schema_version']}</p>",
+        f'<p class="note" id="approval">Approval: {escape(approval_text(r.get("approval")))}</p>',
         warn, _kpis(r),
         "<h2>Time by stage</h2>", _stage_section(r),
         _chart("time_by_stage", charts["time_by_stage"], "Seconds and cost by stage"),

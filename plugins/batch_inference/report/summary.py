@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import batch_inference.report.fmt as fmt
+from batch_inference.report.approvals import approval_text
 
 EXTRA_KEYS = (
     "schema_version",
@@ -46,7 +47,8 @@ def asset_extra(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def markdown_summary(report: dict[str, Any]) -> str:
-    """A Markdown block for the task log: headline figures, time and cost by stage, attempts.
+    """A Markdown block for the task log: headline figures, who approved the run and when (for a run
+    that asked), time and cost by stage, attempts.
 
     Returns:
         Multi-line Markdown text (tables), ending with the report URIs.
@@ -67,6 +69,8 @@ def markdown_summary(report: dict[str, Any]) -> str:
         f"| attempts / preemptions / rows re-done | {report['attempts']['total']} / "
         f"{report['attempts']['preemptions']} / {fmt.num(report['attempts']['rows_redone'])} |",
     ]
+    if report.get("approval"):
+        lines.append(f"| approval | {approval_text(report['approval'])} |")
     if report["attempts"]["interrupted_seconds"]:
         lines.append(f"| time in interrupted/failed attempts | {fmt.num(report['attempts']['interrupted_seconds'])} s "
                      f"({fmt.usd(report['attempts']['interrupted_cost_usd'])}) |")
@@ -96,8 +100,8 @@ def device_label(report: dict[str, Any]) -> str:
 def text_summary(report: dict[str, Any]) -> str:
     """The report's headline figures as a plain aligned block for a terminal or a task log (no
     Markdown pipes): rows, cost, throughput per GPU (per CPU worker on a CPU run), attempts, rows
-    reused from the result cache (when any) and the cost that avoided, time and cost by stage, the
-    report URIs.
+    reused from the result cache (when any) and the cost that avoided, who approved the run and when
+    (for a run that asked), time and cost by stage, the report URIs.
 
     Returns:
         Multi-line text; every line is at most about 100 characters except the URIs.
@@ -125,6 +129,8 @@ def text_summary(report: dict[str, Any]) -> str:
                         f"cost avoided {fmt.usd(reuse.get('cost_avoided_usd'))}"
                         + (f"; {reuse['shards_carried']} shard(s) carried over, no worker started"
                            if reuse.get("shards_carried") else "")))
+    if report.get("approval"):
+        figures.append(("approval", approval_text(report["approval"])))
     if att["interrupted_seconds"]:
         figures.append(("time in interrupted/failed attempts",
                         f"{fmt.num(att['interrupted_seconds'])} s ({fmt.usd(att['interrupted_cost_usd'])})"))

@@ -17,6 +17,7 @@ from typing import Any
 from batch_contract.manifest import Manifest
 
 from batch_inference.pricing import CostParams, cost_params_from_dict, per_million, worker_cost
+from batch_inference.report.approvals import approval_text
 from batch_inference.report.attempts import summarize_attempts
 from batch_inference.report.collect import RunData
 
@@ -124,7 +125,8 @@ def _fingerprint_and_model(data: RunData) -> tuple[str, str, str]:
 
 
 def run_figures(data: RunData, progress: dict[str, Any], shards: list[ShardRow],
-                report: dict[str, Any] | None, *, finished: bool) -> dict[str, Any]:
+                report: dict[str, Any] | None, *, finished: bool,
+                approval: dict[str, Any] | None = None) -> dict[str, Any]:
     """The list page's figures of one run.
 
     Args:
@@ -133,6 +135,8 @@ def run_figures(data: RunData, progress: dict[str, Any], shards: list[ShardRow],
         shards: :func:`shard_rows` of the run.
         report: the run's ``report.json`` (``None`` before publish wrote it).
         finished: the DagRun is in a terminal state (no rate, no ETA, projected cost = cost).
+        approval: the run's approval (:func:`batch_inference.report.approvals.read_section`); ``None``:
+            the run did not ask for one.
 
     Returns:
         ``rows_total`` (manifest rows), ``rows_completed`` (results), ``rows_dead_letter``,
@@ -144,7 +148,10 @@ def run_figures(data: RunData, progress: dict[str, Any], shards: list[ShardRow],
         (cost per million result rows; the report's ``cost_per_million_rows_usd`` once written),
         ``worker_seconds``, ``shards_total``, ``shards_complete``, ``fingerprint`` and
         ``fingerprint_source`` (``result`` or ``config``), ``model`` (path or name), ``model_label``
-        (:func:`model_label`), ``accelerator``, ``report`` (whether ``report.json`` exists).
+        (:func:`model_label`), ``accelerator``, ``report`` (whether ``report.json`` exists),
+        ``approval`` (as given) and ``approval_text``
+        (:func:`batch_inference.report.approvals.approval_text`: who approved and when, or
+        ``not required``).
     """
     params = cost_params_of(data.manifest)
     total = int(progress["rows_total"] if progress["rows_total"] is not None else data.manifest.rows)
@@ -185,5 +192,7 @@ def run_figures(data: RunData, progress: dict[str, Any], shards: list[ShardRow],
         "model_label": model_label(model),
         "accelerator": params.accelerator,
         "report": report is not None,
+        "approval": approval,
+        "approval_text": approval_text(approval),
     }
 

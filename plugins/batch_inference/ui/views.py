@@ -21,6 +21,7 @@ from batch_contract.layout import RunLayout
 from batch_contract.runstore import RunStore
 
 from batch_inference.progress import collect_progress
+from batch_inference.report.approvals import read_section
 from batch_inference.report.collect import load_run
 from batch_inference.ui.discovery import RunRecord
 from batch_inference.ui.figures import ShardRow, run_figures, shard_rows
@@ -113,7 +114,8 @@ def build_view(record: RunRecord) -> RunView:
         progress = collect_progress(store, ids)
         report = read_report(layout)
         shards = shard_rows(data, progress)
-        figures = run_figures(data, progress, shards, report, finished=record.state in TERMINAL_DAG_RUN_STATES)
+        figures = run_figures(data, progress, shards, report, finished=record.state in TERMINAL_DAG_RUN_STATES,
+                              approval=read_section(store))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return RunView(record, batch_status(RunFacts(**facts)), problem=f"unreadable: {exc}", layout=layout)
     deadline = deadline_of(record.start_date, data.manifest.params.get("deadline_hours"))
