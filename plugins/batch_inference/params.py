@@ -302,11 +302,14 @@ PARAM_FIELDS: Mapping[str, ParamField] = _fields(
     ParamField("runner", "local", "string", "Runner", "local: one subprocess per shard on the Airflow "
                "worker; kubernetes: one GPU pod per shard (KubernetesPodOperator).", "Execution",
                enum=RUNNERS),
-    ParamField("rows_per_shard", 10_000, "integer", "Rows per shard", "Target rows per shard; shards "
+    ParamField("rows_per_shard", 10_000, "integer", "Rows per shard", "Target rows per shard (with "
+               "shard_by tokens: rows of the input's mean estimated length, within about 19%); shards "
                "grow when the input would need more than max_shards.", "Execution", minimum=1,
                maximum=10_000_000),
     ParamField("shard_by", "tokens", "string", "Balance shards by", "rows: equal row counts; tokens: "
-               "equal estimated tokens (from Parquet column sizes / JSONL line lengths).", "Execution",
+               "about equal estimated tokens (from Parquet column sizes / JSONL line lengths), cut per file "
+               "so that an edit in one file leaves the other files' shards as they were (carried over).",
+               "Execution",
                enum=SHARD_BY),
     ParamField("max_shards", DEFAULT_MAX_MAP_LENGTH, "integer", "Max shards", "Never plan more mapped "
                f"tasks than this (Airflow's max_map_length, {DEFAULT_MAX_MAP_LENGTH} by default).",

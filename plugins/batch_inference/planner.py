@@ -4,7 +4,9 @@ The planner never loads the rows. For Parquet it reads footers (row counts, row 
 chunks' uncompressed byte sizes); for JSONL it builds a line index (non-blank lines and their byte
 lengths) by streaming the file once. It validates the schema (id and text columns present, usable and of
 one type across files), splits the rows into at most ``max_map_length`` shards (shards grow instead of
-multiplying), writes ``manifest.json`` once through :mod:`batch_contract.storage` and returns one small
+multiplying; with ``shard_by: tokens`` each file's split points depend only on that file and the run's
+token target, so an edit of one file leaves the other files' shards as they were: :func:`token_pieces`),
+writes ``manifest.json`` once through :mod:`batch_contract.storage` and returns one small
 dict per shard.
 
 All I/O goes through :func:`batch_contract.storage.arrow_filesystem` / the storage API, so ``gs://``
@@ -18,6 +20,7 @@ parsed; a Parquet row group over ``max_row_group_bytes`` is refused.
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import json
 import logging
 import math
@@ -100,8 +103,9 @@ class PlanRequest:
         worker: worker settings dict (validated by the manifest).
         rows_per_shard: target rows per shard before the ``max_map_length`` cap (rows); default the
             ``rows_per_shard`` Param's.
-        shard_by: ``rows`` (equal row counts) or ``tokens`` (equal estimated tokens, from metadata);
-            default the ``shard_by`` Param's, so a plan made outside a DAG shards as the DAG does.
+        shard_by: ``rows`` (equal row counts) or ``tokens`` (about equal estimated tokens, from
+            metadata, cut per file: :func:`build_shards`); default the ``shard_by`` Param's, so a plan
+            made outside a DAG shards as the DAG does.
         max_map_length: most shards ever planned (Airflow's ``max_map_length``; default
             :data:`batch_inference.params.DEFAULT_MAX_MAP_LENGTH`).
         row_limit: plan only the first N rows (file order); ``None`` or 0: all rows.
@@ -541,13 +545,150 @@ def _segments(file_rows: list[int], start: int, stop: int) -> list[Segment]:
     return segs
 
 
+TOKEN_TARGET_GRID = 2.0
+"""Grid of the per-row token length in :func:`token_target`: the input's mean estimated tokens per row is
+rounded to the nearest power of this step's square root (2 ** (k / 2): 16, 22.6, 32, 45.3, 64, ...)."""
+
+
+def token_target(per_file: list[list[_Block]], rows_per_shard: int) -> float:
+    """Estimated tokens per shard of a token-balanced plan: ``rows_per_shard`` rows of the input's mean
+    estimated length, that length rounded to the grid ``2 ** (k / 2)`` (:data:`TOKEN_TARGET_GRID`).
+
+    The rounding keeps the target the same when one file of many is edited, added or removed (the mean
+    moves by a fraction of a grid step), and so keeps every other file's split points; only an edit that
+    moves the whole input's mean length across a grid midpoint changes it. The target is therefore
+    ``rows_per_shard`` rows of mean length within a factor 2 ** (1/4) (about 19%); a file is then cut
+    into a whole number of pieces of it (:func:`token_pieces`).
+
+    Args:
+        per_file: each input file's weight blocks (rows, estimated tokens per row >= 1).
+        rows_per_shard: target rows per shard (>= 1).
+
+    Returns:
+        Tokens (> 0), or 0.0 for an input without rows.
+    """
+    rows = sum(b.rows for blocks in per_file for b in blocks)
+    if rows <= 0:
+        return 0.0
+    mean = max(1.0, sum(b.rows * b.tokens_per_row for blocks in per_file for b in blocks) / rows)
+    half_steps = round(2 * math.log(mean, TOKEN_TARGET_GRID))
+    return rows_per_shard * TOKEN_TARGET_GRID ** (half_steps / 2)
+
+
+def starts_pack_run(uri: str, file_tokens: float, target: float) -> bool:
+    """Whether a small file (under half the token target) starts a new run of packed files: a draw from
+    the SHA-256 of its URI, uniform in [0, 1), is below ``file_tokens / target``.
+
+    Each file decides for itself, from its own URI and size and the run's target only, so an edit of one
+    file moves no other file's decision (content-defined chunking); a run holds about ``target`` tokens
+    on average.
+    """
+    draw = int.from_bytes(hashlib.sha256(uri.encode("utf-8", "surrogatepass")).digest()[:8], "big") / 2.0 ** 64
+    return draw < file_tokens / target
+
+
+def _file_tokens(blocks: list[_Block]) -> float:
+    return sum(b.rows * b.tokens_per_row for b in blocks)
+
+
+def _pack(run: list[int], tokens: list[float], target: float) -> list[list[int]]:
+    """A run of small files (indices, input order) packed greedily into groups of at most ``target``
+    tokens (each file is under half of it, so no group is a single file over the target)."""
+    packs: list[list[int]] = []
+    size = 0.0
+    for idx in run:
+        if packs and packs[-1] and size + tokens[idx] <= target:
+            packs[-1].append(idx)
+            size += tokens[idx]
+        else:
+            packs.append([idx])
+            size = tokens[idx]
+    return packs
+
+
+def token_pieces(per_file: list[list[_Block]], uris: list[str], target: float) -> list[list[Segment]]:
+    """Split files into shards of about ``target`` estimated tokens, with split points stable per file.
+
+    * A file of at least ``target / 2`` tokens is cut on its own into ``round(tokens / target)`` pieces
+      (at least one, at most one per row) of equal estimated tokens (:func:`split_boundaries`): each
+      between ``target / 2`` and ``1.5 * target`` tokens (one piece) or ``0.75 * target`` and
+      ``1.25 * target`` (two or more), give or take one row's tokens. Its pieces depend only on its own
+      blocks and the target.
+    * Smaller files are packed whole, in input order: a file that :func:`starts_pack_run` begins a new
+      run (and so does a large file between them), and each run is packed greedily into shards of at
+      most ``target`` tokens (:func:`_pack`). An edit, addition or removal of a small file changes only
+      the shards of its run (the small files between two run starts: about ``target`` tokens on
+      average), and of the run before it when the file's own start decision changes.
+
+    Args:
+        per_file: each file's weight blocks after the row limit (a file of no rows gets no shard).
+        uris: the files' URIs (the run-start draw), in the same order.
+        target: :func:`token_target` (> 0).
+
+    Returns:
+        The shards' segments in input order; every row of every file in exactly one segment.
+    """
+    tokens = [_file_tokens(blocks) for blocks in per_file]
+    out: list[list[Segment]] = []
+    run: list[int] = []
+
+    def flush() -> None:
+        for pack in _pack(run, tokens, target):
+            out.append([Segment(file_index=i, row_start=0, row_stop=sum(b.rows for b in per_file[i]))
+                        for i in pack])
+        run.clear()
+
+    for idx, blocks in enumerate(per_file):
+        rows = sum(b.rows for b in blocks)
+        if rows == 0:
+            continue
+        if tokens[idx] >= target / 2:
+            flush()
+            k = min(rows, max(1, round(tokens[idx] / target)))
+            bounds = split_boundaries(blocks, k, by_tokens=True)
+            out.extend([Segment(file_index=idx, row_start=bounds[j], row_stop=bounds[j + 1])] for j in range(k))
+            continue
+        if run and starts_pack_run(uris[idx], tokens[idx], target):
+            flush()
+        run.append(idx)
+    flush()
+    return out
+
+
+def _segment_tokens(per_file: list[list[_Block]], seg: Segment) -> float:
+    total, offset = 0.0, 0
+    for b in per_file[seg.file_index]:
+        lo, hi = max(seg.row_start, offset), min(seg.row_stop, offset + b.rows)
+        if lo < hi:
+            total += (hi - lo) * b.tokens_per_row
+        offset += b.rows
+    return total
+
+
 def build_shards(metas: list[_FileMeta], request: PlanRequest) -> list[ShardSpec]:
-    """The shard list for ``metas`` under ``request`` (rows per shard, cap, row limit, shard_by)."""
+    """The shard list for ``metas`` under ``request`` (rows per shard, cap, row limit, shard_by).
+
+    ``shard_by: rows``: :func:`shard_count` shards of equal rows over the whole input (boundaries move
+    only when a file's row count changes). ``shard_by: tokens``: :func:`token_pieces` at
+    :func:`token_target`, the target doubled until the plan fits in ``max_map_length`` shards (the cap is
+    the one case where every file's split points depend on the whole input).
+    """
     per_file = _limit_blocks(metas, request.row_limit)
     file_rows = [sum(b.rows for b in blocks) for blocks in per_file]
+    if request.shard_by == "tokens":
+        target = token_target(per_file, request.rows_per_shard)
+        pieces = token_pieces(per_file, [m.uri for m in metas], target) if target else []
+        while len(pieces) > request.max_map_length:
+            target *= 2
+            pieces = token_pieces(per_file, [m.uri for m in metas], target)
+        if pieces:
+            log.info("token-balanced plan: %d shard(s) of at most about %.0f estimated tokens", len(pieces), target)
+        return [ShardSpec(shard_id=shard_id_for(k), segments=segs,
+                          est_tokens=int(sum(_segment_tokens(per_file, s) for s in segs)))
+                for k, segs in enumerate(pieces)]
     flat = [b for blocks in per_file for b in blocks]
     n = shard_count(sum(file_rows), request.rows_per_shard, request.max_map_length)
-    bounds = split_boundaries(flat, n, request.shard_by == "tokens")
+    bounds = split_boundaries(flat, n, False)
     shards = []
     for k in range(n):
         start, stop = bounds[k], bounds[k + 1]

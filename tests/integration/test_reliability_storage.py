@@ -128,7 +128,7 @@ MAIN_JOB = textwrap.dedent("""
     from batch_inference.publish.target import PublishTarget
     input_uri, output_root, duckdb_path = sys.argv[1:4]
     manifest, refs = plan(PlanRequest(input_uri=input_uri, id_column="id", text_column="text",
-                                      output_root=output_root, run_id="main_job", rows_per_shard=20,
+                                      output_root=output_root, run_id="main_job", rows_per_shard=20, shard_by="rows",
                                       engine={"kind": "encoder", "dtype": "float32"},
                                       worker={"progress_interval_seconds": 1.0}))
     for ref in refs:
