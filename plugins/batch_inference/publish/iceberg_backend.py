@@ -22,6 +22,9 @@
   replaced snapshot, in one commit (so a second rollback undoes the first); the dead letters table
   follows to the snapshot the restored results snapshot names.
 - ``<table>__publish_log``: an Iceberg table, one row appended per publish / rollback after the commit.
+- Maintenance: after every publish and rollback each table of the target expires old snapshots and
+  deletes orphan files by the deployment's retention (:mod:`batch_inference.publish.iceberg_maintenance`);
+  a maintenance failure is logged, never raised (the publish has committed).
 - Ownership: every table publish creates carries the table property :data:`OWNER_PROPERTY` = ``"1"``;
   publish and rollback refuse (:class:`~batch_inference.publish.errors.ForeignTableError`) to write to a
   table of the target's family (:data:`ICEBERG_FAMILY`) without it, before writing any data file.
@@ -31,6 +34,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -57,6 +61,7 @@ import batch_inference.publish.duckdb_backend as duckdb_backend
 from batch_inference.params import check_conn_allowed, is_shared
 from batch_inference.publish.coverage import Coverage
 from batch_inference.publish.errors import ForeignTableError, PublishConnectionError, PublishError
+from batch_inference.publish.iceberg_maintenance import IcebergRetention, expire_and_clean
 from batch_inference.publish.record import LOG_COLUMNS, PublishRecord
 from batch_inference.publish.redact import redact
 from batch_inference.publish.target import (
@@ -71,6 +76,8 @@ from batch_inference.publish.target import (
 if TYPE_CHECKING:
     from batch_inference.params import RunConfig
     from batch_inference.policy import DagPolicy
+
+log = logging.getLogger(__name__)
 
 NAME = "iceberg"
 """This backend's name in :data:`batch_inference.publish.registry.BACKEND_CLASSES`."""
@@ -277,11 +284,13 @@ class IcebergBackend:
     @staticmethod
     def check_run_config(cfg: RunConfig) -> None:
         """Refuse an ``output_root`` on shared storage (``gs://``) without ``iceberg_catalog_conn_id``:
-        the SQLite catalog file must be local.
+        the SQLite catalog file must be local; and a broken retention setting
+        (:meth:`~batch_inference.publish.iceberg_maintenance.IcebergRetention.from_env`), before any shard.
 
         Raises:
-            ConfigError: ``params.iceberg_catalog_conn_id: ...``.
+            ConfigError: ``params.iceberg_catalog_conn_id: ...``, or naming the retention variable.
         """
+        IcebergRetention.from_env()
         if is_shared(cfg.output_root) and not cfg.iceberg_catalog_conn_id:
             raise ConfigError("params.iceberg_catalog_conn_id: the iceberg backend with a remote output_root "
                               "needs a PostgreSQL catalog connection (a SQLite catalog file must be local)")
@@ -447,7 +456,13 @@ class IcebergBackend:
         return tx.commit_transaction()
 
     def swap(self, record: PublishRecord) -> None:
-        """Commit the dead letters, then the results (the publish point), then log."""
+        """Commit the dead letters, then the results (the publish point), then log, then maintain
+        (:meth:`maintain`).
+
+        Raises:
+            ConfigError: a broken retention setting (checked before any commit).
+        """
+        retention = IcebergRetention.from_env()
         props = {RECORD_PROPERTY: record.to_comment()}
         results, dead = self.staged[""], self.staged[SUFFIX_DEAD_LETTERS]
         live = results.tx.table_metadata.current_snapshot()
@@ -461,6 +476,28 @@ class IcebergBackend:
         self._commit(results, "", props, live.snapshot_id if live else None)
         self.staged = {}
         self._log(record, "publish")
+        self.maintain(retention)
+
+    def maintain(self, retention: IcebergRetention) -> dict[str, dict[str, int]]:
+        """:func:`~batch_inference.publish.iceberg_maintenance.expire_and_clean` on each existing table of
+        the target (results, dead letters, publish log). A failure is logged as a warning and that
+        table is skipped: it runs after the commit, which stands.
+
+        Returns:
+            Table suffix (``""``: the results) -> its counts (``snapshots_expired``, ``files_removed``,
+            ``bytes_removed``), for the tables maintained.
+        """
+        done = {}
+        for suffix in ICEBERG_FAMILY:
+            table = self.table(suffix)
+            if table is None or not is_owned(table):
+                continue
+            try:
+                done[suffix] = expire_and_clean(table, retention)
+            except Exception as exc:  # noqa: BLE001 - maintenance never fails a committed publish
+                log.warning("iceberg maintenance of %s skipped: %s: %s", self.target.display_name(suffix),
+                            type(exc).__name__, redact(str(exc), self.target.dsn))
+        return done
 
     def has_previous(self) -> bool:
         table = self.table()
@@ -472,7 +509,9 @@ class IcebergBackend:
 
         Raises:
             ForeignTableError: a table exists without :data:`OWNER_PROPERTY` (nothing changed).
+            ConfigError: a broken retention setting (nothing changed).
         """
+        retention = IcebergRetention.from_env()
         table = self.table()
         assert table is not None
         self._owned_or_refuse(table, "")
@@ -490,6 +529,7 @@ class IcebergBackend:
         _set_current(table, prev.snapshot_id, prev_tag, cur.snapshot_id)
         if restored is not None:
             self._log(restored, "rollback")
+        self.maintain(retention)
 
     def _log(self, record: PublishRecord, action: str) -> None:
         schema = pa.schema([(n, pa.string() if t == "VARCHAR" else pa.int64()) for n, t in LOG_COLUMNS])
