@@ -260,7 +260,7 @@ class ResultLog:
                 for name in self._listed():
                     if log_order(name) > self._horizon:
                         break
-                    new -= set(self._scan(name, pa.array(sorted(new), KEY_TYPE)))
+                    new -= set(self._scan(name, pa.array(list(new), KEY_TYPE), new))
                     if not new:
                         break
             self._pending |= new
@@ -279,12 +279,12 @@ class ResultLog:
                 if stop is not None and order > stop:
                     break
                 if self._pending:
-                    if self._pending_array is None:
-                        self._pending_array = pa.array(sorted(self._pending), KEY_TYPE)
-                    found = self._scan(name, self._pending_array)
-                    if found:
-                        self._pending.difference_update(found)
-                        self._pending_array = None
+                    # the array may still hold keys found since it was built (rebuilt once half are gone):
+                    # _scan only records keys that are still pending
+                    if self._pending_array is None or 2 * len(self._pending) < len(self._pending_array):
+                        self._pending_array = pa.array(list(self._pending), KEY_TYPE)
+                    found = self._scan(name, self._pending_array, self._pending)
+                    self._pending.difference_update(found)
                 self._horizon = order
 
     def fetch(self, keys: Iterable[bytes]) -> pa.Table | None:
@@ -315,8 +315,9 @@ class ResultLog:
     def _listed(self) -> list[str]:
         return cache_files(self.output_root, self.fingerprint)
 
-    def _scan(self, name: str, wanted: pa.Array) -> list[bytes]:
-        """Record ``name`` as the winner of those ``wanted`` keys it holds; returns them."""
+    def _scan(self, name: str, wanted: pa.Array, pending: set[bytes]) -> list[bytes]:
+        """Record ``name`` as the winner of the keys it holds that are in ``wanted`` and still in
+        ``pending``; returns them."""
         uri = join_uri(self.directory, name)
         try:
             meta = verify(uri)
@@ -326,7 +327,8 @@ class ResultLog:
                 log.warning("result cache: %s is not of fingerprint %s: skipped", uri, self.fingerprint)
                 return []
             file_keys = _read(uri, ["key"]).column("key")
-            hits = pc.unique(pc.filter(file_keys, pc.is_in(file_keys, value_set=wanted))).to_pylist()
+            hits = [k for k in pc.unique(pc.filter(file_keys, pc.is_in(file_keys, value_set=wanted))).to_pylist()
+                    if k in pending]
         except FileNotFoundError:
             self.files_skipped += 1
             return []

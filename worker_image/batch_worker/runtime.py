@@ -457,6 +457,7 @@ class ShardRun:
         marker.stage_seconds = _sum_stages(marker.attempts)
         marker.cpu_seconds = round(sum(a.get("cpu_seconds", 0.0) for a in marker.attempts), 3)
         marker.tokens_padded = sum(a.get("tokens_padded", 0) for a in marker.attempts)
+        marker.tokens_real = sum(a.get("tokens_real", 0) for a in marker.attempts)
         marker.reuse_seconds_avoided = round(sum(a.get("reuse_seconds_avoided", 0.0) for a in marker.attempts), 6)
         marker.finished_at = utc_now()
         marker.started_at = min((a["started_at"] for a in marker.attempts), default=self.attempt.started_at)
@@ -469,16 +470,14 @@ class ShardRun:
 
     def _marker(self, loaded: LoadedModel, ledger: Ledger) -> ShardMarker:
         ctx = self.ctx
-        tokens_real = truncated = repaired = reused = 0
-        # tokens_real counts the parts this shard's attempts computed, like tokens_padded: parts the
-        # run's canary committed into the shard are in canary.json's figures, not here
-        own = {n for a in self._attempts() for n in a.get("files", {})} | set(self.attempt.files)
+        truncated = repaired = reused = 0
+        # tokens_real (set by _finish, like tokens_padded) is the attempts' sum of what the engine itself
+        # processed: copies of identical inputs (batch_worker.dedupe) and parts the run's canary committed
+        # into the shard (canary.json's figures) are not computed tokens of this shard
         for name in ledger.parts:
             t = read_parquet_columns(join_uri(ctx.shard_dir, name), ["n_tokens", "truncated", "text_repaired"])
             if is_reused_part(name):
                 reused += t.num_rows
-            elif name in own:
-                tokens_real += int(pc.sum(t.column("n_tokens")).as_py() or 0)
             truncated += int(pc.sum(t.column("truncated").cast("int64")).as_py() or 0)
             repaired += int(pc.sum(t.column("text_repaired").cast("int64")).as_py() or 0)
         llm_tokens = {"prompt_tokens": 0, "cached_tokens": 0, "output_tokens": 0}  # LLM part columns
@@ -493,7 +492,7 @@ class ShardRun:
             for reason in t.column("reason").to_pylist():
                 reasons[reason] = reasons.get(reason, 0) + 1
         # tokens_padded is the attempts' sum, set by _finish
-        tokens = TokenCounts(real=tokens_real, prompt=llm_tokens["prompt_tokens"], cached=llm_tokens["cached_tokens"],
+        tokens = TokenCounts(prompt=llm_tokens["prompt_tokens"], cached=llm_tokens["cached_tokens"],
                              output=llm_tokens["output_tokens"])
         return ShardMarker(
             run_id=ctx.manifest.run_id,
