@@ -545,6 +545,9 @@ def _segments(file_rows: list[int], start: int, stop: int) -> list[Segment]:
     return segs
 
 
+ONE_SHARD_TOLERANCE = 1.5
+"""A token-balanced input of less than this many token targets is one shard, whatever its files (the
+largest one-piece shard :func:`token_pieces` makes of one file)."""
 TOKEN_TARGET_GRID = 2.0
 """Grid of the per-row token length in :func:`token_target`: the input's mean estimated tokens per row is
 rounded to the nearest power of this step's square root (2 ** (k / 2): 16, 22.6, 32, 45.3, 64, ...)."""
@@ -671,13 +674,17 @@ def build_shards(metas: list[_FileMeta], request: PlanRequest) -> list[ShardSpec
     ``shard_by: rows``: :func:`shard_count` shards of equal rows over the whole input (boundaries move
     only when a file's row count changes). ``shard_by: tokens``: :func:`token_pieces` at
     :func:`token_target`, the target doubled until the plan fits in ``max_map_length`` shards (the cap is
-    the one case where every file's split points depend on the whole input).
+    the one case where every file's split points depend on the whole input); an input of less than
+    :data:`ONE_SHARD_TOLERANCE` targets is one shard.
     """
     per_file = _limit_blocks(metas, request.row_limit)
     file_rows = [sum(b.rows for b in blocks) for blocks in per_file]
     if request.shard_by == "tokens":
         target = token_target(per_file, request.rows_per_shard)
         pieces = token_pieces(per_file, [m.uri for m in metas], target) if target else []
+        if target and sum(_file_tokens(blocks) for blocks in per_file) < ONE_SHARD_TOLERANCE * target:
+            # the whole input is one shard's worth (rows_per_shard >= its rows): one shard, however many files
+            pieces = [[Segment(file_index=i, row_start=0, row_stop=rows) for i, rows in enumerate(file_rows) if rows]]
         while len(pieces) > request.max_map_length:
             target *= 2
             pieces = token_pieces(per_file, [m.uri for m in metas], target)

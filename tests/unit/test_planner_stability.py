@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from batch_inference.carryover import shard_keys
 from batch_inference.planner import (
+    ONE_SHARD_TOLERANCE,
     PlanRequest,
     _Block,
     _FileMeta,
@@ -100,6 +101,9 @@ def _check_tolerance(named: list[tuple], est: list[int], target: float, files: l
     the target (0.75..1.25 with two or more pieces), a pack of small files at most the target; each give
     or take one row's tokens (plus 1 for the integer rounding of ``est_tokens``)."""
     longest = {uri: max(w for _, w in blocks) for uri, blocks in zip(uris, files, strict=True)}
+    if len(named) == 1:  # less than ONE_SHARD_TOLERANCE targets in all: the whole input is one shard
+        assert est[0] < ONE_SHARD_TOLERANCE * target + max(longest.values()) + 1
+        return
     pieces: dict[str, int] = {}
     for shard in named:
         if len(shard) == 1:
@@ -163,6 +167,9 @@ def test_an_edit_in_one_file_leaves_every_shard_of_the_other_files_as_it_was(dat
     _check_tolerance(new, new_est, new_target, new_files, new_uris)
     if old_target != new_target:  # the whole input's mean length crossed a grid midpoint: all re-cut
         event("token target changed")
+        return
+    if len(old) == 1 or len(new) == 1:  # an input of one shard's worth is one shard: nothing to keep apart
+        event("one shard")
         return
     event("token target kept")
     reach = _reach(edited, (uris, old_tokens, old_target), (new_uris, new_tokens, new_target))
