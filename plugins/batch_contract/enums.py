@@ -47,6 +47,11 @@ class DeadLetterReason(str, Enum):
     INVALID_OUTPUT = "invalid_output"  # LLM output failed to parse / validate against its schema
     ENGINE_ERROR = "engine_error"
     INVALID_RECORD = "invalid_record"  # the input record itself is unreadable (e.g. a JSONL line that is not JSON)
+    # documents (batch_contract.documents): the row's document could not be turned into text
+    UNREADABLE_DOCUMENT = "unreadable_document"  # missing, too large, not the kind the extractor reads, corrupt
+    ENCRYPTED_DOCUMENT = "encrypted_document"  # a PDF that needs a password
+    PAGE_LIMIT_EXCEEDED = "page_limit_exceeded"  # more pages than input.documents.max_pages
+    EMPTY_EXTRACTION = "empty_extraction"  # the extractor found no text (no text layer and no OCR result)
 
 
 class EngineKind(str, Enum):

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
+from batch_contract.documents import DocumentSettings
 from batch_contract.engine_config import ConfigError, WorkerSettings
 from batch_contract.engines import EngineConfig, engine_config_from_dict
 from batch_contract.enums import InputFormat
@@ -65,6 +66,9 @@ class InputSpec:
             (:func:`batch_contract.storage.open_input_file`: locally the real path of the file actually
             opened) and refuses one outside them. Empty (the default, and every manifest written before
             the field existed): no check. Left out of the manifest JSON when empty.
+        documents: ``None`` (the text column is text) or how the worker turns each row's document
+            (the text column holds its URI) into text (:mod:`batch_contract.documents`). Left out of
+            the manifest JSON when ``None``.
     """
 
     uri: str
@@ -73,8 +77,11 @@ class InputSpec:
     text_column: str
     files: list[InputFile]
     roots: list[str] = field(default_factory=list)
+    documents: DocumentSettings | None = None
 
     def __post_init__(self) -> None:
+        if self.documents is not None and not isinstance(self.documents, DocumentSettings):
+            raise ConfigError("input.documents: must be a DocumentSettings object or null")
         if self.format not in {f.value for f in InputFormat}:
             raise ConfigError(f"input.format: {self.format!r} is not 'parquet' or 'jsonl'")
         if not isinstance(self.roots, list | tuple) or not all(isinstance(r, str) and r for r in self.roots):
@@ -99,7 +106,7 @@ def fingerprint_dict(config: EngineConfig) -> dict[str, Any]:
     return out
 
 
-def config_fingerprint(engine: Mapping[str, Any] | EngineConfig) -> str:
+def config_fingerprint(engine: Mapping[str, Any] | EngineConfig, documents: DocumentSettings | None = None) -> str:
     """Hash of the normalised engine config and ``SCHEMA_VERSION``: the half of the fingerprint the
     planner knows. The worker adds the model digest (see :func:`result_fingerprint`).
 
@@ -114,12 +121,19 @@ def config_fingerprint(engine: Mapping[str, Any] | EngineConfig) -> str:
 
     Args:
         engine: an engine config dict (as in the manifest or Params) or config object.
+        documents: the input's document settings (``input.documents``): their output-relevant fields
+            (:meth:`~batch_contract.documents.DocumentSettings.fingerprint_dict`) are hashed too, so
+            another extractor or OCR language never shares a fingerprint; ``None``: the fingerprint is
+            what it was before documents existed.
 
     Raises:
         ConfigError: ``engine`` is an invalid engine dict (the message names the field).
     """
     config = engine_config_from_dict(engine) if isinstance(engine, Mapping) else engine
-    return sha256_hex(canonical_json({"engine": fingerprint_dict(config), "schema_version": SCHEMA_VERSION}))[:32]
+    payload: dict[str, Any] = {"engine": fingerprint_dict(config), "schema_version": SCHEMA_VERSION}
+    if documents is not None:
+        payload["documents"] = documents.fingerprint_dict()
+    return sha256_hex(canonical_json(payload))[:32]
 
 
 def result_fingerprint(config_fp: str, model_digest: str, resolved: Mapping[str, Any] | None = None) -> str:
@@ -182,7 +196,7 @@ class Manifest(JsonRecord):
         object.__setattr__(self, "_engine_config", config)  # not a field: not in to_dict() or ==
         object.__setattr__(self, "engine", config.to_dict())
         if not self.config_fingerprint:
-            object.__setattr__(self, "config_fingerprint", config_fingerprint(config))
+            object.__setattr__(self, "config_fingerprint", config_fingerprint(config, self.input.documents))
 
     @property
     def engine_config(self) -> EngineConfig:
@@ -203,11 +217,14 @@ class Manifest(JsonRecord):
         raise KeyError(f"shard {shard_id!r} is not in the manifest of run {self.run_id} ({known})")
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict of every field; ``input.roots`` is left out when empty, so a plan without a roots
-        policy is written exactly as before the field existed (and older readers accept it)."""
+        """Plain dict of every field; ``input.roots`` is left out when empty and ``input.documents`` when
+        ``None``, so a plan without them is written exactly as before the fields existed (and older
+        readers accept it)."""
         data = asdict(self)
         if not self.input.roots:
             del data["input"]["roots"]
+        if self.input.documents is None:
+            del data["input"]["documents"]
         return data
 
     @classmethod
@@ -223,6 +240,8 @@ class Manifest(JsonRecord):
         inp = dict(data["input"])
         inp["files"] = [InputFile(**f) for f in inp["files"]]
         inp["roots"] = list(inp.get("roots", []))
+        if inp.get("documents") is not None:
+            inp["documents"] = DocumentSettings.from_dict(dict(inp["documents"]))
         shards = [
             ShardSpec(
                 shard_id=s["shard_id"],

@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 from batch_contract.records import JsonRecord
@@ -21,6 +21,26 @@ from batch_contract.version import SCHEMA_VERSION
 STAGES = ("model_load", "input_read", "tokenize", "inference", "write", "idle", "reuse")
 """Stage names used in ``stage_seconds`` everywhere (worker stats, markers, the cost report). ``reuse``:
 the result-cache pass before model load (read + hash the shard's texts, look keys up, commit hits)."""
+OPTIONAL_STAGES = ("preprocess",)
+"""Stages a record holds only when the run has them: ``preprocess``, the wall seconds the producer
+waited for a chunk's documents to be extracted (inputs with ``input.documents``; it overlaps inference
+like ``input_read`` and ``tokenize``). Kept apart from :data:`STAGES` so records of text runs keep
+their bytes."""
+
+PREPROCESS_FIELDS = ("rows", "cpu_seconds", "wall_seconds", "extract_seconds", "engine_wait_seconds",
+                     "engine_busy_seconds", "pool_workers", "queue_depth")
+"""Keys of the ``preprocess`` figures of an attempt record / marker (documents runs only): documents
+extracted (rows), CPU seconds of the extraction processes, wall seconds from the first document
+submitted to the last one received, seconds the pool processes spent extracting (summed), seconds the
+engine's thread waited for the next chunk (``idle``), seconds it spent on chunks (engine and commit),
+and the pool's size and queue depth."""
+
+
+def _without_empty(data: dict[str, Any], name: str) -> dict[str, Any]:
+    """``data`` without key ``name`` when its value is empty (a field written only when it has figures)."""
+    if not data.get(name):
+        data.pop(name, None)
+    return data
 
 
 @dataclass
@@ -78,6 +98,13 @@ class AttemptRecord(JsonRecord):
     host_facts: dict[str, Any] = field(default_factory=dict)
     """The machine this attempt ran on (:func:`batch_contract.hostinfo.host_facts`: CPU model, cores,
     caches, bf16/AMX, memory, load average at start); ``{}`` in records written before this field."""
+    preprocess: dict[str, Any] = field(default_factory=dict)
+    """Document extraction figures of this attempt (:data:`PREPROCESS_FIELDS`); ``{}`` (and left out of
+    the JSON) for text inputs."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field; ``preprocess`` only when it holds figures (text runs write the bytes they did)."""
+        return _without_empty(asdict(self), "preprocess")
 
 
 @dataclass
@@ -164,6 +191,13 @@ class ShardMarker(JsonRecord):
     finished_at: str = ""
     status: str = "complete"
     schema_version: int = SCHEMA_VERSION
+    preprocess: dict[str, Any] = field(default_factory=dict)
+    """Document extraction figures (:data:`PREPROCESS_FIELDS`) summed over the attempts (pool size
+    and queue depth: the last attempt's); ``{}`` (and left out of the JSON) for text inputs."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field; ``preprocess`` only when it holds figures (text runs write the bytes they did)."""
+        return _without_empty(asdict(self), "preprocess")
 
     @property
     def tokens(self) -> TokenCounts:

@@ -133,6 +133,9 @@ def decide(store: RunStore, manifest: Manifest, model: str | None) -> CarryOverP
     When sources disagree on the fingerprint (shards computed on hosts that resolved ``auto``
     differently), only the fingerprint covering the most rows is carried, so the run stays on one.
     """
+    if manifest.input.documents is not None:
+        return CarryOverPlan(disabled="the input points at documents: the plan hashes the files it lists, not "
+                                      "the documents' bytes (the worker extracts every document)")
     if model is None:
         return CarryOverPlan(disabled="the model's bytes are not pinned here (model directory not readable "
                                       "by the plan task and no image digest)")

@@ -25,6 +25,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from batch_contract.documents import PREPROCESS_MODES, PREPROCESS_NONE
 from batch_contract.engine_config import AUTO_TOKEN_BUDGET, MIN_TOKEN_BUDGET, ConfigError, WorkerSettings
 from batch_contract.engines import DEFAULT_ENGINE_KIND, engine_kinds
 from batch_contract.enums import EngineKind
@@ -280,6 +281,12 @@ PARAM_FIELDS: Mapping[str, ParamField] = _fields(
                "Input", min_length=1, max_length=200, required=True),
     ParamField("row_limit", 0, "integer", "Row limit", "Process only the first N rows (0: all).", "Input",
                minimum=0, maximum=10_000_000_000),
+    ParamField("preprocess", PREPROCESS_NONE, "string", "Documents: extractor",
+               "none: the text column is text. Otherwise the input points at documents (a folder of PDF, HTML "
+               "or image files, each file one row with its path as id; or a text column of document URIs) and "
+               "the worker extracts their text before the engine: pdf (text layer, OCR for pages without "
+               "one), html (main text), ocr (images and scanned PDFs), auto (by file suffix). See "
+               "docs/documents.md.", "Input", enum=PREPROCESS_MODES),
     ParamField("engine", DEFAULT_ENGINE_KIND.value, "string", "Engine", "encoder: embeddings/classification with a "
                "transformers encoder; llm: generation with vLLM.", "Engine", enum=ENGINES, required=True),
     ParamField("model", None, "string", "Model", "Local model directory (or path inside the image). "
@@ -470,6 +477,7 @@ class RunConfig:
     id_column: str = _default("id_column")
     text_column: str = _default("text_column")
     row_limit: int = _default("row_limit")
+    preprocess: str = _default("preprocess")
     engine: str = _default("engine")
     model: str | None = _default("model")
     engine_options: dict[str, Any] = _default("engine_options")

@@ -33,6 +33,18 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from batch_contract import storage
+from batch_contract.documents import (
+    INDEX_ID_COLUMN,
+    INDEX_URI_COLUMN,
+    POD_POOL_WORKERS,
+    PREPROCESS_MODES,
+    PREPROCESS_NONE,
+    DocumentSettings,
+    document_id,
+    index_root,
+    index_uri,
+    is_document_name,
+)
 from batch_contract.engine_config import (
     DEFAULT_MAX_LINE_BYTES,
     DEFAULT_MAX_ROW_GROUP_BYTES,
@@ -110,6 +122,11 @@ class PlanRequest:
             :data:`batch_inference.params.DEFAULT_MAX_MAP_LENGTH`).
         row_limit: plan only the first N rows (file order); ``None`` or 0: all rows.
         params: run parameters recorded in the manifest.
+        preprocess: ``none`` (the text column is text) or a document extractor
+            (:data:`batch_contract.documents.PREPROCESS_MODES`): then ``input_uri`` is a folder, glob or
+            file of documents (one row each, its path relative to the folder as id; ``id_column`` and
+            ``text_column`` are not used: the plan reads a document index it writes into the run
+            directory) or a Parquet/JSONL input whose ``text_column`` holds document URIs.
         input_roots: allowed input roots (local paths, ``file://`` or ``gs://`` URIs, as the deployment
             policy lists them). Set: every file the input expands to, and every directory walked to find
             them, must lie under one of them once resolved (locally after following symbolic links;
@@ -133,8 +150,11 @@ class PlanRequest:
     params: dict[str, Any] = field(default_factory=dict)
     dag_id: str | None = None
     input_roots: list[str] | None = None
+    preprocess: str = PREPROCESS_NONE
 
     def __post_init__(self) -> None:
+        if self.preprocess not in PREPROCESS_MODES:
+            raise ConfigError(f"preprocess: {self.preprocess!r} is not one of {list(PREPROCESS_MODES)}")
         if self.input_roots is not None and not (
                 isinstance(self.input_roots, list | tuple) and all(isinstance(r, str) and r for r in self.input_roots)):
             raise ConfigError("input_roots: must be a list of non-empty paths or URIs")
@@ -719,12 +739,17 @@ def _est_tokens(blocks: list[_Block], start: int, stop: int) -> int:
 
 
 def shard_refs(manifest: Manifest, run_dir: str) -> list[dict[str, Any]]:
-    """Small XCom payload: one ``{"run_dir", "shard_id", "rows", "est_tokens"}`` dict per shard."""
-    return [{"run_dir": run_dir, "shard_id": s.shard_id, "rows": s.rows, "est_tokens": s.est_tokens}
+    """Small XCom payload: one ``{"run_dir", "shard_id", "rows", "est_tokens"}`` dict per shard, plus
+    ``preprocess_workers`` (the extraction processes a pod runs, so the pod requests their CPUs:
+    :func:`batch_inference.pod_spec.with_preprocess_cpus`) when the input points at documents."""
+    extra: dict[str, Any] = {}
+    if manifest.input.documents is not None:
+        extra["preprocess_workers"] = manifest.input.documents.pool_workers or POD_POOL_WORKERS
+    return [{"run_dir": run_dir, "shard_id": s.shard_id, "rows": s.rows, "est_tokens": s.est_tokens, **extra}
             for s in manifest.shards]
 
 
-def _reuse(existing: Manifest, request: PlanRequest, manifest_uri: str) -> Manifest:
+def _reuse(existing: Manifest, request: PlanRequest, manifest_uri: str, roots: list[str] | None = None) -> Manifest:
     """``existing`` if it was planned for the request's DAG, run id, input, input roots and engine config
     (compared normalised: a default written out equals it omitted), else :class:`PlanError`: a plan is
     never reused across DAGs, nor under input roots the deployment has since changed."""
@@ -732,7 +757,7 @@ def _reuse(existing: Manifest, request: PlanRequest, manifest_uri: str) -> Manif
     if existing.run_id != request.run_id or (request.dag_id is not None and planned_dag != request.dag_id):
         raise PlanError(f"run_id: {manifest_uri} belongs to another run (DAG {planned_dag!r}, run "
                         f"{existing.run_id!r}); it is not reused")
-    if list(existing.input.roots) != list(request.input_roots or []):
+    if existing.input.roots != roots and list(existing.input.roots) != list(request.input_roots or []):
         raise PlanError(f"run_id: {manifest_uri} was planned under other input roots than this DAG's "
                         "deployment settings now give; use a new run id")
     if existing.input.uri != request.input_uri or existing.engine_config != engine_config_from_dict(request.engine):
@@ -763,21 +788,29 @@ def plan(request: PlanRequest) -> tuple[Manifest, list[dict[str, Any]]]:
         existing = store.manifest
     except FileNotFoundError:
         existing = None
+    folder_roots = _index_roots(request, layout.run_dir)
     if existing is not None:
-        manifest = _reuse(existing, request, layout.manifest_uri)
+        manifest = _reuse(existing, request, layout.manifest_uri, folder_roots)
         return manifest, shard_refs(manifest, layout.run_dir)
     roots = list(request.input_roots or [])
     worker = WorkerSettings.from_dict(request.worker)
-    fmt, uris = resolve_input_files(request.input_uri, roots)
-    metas = read_metadata(fmt, uris, request.id_column, request.text_column, roots=roots, worker=worker,
+    documents = None if request.preprocess == PREPROCESS_NONE else DocumentSettings(preprocess=request.preprocess)
+    id_column, text_column = request.id_column, request.text_column
+    if documents is not None and _is_document_input(request.input_uri, roots):
+        fmt, uris = InputFormat.PARQUET, [write_document_index(request.input_uri, layout.run_dir, roots)]
+        id_column, text_column = INDEX_ID_COLUMN, INDEX_URI_COLUMN
+        roots = folder_roots or []
+    else:
+        fmt, uris = resolve_input_files(request.input_uri, roots)
+    metas = read_metadata(fmt, uris, id_column, text_column, roots=roots, worker=worker,
                           extra_columns=_extra_columns(request.engine))
     shards = build_shards(metas, request)
     files = [InputFile(uri=m.uri, rows=m.rows, row_group_rows=m.row_group_rows, size_bytes=m.size_bytes)
              for m in metas]
     manifest = Manifest(
         run_id=request.run_id,
-        input=InputSpec(uri=request.input_uri, format=fmt.value, id_column=request.id_column,
-                        text_column=request.text_column, files=files, roots=roots),
+        input=InputSpec(uri=request.input_uri, format=fmt.value, id_column=id_column,
+                        text_column=text_column, files=files, roots=roots, documents=documents),
         shards=shards,
         engine=dict(request.engine),
         worker=worker,
@@ -787,10 +820,123 @@ def plan(request: PlanRequest) -> tuple[Manifest, list[dict[str, Any]]]:
     if isinstance(manifest.engine_config, LLMConfig):
         check_user_template(manifest.engine_config, _input_columns(fmt, metas, roots))
     if not store.write_manifest(manifest):  # a concurrent planner won: use its plan
-        manifest = _reuse(store.manifest, request, layout.manifest_uri)
+        manifest = _reuse(store.manifest, request, layout.manifest_uri, folder_roots)
     log.info("planned %d rows from %d %s file(s) into %d shard(s) at %s", manifest.rows, len(files),
              fmt.value, len(manifest.shards), layout.manifest_uri)
     return manifest, shard_refs(manifest, layout.run_dir)
+
+
+# ------------------------------------------------------------------------------------------ documents
+
+
+def _index_roots(request: PlanRequest, run_dir: str) -> list[str] | None:
+    """The input roots of a manifest planned from a folder of documents: the request's plus the run's
+    document index folder (:func:`batch_contract.documents.index_root`), so the worker may open the
+    index; the request's own when it has none (no check either way). ``None`` for text inputs."""
+    if request.preprocess == PREPROCESS_NONE:
+        return None
+    roots = list(request.input_roots or [])
+    return [*roots, index_root(run_dir)] if roots else []
+
+
+def _is_document_input(input_uri: str, roots: Sequence[str]) -> bool:
+    """Whether ``input_uri`` (file, folder or glob) names documents rather than a Parquet/JSONL input
+    holding their URIs: a single file with a document suffix, or a folder/glob that holds documents and
+    no Parquet/JSONL file.
+
+    Raises:
+        PlanError: the folder holds both documents and Parquet/JSONL files, or reaches outside ``roots``.
+    """
+    if _is_data_name(input_uri.rstrip("/")) and not any(c in input_uri for c in _GLOB_CHARS):
+        return False
+    if is_document_name(input_uri) and not any(c in input_uri for c in _GLOB_CHARS):
+        return True
+    paths = _listed(input_uri, roots)
+    docs = [p for p in paths if is_document_name(p)]
+    data = [p for p in paths if _is_data_name(p)]
+    if docs and data:
+        raise PlanError(f"input_uri: {input_uri} holds both documents and Parquet/JSONL files; point it at "
+                        "a folder of documents, or at the Parquet/JSONL files whose text column holds their URIs")
+    return bool(docs)
+
+
+def _listed(input_uri: str, roots: Sequence[str]) -> list[str]:
+    """Arrow paths of every file under a folder or matching a glob (``[]`` for a single file)."""
+    try:
+        if any(c in input_uri for c in _GLOB_CHARS):
+            fixed = input_uri
+            while any(c in fixed for c in _GLOB_CHARS):
+                if "/" not in fixed:
+                    raise PlanError(f"input_uri: {input_uri} has a wildcard in its first path segment; "
+                                    "start it with a directory")
+                fixed = fixed.rsplit("/", 1)[0]
+            storage.check_under_roots(fixed, roots)
+            _, base = storage.arrow_filesystem(fixed + "/")
+            pattern = base.rstrip("/") + input_uri[len(fixed):]
+            return [p for p in storage.list_tree(fixed, roots) if fnmatch.fnmatchcase(p, pattern)]
+        storage.check_under_roots(input_uri, roots)
+        fs, path = storage.arrow_filesystem(input_uri)
+        info = fs.get_file_info(path)
+        if info.type == pafs.FileType.NotFound:
+            raise PlanError(f"input_uri: {input_uri} does not exist")
+        return storage.list_tree(input_uri, roots) if info.type == pafs.FileType.Directory else []
+    except storage.InputRefusedError as exc:
+        raise PlanError(f"input_uri: {input_uri} reaches outside the allowed input locations: {exc}") from None
+
+
+def _glob_base(input_uri: str) -> str:
+    """The folder a document's id is relative to: the input folder, a glob's fixed prefix, or a single
+    file's folder."""
+    fixed = input_uri
+    while any(c in fixed for c in _GLOB_CHARS):
+        fixed = fixed.rsplit("/", 1)[0]
+    if fixed != input_uri or not is_document_name(input_uri):
+        return fixed
+    return input_uri.rstrip("/").rsplit("/", 1)[0]
+
+
+def write_document_index(input_uri: str, run_dir: str, roots: Sequence[str] = ()) -> str:
+    """List the documents of a folder, glob or file input and commit them as the run's document index
+    (Parquet, columns ``id``: the path relative to the folder, ``uri``: the document's URI; sorted by
+    path, row groups of 8,192 rows), create-only: a rerun of the plan keeps the index already there.
+
+    Args:
+        input_uri: the ``input_uri`` Param (local path, ``file://``, ``gs://``, ``s3://``, ``az://``).
+        run_dir: the run directory (the index goes to ``<run_dir>/documents/index.parquet``).
+        roots: allowed input roots every listed document is checked against (empty: no check).
+
+    Returns:
+        The index URI.
+
+    Raises:
+        PlanError: nothing to list, or a document outside ``roots``.
+    """
+    uri = index_uri(run_dir)
+    if storage.exists(uri):
+        return uri
+    paths = [input_uri] if is_document_name(input_uri) and not any(c in input_uri for c in _GLOB_CHARS) else None
+    if paths is None:
+        paths = sorted(p for p in _listed(input_uri, roots) if is_document_name(p))
+        uris = [_to_uri(input_uri, p) for p in paths]
+    else:
+        uris = [input_uri]
+    for doc in uris:
+        try:
+            storage.check_under_roots(doc, roots)
+        except storage.InputRefusedError as exc:
+            raise PlanError(f"input_uri: {input_uri} reaches outside the allowed input locations: {exc}") from None
+    base = _glob_base(input_uri)
+    table = pa.table({INDEX_ID_COLUMN: pa.array([document_id(u, base) for u in uris], pa.string()),
+                      INDEX_URI_COLUMN: pa.array(uris, pa.string())})
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, row_group_size=8192, compression="zstd")
+    storage.makedirs(index_root(run_dir))
+    try:
+        storage.write_create_only(uri, sink.getvalue().to_pybytes())
+    except storage.AlreadyExistsError:  # a concurrent planner committed its listing first: use it
+        pass
+    log.info("document index: %d document(s) under %s -> %s", len(uris), input_uri, uri)
+    return uri
 
 
 def _extra_columns(engine: dict[str, Any]) -> list[str] | None:

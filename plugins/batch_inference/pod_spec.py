@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from batch_contract.documents import POOL_WORKERS_ENV
 from batch_contract.engine_config import ConfigError, WorkerSettings
 
 DIGEST_PATTERN = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
@@ -390,16 +391,64 @@ def kpo_expand_kwargs(ref: dict[str, Any], run_id: str) -> dict[str, Any]:
         ref: a planner shard ref (``run_dir``, ``shard_id``, ``rows``).
         run_id: the Airflow run id (sanitised into a label value).
     """
-    return {
-        "arguments": worker_arguments(ref["run_dir"], ref["shard_id"]),
-        "labels": {
-            "app.kubernetes.io/name": "batch-worker",
-            "app.kubernetes.io/part-of": "batch-inference",
-            "batch-inference/run-id": label_value(run_id),
-            "batch-inference/shard-id": ref["shard_id"],
-            "batch-inference/rows": str(int(ref.get("rows", 0))),
-        },
+    labels = {
+        "app.kubernetes.io/name": "batch-worker",
+        "app.kubernetes.io/part-of": "batch-inference",
+        "batch-inference/run-id": label_value(run_id),
+        "batch-inference/shard-id": ref["shard_id"],
+        "batch-inference/rows": str(int(ref.get("rows", 0))),
     }
+    if int(ref.get("preprocess_workers") or 0) > 0:
+        labels[PREPROCESS_LABEL] = str(int(ref["preprocess_workers"]))
+    return {"arguments": worker_arguments(ref["run_dir"], ref["shard_id"]), "labels": labels}
+
+
+PREPROCESS_LABEL = "batch-inference/preprocess-workers"
+"""Label of a shard pod whose input points at documents: the extraction processes its worker runs
+(the plan's ``preprocess_workers`` of the shard ref). :func:`with_preprocess_cpus` adds that many CPUs
+to the container's request and tells the worker the pool size (``BATCH_PREPROCESS_WORKERS``)."""
+PREPROCESS_WORKERS_ENV = POOL_WORKERS_ENV
+
+
+def _cpu_millis(quantity: str) -> int:
+    """Millicores of a Kubernetes CPU quantity (``"4"``, ``"500m"``, ``"1.5"``).
+
+    Raises:
+        ConfigError: not a CPU quantity.
+    """
+    text = str(quantity).strip()
+    try:
+        return int(text[:-1]) if text.endswith("m") else round(float(text) * 1000)
+    except ValueError:
+        raise ConfigError(f"cpu: {quantity!r} is not a Kubernetes CPU quantity") from None
+
+
+def with_preprocess_cpus(pod: Any) -> Any:
+    """``pod`` (a ``V1Pod``) with the CPUs its document extraction pool needs: when the pod carries
+    :data:`PREPROCESS_LABEL` = N, the worker container's CPU request grows by N cores (the engine's own
+    request stays: the pool runs beside it) and the container gets ``BATCH_PREPROCESS_WORKERS=N``. Other
+    pods are returned unchanged.
+
+    Raises:
+        ConfigError: the container's CPU request is not a quantity.
+    """
+    from kubernetes.client import models as k8s  # parse time: kubernetes runner only
+
+    workers = int((pod.metadata.labels or {}).get(PREPROCESS_LABEL) or 0)
+    if workers <= 0:
+        return pod
+    for container in pod.spec.containers:
+        if container.name != "base":
+            continue
+        resources = container.resources or k8s.V1ResourceRequirements()
+        requests = dict(resources.requests or {})
+        millis = _cpu_millis(requests.get("cpu", "0")) + workers * 1000
+        requests["cpu"] = f"{millis}m" if millis % 1000 else str(millis // 1000)
+        resources.requests = requests
+        container.resources = resources
+        env = [e for e in (container.env or []) if e.name != PREPROCESS_WORKERS_ENV]
+        container.env = [*env, k8s.V1EnvVar(name=PREPROCESS_WORKERS_ENV, value=str(workers))]
+    return pod
 
 
 CANARY_POD_NAME = "batch-worker-canary"

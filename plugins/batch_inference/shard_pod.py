@@ -62,7 +62,14 @@ from batch_inference.pod_outcome import (
     scheduling_failure,
     start_failure,
 )
-from batch_inference.pod_spec import K8sSettings, kpo_expand_kwargs, kpo_partial_kwargs, label_value, shard_of
+from batch_inference.pod_spec import (
+    K8sSettings,
+    kpo_expand_kwargs,
+    kpo_partial_kwargs,
+    label_value,
+    shard_of,
+    with_preprocess_cpus,
+)
 from batch_inference.quota import create_with_quota_backoff
 
 DEFAULT_MAX_PREEMPTIONS = 20
@@ -123,8 +130,9 @@ class ShardPodOperator(KubernetesPodOperator):
 
     # -- the pod carries the preemption count ------------------------------------------------------
     def build_pod_request_obj(self, context: Any = None, *, dry_run: bool = False):
-        """The provider's pod plus the :data:`PREEMPTIONS_ANNOTATION` of this try so far."""
-        pod = super().build_pod_request_obj(context, dry_run=dry_run)
+        """The provider's pod plus the :data:`PREEMPTIONS_ANNOTATION` of this try so far, with the CPUs a
+        document extraction pool needs (:func:`~batch_inference.pod_spec.with_preprocess_cpus`)."""
+        pod = with_preprocess_cpus(super().build_pod_request_obj(context, dry_run=dry_run))
         pod.metadata.annotations = {**(pod.metadata.annotations or {}),
                                     PREEMPTIONS_ANNOTATION: str(self.preemptions)}
         return pod

@@ -53,6 +53,7 @@ from batch_worker.dedupe import append_part, with_winners
 from batch_worker.engines.base import ChunkRows, Engine, LoadedModel, check_chunk_output, engine_class
 from batch_worker.errors import BadInputError
 from batch_worker.ledger import build_ledger
+from batch_worker.preprocess import DocumentPool, apply_extraction
 from batch_worker.progress import utc_now
 from batch_worker.reader import iter_shard_blocks
 from batch_worker.reuse import reuse_enabled
@@ -170,7 +171,7 @@ class Canary:
         self.fingerprint = adopt_pin(store.run_dir, self.manifest, self.engine, fingerprint)
         self.clock = StageClock()
         self.t0 = time.perf_counter()
-        self.reuse_on = reuse_enabled(self.engine, self.settings)
+        self.reuse_on = reuse_enabled(self.engine, self.settings, self.manifest.input)
         self.result_log: resultcache.ResultLog | None = None
         """The sample's keys in the result cache's log (set by :meth:`read_sample` when reuse is on)."""
         self.shard_rows: dict[str, int] = {}
@@ -180,6 +181,7 @@ class Canary:
         self.json_valid = 0
         self.json_invalid = 0
         self.checks_json = bool(getattr(config, "json_schema", None))
+        self.documents: DocumentPool | None = None
 
     # -- sample ---------------------------------------------------------------------------------------
     def read_sample(self) -> Sample:
@@ -201,7 +203,7 @@ class Canary:
                 blocks = list(iter_shard_blocks(spec, segments, self.settings.read_batch_rows,
                                                 self.engine.extra_columns(), self.settings))
             for block in blocks:
-                rows = validator.validate(block).rows
+                rows = self._extracted(validator.validate(block).rows)
                 keep = [i for i, rid in enumerate(rows.ids) if rid not in seen]
                 seen.update(rows.ids[i] for i in keep)
                 if keep:
@@ -211,6 +213,21 @@ class Canary:
         if self.reuse_on and len(rows):
             rows, owners = self._without_cached(rows, owners)
         return Sample(rows=rows, owners=owners, next_chunk=next_chunk)
+
+    def _extracted(self, rows: ChunkRows) -> ChunkRows:
+        """``rows`` with their documents' text (an input with ``input.documents``; others unchanged):
+        extracted through the pool like a shard's chunks (:mod:`batch_worker.preprocess`), timed as the
+        ``preprocess`` stage; a row whose document gives no text is left out of the sample (its shard
+        dead-letters it), so the canary's token figures are those of extracted text."""
+        spec = self.manifest.input
+        if spec.documents is None or not len(rows):
+            return rows
+        if self.documents is None:
+            self.documents = DocumentPool(spec.documents, spec.roots)
+        with self.clock.stage("preprocess"):
+            results = self.documents.extract(rows.texts)
+        kept, _dead = apply_extraction(rows, results or [], spec.text_column)
+        return kept
 
     def _without_cached(self, rows: ChunkRows, owners: list[str]) -> tuple[ChunkRows, list[str]]:
         """Leave out rows the result cache already holds (their shard's reuse pass copies them); keys are
@@ -321,7 +338,11 @@ class Canary:
         """Read the sample, load the engine, run the warm-up, the search's slices and the rest at the chosen
         budget (each committed into its shards), save the profile when a search ran; returns the record
         (not yet written: :func:`run_canary` writes it)."""
-        sample = self.read_sample()
+        try:
+            sample = self.read_sample()
+        finally:
+            if self.documents is not None:  # the sample's documents are extracted: free the pool's CPUs
+                self.documents.close()
         planned = self.engine.planned_device()
         if planned is not None:  # batch settings are load arguments: decide them before the load
             self._set_device(planned)

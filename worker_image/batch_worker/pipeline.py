@@ -18,6 +18,7 @@ from batch_contract.manifest import InputSpec, Segment
 
 from batch_worker.dedupe import Deduper, Split
 from batch_worker.engines.base import ChunkRows, Engine
+from batch_worker.preprocess import DocumentPool, apply_extraction
 from batch_worker.reader import iter_shard_blocks
 from batch_worker.stats import StageClock
 from batch_worker.validate import DeadLetter, Validator, concat_rows
@@ -69,15 +70,19 @@ class Producer:
         settings: worker settings (``read_batch_rows``).
         validator: the shard-wide validator (holds the resume ledger).
         sizer: chunk sizing.
-        clock: stage clock (``input_read`` and ``tokenize`` are timed here).
+        clock: stage clock (``input_read``, ``preprocess`` and ``tokenize`` are timed here).
         should_stop: stop request (SIGTERM).
         deduper: splits each chunk into rows to compute and copies (``None``: every row is computed).
+        documents: for an input with ``input.documents``: the extraction pool (:mod:`batch_worker.preprocess`)
+            that turns each chunk's document URIs into text before ``prepare``; rows whose document
+            gives no text join the chunk's dead letters. ``None``: the text column is text.
     """
 
     def __init__(
         self, engine: Engine, spec: InputSpec, segments: list[Segment], settings: WorkerSettings,
         validator: Validator, sizer: ChunkSizer, clock: StageClock, should_stop: Callable[[], bool],
         deduper: Deduper | None = None,
+        documents: DocumentPool | None = None,
     ) -> None:
         self.engine = engine
         self.deduper = deduper
@@ -88,6 +93,7 @@ class Producer:
         self.sizer = sizer
         self.clock = clock
         self.should_stop = should_stop
+        self.documents = documents
         self.rows_skipped = 0
         self.exhausted = False
         """True once every row of the shard was read and handed over."""
@@ -147,6 +153,14 @@ class Producer:
             yield block
 
     def _emit(self, rows: ChunkRows, dead: list[DeadLetter]) -> bool:
+        if self.documents is not None and len(rows):
+            with self.clock.stage("preprocess"):
+                results = self.documents.extract(rows.texts, self.should_stop)
+            if results is None:  # a stop request while the chunk's documents were extracted
+                self.stopped_reading = True
+                return False
+            rows, more = apply_extraction(rows, results, self.spec.text_column)
+            dead = [*dead, *more]
         split = None
         with self.clock.stage("tokenize"):
             if self.deduper is not None:

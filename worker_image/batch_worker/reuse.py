@@ -47,9 +47,13 @@ REUSE_PART_ROWS = 50_000
 """Rows per reused part file (each row is a few hundred floats: about 80 MB per file at 384 dims)."""
 
 
-def reuse_enabled(engine: Engine, settings: WorkerSettings) -> bool:
-    """Whether this shard reads and writes the result cache: ``worker.reuse == "same_root"`` and an
-    engine whose result depends only on what it keys (``Engine.reuses_results``)."""
+def reuse_enabled(engine: Engine, settings: WorkerSettings, spec: InputSpec | None = None) -> bool:
+    """Whether this shard reads and writes the result cache: ``worker.reuse == "same_root"``, an
+    engine whose result depends only on what it keys (``Engine.reuses_results``) and an input whose
+    text column is text (``spec.documents`` unset: the reuse pass would key document URIs, not their
+    text, and it runs before any extraction)."""
+    if spec is not None and spec.documents is not None:
+        return False
     return settings.reuse == "same_root" and engine.reuses_results
 
 

@@ -50,6 +50,7 @@ from batch_worker.engines.base import (
 from batch_worker.errors import BadInputError
 from batch_worker.ledger import Ledger, build_ledger, read_parquet_columns
 from batch_worker.pipeline import ChunkSizer, ChunkWork, Producer
+from batch_worker.preprocess import DocumentPool
 from batch_worker.progress import Counters, ProgressReporter, utc_now
 from batch_worker.reuse import ReuseOutcome, reuse_enabled, reuse_pass
 from batch_worker.signals import StopSignal
@@ -184,10 +185,12 @@ class ShardRun:
         self.steady_t0: float | None = None
         self.steady_rows = 0
         self.steady_rate = 0.0
-        self.reuse_on = reuse_enabled(ctx.engine, self.settings)
+        self.reuse_on = reuse_enabled(ctx.engine, self.settings, ctx.manifest.input)
         self.deduper: Deduper | None = None
         """One result per key (``batch_worker.dedupe``): set in :meth:`run` for engines that reuse results."""
         self._attempt_lock = threading.Lock()
+        self.documents: DocumentPool | None = None
+        self.engine_busy = 0.0
 
     # -- attempt record -------------------------------------------------------------------------------
     def _write_attempt(self, status: str | None = None, exit_code: int | None = None) -> None:
@@ -213,7 +216,20 @@ class ShardRun:
         a.cpu_seconds = round(cpu_seconds() - self.cpu0, 3)
         a.steady_rows_per_s = round(self.steady_rate, 2)
         a.gpu = self.gpu.summary()
+        if self.documents is not None:
+            a.preprocess = self._preprocess_figures()
         storage.write_replace(self.attempt_uri, a.to_json_bytes())
+
+    def _preprocess_figures(self) -> dict[str, float | int]:
+        """This attempt's ``preprocess`` figures (``batch_contract.marker.PREPROCESS_FIELDS``)."""
+        st = self.documents.stats if self.documents is not None else None
+        if st is None:
+            return {}
+        return {"rows": st.rows, "cpu_seconds": round(st.cpu_seconds, 3), "wall_seconds": round(st.wall_seconds, 3),
+                "extract_seconds": round(st.extract_seconds, 3),
+                "engine_wait_seconds": round(self.clock.rounded(include_open=True).get("idle", 0.0), 3),
+                "engine_busy_seconds": round(self.engine_busy, 3),
+                "pool_workers": st.pool_workers, "queue_depth": st.queue_depth}
 
     def _on_hard_exit(self, why: str) -> None:
         self._write_attempt(ShardStatus.INTERRUPTED.value, int(ExitCode.INTERRUPTED))
@@ -350,9 +366,21 @@ class ShardRun:
         sizer = ChunkSizer(self.settings)
         validator = Validator(self.ctx.manifest.input.id_column, ledger.done_ids, ledger.done_dead,
                               text_column=self.ctx.manifest.input.text_column)
+        spec = self.ctx.manifest.input
+        if spec.documents is not None:
+            self.documents = DocumentPool(spec.documents, spec.roots)
+            log.info("shard %s: documents (%s): %d extraction process(es), window %d", self.ctx.shard_id,
+                     spec.documents.preprocess, self.documents.workers, self.documents.depth)
+        try:
+            return self._loop(loaded, ledger, sizer, validator)
+        finally:
+            if self.documents is not None:
+                self.documents.close()
+
+    def _loop(self, loaded: LoadedModel, ledger: Ledger, sizer: ChunkSizer, validator: Validator) -> bool:
         producer = Producer(
             self.ctx.engine, self.ctx.manifest.input, self.spec.segments, self.settings,
-            validator, sizer, self.clock, self.stop, self.deduper,
+            validator, sizer, self.clock, self.stop, self.deduper, documents=self.documents,
         ).start()
         chunk_no = ledger.next_chunk
         chunks_done = 0
@@ -364,6 +392,7 @@ class ShardRun:
                 return producer.exhausted
             t0 = time.perf_counter()
             interrupted = self._run_chunk(work, loaded, chunk_no)
+            self.engine_busy += time.perf_counter() - t0
             chunk_no += 1
             chunks_done += 1
             sizer.update(len(work.rows), time.perf_counter() - t0)
@@ -459,6 +488,7 @@ class ShardRun:
         marker.tokens_padded = sum(a.get("tokens_padded", 0) for a in marker.attempts)
         marker.tokens_real = sum(a.get("tokens_real", 0) for a in marker.attempts)
         marker.reuse_seconds_avoided = round(sum(a.get("reuse_seconds_avoided", 0.0) for a in marker.attempts), 6)
+        marker.preprocess = sum_preprocess(marker.attempts)
         marker.finished_at = utc_now()
         marker.started_at = min((a["started_at"] for a in marker.attempts), default=self.attempt.started_at)
         uri = ctx.layout.marker_uri(ctx.shard_id)
@@ -529,6 +559,17 @@ class ShardRun:
     def _attempts(self) -> list[dict]:
         """Attempt records of this fingerprint, oldest first (killed attempts included)."""
         return [asdict(rec) for rec in self.ctx.store.attempts(self.ctx.shard_id, self.ctx.fingerprint)]
+
+
+def sum_preprocess(attempts: list[dict]) -> dict[str, float | int]:
+    """The marker's ``preprocess`` figures: the attempts' figures summed (``pool_workers`` and
+    ``queue_depth``: the last attempt's that has them); ``{}`` when no attempt extracted documents."""
+    total: dict[str, float | int] = {}
+    for a in attempts:
+        figures = a.get("preprocess") or {}
+        for k, v in figures.items():
+            total[k] = v if k in ("pool_workers", "queue_depth") else round(total.get(k, 0) + v, 3)
+    return total
 
 
 def _sum_stages(attempts: list[dict]) -> dict[str, float]:

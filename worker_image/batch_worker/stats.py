@@ -11,11 +11,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from batch_contract.marker import STAGES
+from batch_contract.marker import OPTIONAL_STAGES, STAGES
 
 
 class StageClock:
-    """Wall-clock seconds per stage (names from ``batch_contract.marker.STAGES``); thread-safe."""
+    """Wall-clock seconds per stage (names from ``batch_contract.marker.STAGES``, plus those of
+    ``OPTIONAL_STAGES``, which appear only once timed); thread-safe."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = dict.fromkeys(STAGES, 0.0)
@@ -23,11 +24,12 @@ class StageClock:
         self._open: dict[int, tuple[str, float]] = {}
 
     def add(self, stage: str, seconds: float) -> None:
-        """Add ``seconds`` to ``stage``. Raises ``KeyError`` for a stage not in ``STAGES``."""
-        if stage not in self.seconds:
-            raise KeyError(f"unknown stage {stage!r}; stages are {STAGES}")
+        """Add ``seconds`` to ``stage``. Raises ``KeyError`` for a stage not in ``STAGES`` or
+        ``OPTIONAL_STAGES``."""
+        if stage not in self.seconds and stage not in OPTIONAL_STAGES:
+            raise KeyError(f"unknown stage {stage!r}; stages are {STAGES + OPTIONAL_STAGES}")
         with self._lock:
-            self.seconds[stage] += seconds
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
