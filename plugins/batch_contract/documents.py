@@ -125,11 +125,18 @@ def suffix_of(uri: str) -> str:
     return posixpath.splitext(name)[1].lower()
 
 
-def is_document_name(path: str) -> bool:
-    """Whether a listed file is a document a folder input takes: not hidden (``.``/``_``) and with a
-    suffix in :data:`DOCUMENT_SUFFIXES`."""
+MODE_SUFFIXES = {"pdf": PDF_SUFFIXES, "html": HTML_SUFFIXES, "ocr": IMAGE_SUFFIXES + PDF_SUFFIXES,
+                 "auto": DOCUMENT_SUFFIXES}
+"""The files a folder input lists under each ``preprocess`` mode: a folder planned with ``pdf`` takes its
+PDFs (other files are not rows of the run), ``auto`` every document suffix."""
+
+
+def is_document_name(path: str, preprocess: str = "auto") -> bool:
+    """Whether a listed file is a document a folder input takes under ``preprocess``: not hidden
+    (``.``/``_``) and with a suffix in :data:`MODE_SUFFIXES` of the mode (``auto``: any of
+    :data:`DOCUMENT_SUFFIXES`; ``none`` or an unknown mode: none)."""
     name = path.rstrip("/").rsplit("/", 1)[-1]
-    return not name.startswith((".", "_")) and suffix_of(name) in DOCUMENT_SUFFIXES
+    return not name.startswith((".", "_")) and suffix_of(name) in MODE_SUFFIXES.get(preprocess, ())
 
 
 def extractor_for(uri: str, preprocess: str) -> str:

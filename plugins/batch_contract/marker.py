@@ -196,8 +196,11 @@ class ShardMarker(JsonRecord):
     and queue depth: the last attempt's); ``{}`` (and left out of the JSON) for text inputs."""
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field; ``preprocess`` only when it holds figures (text runs write the bytes they did)."""
-        return _without_empty(asdict(self), "preprocess")
+        """Every field; ``preprocess`` (the marker's and each attempt's) only when it holds figures (text
+        runs write the bytes they did)."""
+        data = _without_empty(asdict(self), "preprocess")
+        data["attempts"] = [_without_empty(dict(a), "preprocess") for a in data["attempts"]]
+        return data
 
     @property
     def tokens(self) -> TokenCounts:

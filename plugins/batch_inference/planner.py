@@ -36,6 +36,7 @@ from batch_contract import storage
 from batch_contract.documents import (
     INDEX_ID_COLUMN,
     INDEX_URI_COLUMN,
+    MODE_SUFFIXES,
     POD_POOL_WORKERS,
     PREPROCESS_MODES,
     PREPROCESS_NONE,
@@ -796,8 +797,9 @@ def plan(request: PlanRequest) -> tuple[Manifest, list[dict[str, Any]]]:
     worker = WorkerSettings.from_dict(request.worker)
     documents = None if request.preprocess == PREPROCESS_NONE else DocumentSettings(preprocess=request.preprocess)
     id_column, text_column = request.id_column, request.text_column
-    if documents is not None and _is_document_input(request.input_uri, roots):
-        fmt, uris = InputFormat.PARQUET, [write_document_index(request.input_uri, layout.run_dir, roots)]
+    if documents is not None and _is_document_input(request.input_uri, roots, request.preprocess):
+        fmt, uris = InputFormat.PARQUET, [write_document_index(request.input_uri, layout.run_dir, roots,
+                                                               request.preprocess)]
         id_column, text_column = INDEX_ID_COLUMN, INDEX_URI_COLUMN
         roots = folder_roots or []
     else:
@@ -839,24 +841,28 @@ def _index_roots(request: PlanRequest, run_dir: str) -> list[str] | None:
     return [*roots, index_root(run_dir)] if roots else []
 
 
-def _is_document_input(input_uri: str, roots: Sequence[str]) -> bool:
+def _is_document_input(input_uri: str, roots: Sequence[str], preprocess: str = "auto") -> bool:
     """Whether ``input_uri`` (file, folder or glob) names documents rather than a Parquet/JSONL input
     holding their URIs: a single file with a document suffix, or a folder/glob that holds documents and
-    no Parquet/JSONL file.
+    no Parquet/JSONL file (documents: the suffixes ``preprocess`` lists,
+    :data:`batch_contract.documents.MODE_SUFFIXES`).
 
     Raises:
         PlanError: the folder holds both documents and Parquet/JSONL files, or reaches outside ``roots``.
     """
     if _is_data_name(input_uri.rstrip("/")) and not any(c in input_uri for c in _GLOB_CHARS):
         return False
-    if is_document_name(input_uri) and not any(c in input_uri for c in _GLOB_CHARS):
+    if is_document_name(input_uri, preprocess) and not any(c in input_uri for c in _GLOB_CHARS):
         return True
     paths = _listed(input_uri, roots)
-    docs = [p for p in paths if is_document_name(p)]
+    docs = [p for p in paths if is_document_name(p, preprocess)]
     data = [p for p in paths if _is_data_name(p)]
     if docs and data:
         raise PlanError(f"input_uri: {input_uri} holds both documents and Parquet/JSONL files; point it at "
                         "a folder of documents, or at the Parquet/JSONL files whose text column holds their URIs")
+    if paths and not docs and not data:
+        raise PlanError(f"input_uri: {input_uri} holds no file that preprocess={preprocess!r} reads (suffixes "
+                        f"{', '.join(MODE_SUFFIXES.get(preprocess, ()))}) and no Parquet/JSONL file")
     return bool(docs)
 
 
@@ -890,12 +896,12 @@ def _glob_base(input_uri: str) -> str:
     fixed = input_uri
     while any(c in fixed for c in _GLOB_CHARS):
         fixed = fixed.rsplit("/", 1)[0]
-    if fixed != input_uri or not is_document_name(input_uri):
+    if fixed != input_uri or not is_document_name(input_uri, "auto"):
         return fixed
     return input_uri.rstrip("/").rsplit("/", 1)[0]
 
 
-def write_document_index(input_uri: str, run_dir: str, roots: Sequence[str] = ()) -> str:
+def write_document_index(input_uri: str, run_dir: str, roots: Sequence[str] = (), preprocess: str = "auto") -> str:
     """List the documents of a folder, glob or file input and commit them as the run's document index
     (Parquet, columns ``id``: the path relative to the folder, ``uri``: the document's URI; sorted by
     path, row groups of 8,192 rows), create-only: a rerun of the plan keeps the index already there.
@@ -904,6 +910,8 @@ def write_document_index(input_uri: str, run_dir: str, roots: Sequence[str] = ()
         input_uri: the ``input_uri`` Param (local path, ``file://``, ``gs://``, ``s3://``, ``az://``).
         run_dir: the run directory (the index goes to ``<run_dir>/documents/index.parquet``).
         roots: allowed input roots every listed document is checked against (empty: no check).
+        preprocess: the extractor; it decides which suffixes are listed
+            (:data:`batch_contract.documents.MODE_SUFFIXES`).
 
     Returns:
         The index URI.
@@ -914,9 +922,10 @@ def write_document_index(input_uri: str, run_dir: str, roots: Sequence[str] = ()
     uri = index_uri(run_dir)
     if storage.exists(uri):
         return uri
-    paths = [input_uri] if is_document_name(input_uri) and not any(c in input_uri for c in _GLOB_CHARS) else None
+    single = is_document_name(input_uri, preprocess) and not any(c in input_uri for c in _GLOB_CHARS)
+    paths = [input_uri] if single else None
     if paths is None:
-        paths = sorted(p for p in _listed(input_uri, roots) if is_document_name(p))
+        paths = sorted(p for p in _listed(input_uri, roots) if is_document_name(p, preprocess))
         uris = [_to_uri(input_uri, p) for p in paths]
     else:
         uris = [input_uri]

@@ -64,7 +64,7 @@ def _marker(r: random.Random) -> ShardMarker:
         tokens_real=r.randint(0, 10**9), tokens_padded=r.randint(0, 10**9), tokens_prompt=r.randint(0, 10**9),
         tokens_cached=r.randint(0, 10**9), tokens_output=r.randint(0, 10**9), stage_seconds=_stages(r),
         steady_rows_per_s=_num(r), cpu_seconds=_num(r), engine={"model_digest": _text(r), "dim": r.randint(1, 4096)},
-        gpu=r.choice([{}, {"util_mean": _num(r)}]), attempts=[_attempt(r).__dict__ for _ in range(r.randint(0, 2))],
+        gpu=r.choice([{}, {"util_mean": _num(r)}]), attempts=[_attempt(r).to_dict() for _ in range(r.randint(0, 2))],
         parts=[_text(r) for _ in range(r.randint(0, 3))], dead_letter_parts=[_text(r) for _ in range(r.randint(0, 2))],
         files=_files(r), files_quarantined=r.randint(0, 3), rows_reused=r.randint(0, 99),
         reuse_seconds_avoided=_num(r), host_facts=r.choice([{}, {"cores": r.randint(1, 64)}]), started_at=_text(r),

@@ -154,12 +154,28 @@ class DocumentPool:
             except OcrUnavailableError as exc:
                 raise BadInputError(f"input.documents: {exc}") from None
 
+    def _check_pool(self) -> None:
+        """Make sure fresh pool processes start and answer (a no-op task).
+
+        Raises:
+            RuntimeError: they do not: the host cannot run the pool (the shard fails and is retried),
+                so no document is dead-lettered for it.
+        """
+        try:
+            self._pool().submit(os.getpid).result(timeout=120)
+        except (BrokenProcessPool, FutureTimeout, OSError) as exc:
+            self._restart()
+            raise RuntimeError(f"the document extraction pool cannot start its processes: {exc!r}") from None
+
     def _alone(self, uri: str, should_stop: Callable[[], bool]) -> Extracted | None:
-        """One document on its own (after a process died): a second death makes it a dead letter."""
+        """One document on its own (after a process died): a second death, in a pool that otherwise
+        works, makes it a dead letter."""
+        self._check_pool()
         try:
             return self._wait(self._submit(uri), should_stop)
         except BrokenProcessPool:
             self._restart()
+            self._check_pool()
             return Extracted(text="", reason=DeadLetterReason.UNREADABLE_DOCUMENT, method="",
                              detail="the extraction process died reading this document (crash or out of memory)")
 

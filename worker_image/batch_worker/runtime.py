@@ -23,7 +23,7 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -558,7 +558,7 @@ class ShardRun:
 
     def _attempts(self) -> list[dict]:
         """Attempt records of this fingerprint, oldest first (killed attempts included)."""
-        return [asdict(rec) for rec in self.ctx.store.attempts(self.ctx.shard_id, self.ctx.fingerprint)]
+        return [rec.to_dict() for rec in self.ctx.store.attempts(self.ctx.shard_id, self.ctx.fingerprint)]
 
 
 def sum_preprocess(attempts: list[dict]) -> dict[str, float | int]:

@@ -40,6 +40,40 @@ def sum_stages(markers: list[ShardMarker]) -> dict[str, float]:
     return {s: float(sum(m.stage_seconds.get(s, 0.0) for m in markers)) for s in stage_names(markers)}
 
 
+def preprocess(markers: list[ShardMarker]) -> dict[str, Any] | None:
+    """The run's document extraction (``preprocess`` figures of the markers), or ``None`` when no shard
+    extracted documents.
+
+    Returns:
+        ``rows`` (documents extracted, dead letters included), ``cpu_seconds`` (the pool processes'),
+        ``wall_seconds`` (the producers' waits on extraction, summed over shards), ``extract_seconds``
+        (pool processes' busy wall, summed), ``rows_per_s`` (rows / wall_seconds), ``engine_idle_share``
+        (the engine's wait for the next chunk over its wait plus its work), ``pool_workers`` and
+        ``queue_depth`` (largest over shards), ``shards``.
+    """
+    figures = [m.preprocess for m in markers if m.preprocess]
+    if not figures:
+        return None
+
+    def total(key: str) -> float:
+        return float(sum(f.get(key, 0) for f in figures))
+
+    wait, busy = total("engine_wait_seconds"), total("engine_busy_seconds")
+    return {
+        "rows": int(total("rows")),
+        "cpu_seconds": total("cpu_seconds"),
+        "wall_seconds": total("wall_seconds"),
+        "extract_seconds": total("extract_seconds"),
+        "rows_per_s": ratio(total("rows"), total("wall_seconds")),
+        "engine_wait_seconds": wait,
+        "engine_busy_seconds": busy,
+        "engine_idle_share": ratio(wait, wait + busy),
+        "pool_workers": int(max(f.get("pool_workers", 0) for f in figures)),
+        "queue_depth": int(max(f.get("queue_depth", 0) for f in figures)),
+        "shards": len(figures),
+    }
+
+
 def fractions(seconds: dict[str, float]) -> dict[str, float | None]:
     """Each value divided by the total (``None`` for all when the total is 0)."""
     total = sum(seconds.values())

@@ -176,7 +176,11 @@ def compute_report(data: RunData, *, dag_id: str, publish_summary: dict[str, Any
     worker_stages = agg.sum_stages(markers)
     if canary_worker_seconds > 0:
         worker_stages["canary"] = float(canary_worker_seconds)
-    stage_seconds = {**worker_stages, "publish": publish_seconds}
+    # document extraction runs in the pool beside the engine: its wall is shown, not priced again (the
+    # pod's time is priced through the engine's stages, its idle waiting on the pool included)
+    preprocess_wall = worker_stages.pop("preprocess", None)
+    stage_seconds = {**worker_stages, **({"preprocess": preprocess_wall} if preprocess_wall is not None else {}),
+                     "publish": publish_seconds}
     worker_seconds = sum(worker_stages.values())
     by_stage_usd = cost_by_stage(worker_stages, publish_seconds, params)
     cost_usd = sum(by_stage_usd.values())
@@ -287,6 +291,7 @@ def compute_report(data: RunData, *, dag_id: str, publish_summary: dict[str, Any
             params=params),
         "upgrade": (projection or {}).get("upgrade"),
         "approval": approval,
+        "preprocess": agg.preprocess(markers),
     }
 
 

@@ -134,6 +134,12 @@ def text_summary(report: dict[str, Any]) -> str:
     if att["interrupted_seconds"]:
         figures.append(("time in interrupted/failed attempts",
                         f"{fmt.num(att['interrupted_seconds'])} s ({fmt.usd(att['interrupted_cost_usd'])})"))
+    pre = report.get("preprocess")
+    if pre:
+        figures.append(("documents extracted: CPU s / wall s / rows/s",
+                        f"{fmt.num(pre['cpu_seconds'])} / {fmt.num(pre['wall_seconds'])} / {fmt.num(pre['rows_per_s'])}"
+                        f" ({pre.get('pool_workers', 0)} process(es))"))
+        figures.append(("engine idle waiting on documents", fmt.pct(pre["engine_idle_share"])))
     figures.append(("same job on on-demand", fmt.usd(report["counterfactuals"]["on_demand"]["cost_usd"])))
     padding = report["counterfactuals"]["padding"]
     if padding:
