@@ -30,6 +30,7 @@ test: venv lint
 .PHONY: test-fast
 test-fast: venv lint
 	@bash scripts/pg_test_cluster.sh install
+	@bash scripts/ensure_tesseract.sh
 	$(PY) -m pytest tests/unit tests/dags tests/integration -q -m "not dagrun" --ignore=tests/integration/llm \
 		-n $(or $(TEST_JOBS),4) --dist loadfile --durations=10 -p no:cacheprovider
 
@@ -91,6 +92,13 @@ bench-attention: venv
 	$(PY) bench/attention.py
 
 .PHONY: bench-storage
+# Documents in (docs/documents.md): engine idle share with the extraction pool vs a sequential
+# extract-then-infer loop, and peak RSS on a 1x and a 10x generated corpus; last line: JSON.
+.PHONY: bench-documents
+bench-documents: venv
+	@bash scripts/ensure_tesseract.sh
+	PYTHONPATH=plugins:worker_image:. $(PY) bench/documents.py $(BENCH_DOCUMENTS_ARGS)
+
 bench-storage: venv
 	@bash scripts/ensure_azurite.sh >/dev/null
 	$(PY) bench/storage.py

@@ -40,7 +40,7 @@ stage() {  # NAME CMD...: run CMD, output to build/ci/NAME.log (and to stdout wh
 
 system_packages() {  # apt installs first and one at a time (dpkg takes one client); Azurite from npm
   bash scripts/pg_test_cluster.sh install && bash scripts/ensure_browser.sh "${VENV:-.venv}" \
-    && bash scripts/ensure_azurite.sh >/dev/null
+    && bash scripts/ensure_tesseract.sh && bash scripts/ensure_azurite.sh >/dev/null
 }
 
 main_pass() {
