@@ -12,8 +12,12 @@ encoder is the bundled all-MiniLM-L6-v2.
    * *sequential*: for each chunk, extract its documents one by one in this process, then run the
      engine on them (``prepare`` + ``process``); the idle share is extraction time over the total.
 2. **Peak RSS**: ``batch-worker run`` in a fresh process on the 1x and the 10x corpus (one shard each,
-   default chunk sizing), sampling the resident memory of the worker and its pool processes together
+   the same fixed ``chunk_rows``), sampling the resident memory of the worker and its pool processes together
    (psutil, every 50 ms); the peak of that sum.
+
+Every run gives the engine ``--threads`` intra-op threads (``BATCH_WORKER_THREADS``, default 1) and the
+pool the other CPUs (``pool_workers`` 0: CPUs minus one), so on a small host the pool and the engine do
+not fight over the same cores in one variant and not the other.
 
 The last line printed is one JSON object: ``engine_idle_share_pool``, ``engine_idle_share_sequential``,
 ``idle_share_ratio``, ``peak_rss_mb_1x``, ``peak_rss_mb_10x``, ``rss_ratio_10x_1x`` and the rest.
@@ -43,6 +47,7 @@ from batch_worker.extract import extract_document  # noqa: E402
 from batch_worker.preprocess import apply_extraction  # noqa: E402
 from batch_worker.reader import iter_shard_blocks  # noqa: E402
 from batch_worker.runtime import run_shard  # noqa: E402
+from batch_worker.stats import apply_thread_cap  # noqa: E402
 from batch_worker.validate import Validator  # noqa: E402
 
 from bench.doc_corpus import write_corpus  # noqa: E402
@@ -95,6 +100,7 @@ def sequential_idle_share(corpus: Path, out: Path, chunk_rows: int) -> dict:
     spec = manifest.input
     engine = engine_class(manifest.engine_config.kind)(manifest.engine_config, manifest.worker)
     engine.load()
+    apply_thread_cap()  # the same intra-op threads as the worker's own run
     validator = Validator(spec.id_column, text_column=spec.text_column)
     rows_all = [validator.validate(b).rows for b in iter_shard_blocks(spec, manifest.shard(shard).segments, 8192)]
     idle = busy = 0.0
@@ -116,10 +122,10 @@ def sequential_idle_share(corpus: Path, out: Path, chunk_rows: int) -> dict:
             "rows_ok": n_ok}
 
 
-def peak_rss_mb(corpus: Path, out: Path, run_id: str) -> dict:
+def peak_rss_mb(corpus: Path, out: Path, run_id: str, chunk_rows: int) -> dict:
     """``batch-worker run`` on ``corpus`` in a fresh process; the peak of the summed RSS of the worker and
     its descendants (pool processes, tesseract), sampled every 50 ms."""
-    run_dir, shard = _plan(corpus, out, run_id, {})
+    run_dir, shard = _plan(corpus, out, run_id, {"chunk_rows": chunk_rows})
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "plugins"), str(REPO / "worker_image")])}
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "batch_worker", "run", "--run-dir", run_dir, "--shard", shard],
@@ -144,13 +150,20 @@ def peak_rss_mb(corpus: Path, out: Path, run_id: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--docs", type=int, default=40, help="documents in the 1x corpus (default 40)")
+    parser.add_argument("--docs", type=int, default=60, help="documents in the 1x corpus (default 60)")
+    parser.add_argument("--rss-chunk-rows", type=int, default=32,
+                        help="rows per chunk in the RSS runs (the same for both: memory is bounded by the chunk "
+                             "and the pool's window, so the corpus size alone changes)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="engine intra-op threads (BATCH_WORKER_THREADS) in every run; the pool gets the "
+                             "other CPUs (default 1: on a 2-CPU host one for the engine, one for the pool)")
     parser.add_argument("--scale", type=int, default=10, help="the large corpus is this many times the 1x one")
     parser.add_argument("--chunk-rows", type=int, default=8, help="rows per chunk in the idle-share runs")
     parser.add_argument("--idle-docs", type=int, default=80, help="documents in the idle-share corpus")
     parser.add_argument("--out", default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ["BATCH_WORKER_THREADS"] = str(args.threads)
     texts = _texts()
     started = time.perf_counter()
     load0 = os.getloadavg()
@@ -163,9 +176,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{pool['engine_busy_s']:.1f} s) vs sequential {seq['idle_share']:.3f} (wait {seq['engine_wait_s']:.1f} s, "
               f"busy {seq['engine_busy_s']:.1f} s) on {n_idle} documents", flush=True)
         n1 = _corpus(root / "c1", args.docs, texts, seed=2)
-        rss1 = peak_rss_mb(root / "c1", root / "out-rss", "rss-1x")
+        rss1 = peak_rss_mb(root / "c1", root / "out-rss", "rss-1x", args.rss_chunk_rows)
         n10 = _corpus(root / "c10", args.docs * args.scale, texts, seed=3)
-        rss10 = peak_rss_mb(root / "c10", root / "out-rss", f"rss-{args.scale}x")
+        rss10 = peak_rss_mb(root / "c10", root / "out-rss", f"rss-{args.scale}x", args.rss_chunk_rows)
         print(f"peak RSS (worker + pool): {rss1['peak_rss_mb']} MB on {n1} documents, {rss10['peak_rss_mb']} MB on "
               f"{n10} documents", flush=True)
     result = {
@@ -178,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         "worker_peak_rss_mb_1x": rss1["worker_peak_rss_mb"],
         "worker_peak_rss_mb_10x": rss10["worker_peak_rss_mb"],
         "documents_idle_run": n_idle, "documents_1x": n1, "documents_10x": n10,
-        "chunk_rows": args.chunk_rows,
+        "chunk_rows": args.chunk_rows, "rss_chunk_rows": args.rss_chunk_rows, "engine_threads": args.threads,
         "pool": {k: pool[k] for k in ("engine_wait_s", "engine_busy_s", "wall_s", "rows_ok", "rows_dead_letter",
                                       "dead_letter_reasons", "preprocess")},
         "sequential": {k: seq[k] for k in ("engine_wait_s", "engine_busy_s", "rows_ok")},

@@ -196,6 +196,10 @@ class DocumentPool:
         window: deque[Future] = deque()
         nxt = 0
         while len(out) < len(uris):
+            if should_stop():
+                for f in window:
+                    f.cancel()
+                return None
             while nxt < len(uris) and len(window) < self.depth:
                 window.append(self._submit(uris[nxt]))
                 nxt += 1
