@@ -73,24 +73,33 @@ def sample_rows(manifest: Manifest, sample: int, columns: Sequence[str] = ()):
         BadInputError: unreadable input (from the reader).
     """
     from batch_worker.engines.base import ChunkRows
+    from batch_worker.preprocess import DocumentPool, apply_extraction
     from batch_worker.reader import iter_shard_blocks
     from batch_worker.validate import Validator, concat_rows
 
     per_shard = math.ceil(sample / max(1, len(manifest.shards)))
     parts: list[ChunkRows] = []
-    for spec in manifest.shards:
-        validator = Validator(manifest.input.id_column, text_column=manifest.input.text_column)
-        taken = 0
-        for block in iter_shard_blocks(manifest.input, spec.segments, manifest.worker.read_batch_rows, columns,
-                                       manifest.worker):
-            rows = validator.validate(block).rows
-            need = min(per_shard - taken, sample - sum(len(p) for p in parts))
-            if need <= 0:
+    documents = manifest.input.documents
+    pool = DocumentPool(documents, manifest.input.roots) if documents is not None else None
+    try:
+        for spec in manifest.shards:
+            validator = Validator(manifest.input.id_column, text_column=manifest.input.text_column)
+            taken = 0
+            for block in iter_shard_blocks(manifest.input, spec.segments, manifest.worker.read_batch_rows, columns,
+                                           manifest.worker):
+                rows = validator.validate(block).rows
+                if pool is not None and len(rows):  # documents: their extracted text (no text: left out)
+                    rows, _dead = apply_extraction(rows, pool.extract(rows.texts) or [], manifest.input.text_column)
+                need = min(per_shard - taken, sample - sum(len(p) for p in parts))
+                if need <= 0:
+                    break
+                parts.append(rows.take(list(range(min(need, len(rows))))))
+                taken += len(parts[-1])
+            if sum(len(p) for p in parts) >= sample:
                 break
-            parts.append(rows.take(list(range(min(need, len(rows))))))
-            taken += len(parts[-1])
-        if sum(len(p) for p in parts) >= sample:
-            break
+    finally:
+        if pool is not None:
+            pool.close()
     return concat_rows(parts)
 
 
