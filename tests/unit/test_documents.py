@@ -133,6 +133,17 @@ def test_bad_documents_are_dead_letters_with_reasons(tmp_path: Path, name: str, 
     assert got.reason == reason and got.detail and got.text == ""
 
 
+def test_any_parser_exception_is_that_documents_dead_letter(tmp_path: Path, monkeypatch) -> None:
+    import batch_worker.extract as extract
+
+    def explode(data: bytes):
+        raise RecursionError("maximum recursion depth exceeded in a nested table")
+
+    monkeypatch.setattr(extract, "_html", explode)
+    got = extract_document(_write(tmp_path / "deep.html", b"<table>" * 10), DocumentSettings(preprocess="auto"))
+    assert got.reason == DeadLetterReason.UNREADABLE_DOCUMENT and "RecursionError" in got.detail
+
+
 def test_a_missing_or_refused_file_is_unreadable(tmp_path: Path) -> None:
     settings = DocumentSettings(preprocess="pdf")
     assert extract_document(str(tmp_path / "gone.pdf"), settings).reason == DeadLetterReason.UNREADABLE_DOCUMENT

@@ -12,7 +12,7 @@ Extractors (``batch_contract.documents.extractor_for`` picks one per document):
 
 A document that cannot become text is an :class:`Extracted` with a dead-letter reason, never an
 exception: missing or unreadable file, larger than ``max_document_bytes``, not the kind its extractor
-reads, corrupt (``unreadable_document``); a PDF that needs a password (``encrypted_document``); more
+reads, corrupt, or any other exception of a parser on it (``unreadable_document``); a PDF that needs a password (``encrypted_document``); more
 pages than ``max_pages`` (``page_limit_exceeded``); no text at all (``empty_extraction``). Only a host
 problem raises: :class:`OcrUnavailableError` when a page needs OCR and tesseract is not installed.
 
@@ -261,6 +261,11 @@ def extract_document(uri: str, settings: DocumentSettings, roots: list[str] | tu
         reason, detail = None, ""
     except _Refused as refused:
         text, reason, detail = "", refused.reason, refused.detail
+    except OcrUnavailableError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - parsers raise anything on hostile input: that document is a dead letter
+        text, reason = "", DeadLetterReason.UNREADABLE_DOCUMENT
+        detail = f"{method} extractor failed: {type(exc).__name__}: {exc}"[:500]
     return Extracted(text=text, reason=reason, detail=detail, method=method, pages=pages,
                      cpu_seconds=round(_cpu_now() - c0, 6), wall_seconds=round(time.perf_counter() - t0, 6))
 
