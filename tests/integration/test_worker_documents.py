@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from batch_contract.runstore import RunStore
 from batch_inference.planner import PlanRequest, plan
+from batch_worker.canary import CanaryOptions, run_canary
 from batch_worker.engines.base import ChunkRows, engine_class
 from batch_worker.extract import extract_document
 from batch_worker.runtime import run_shard
@@ -108,3 +109,19 @@ def test_every_document_once_with_the_extracted_texts_embedding_and_resume(folde
     latest = max(store.attempts(shard, marker.fingerprint), key=lambda a: a.started_at)
     assert latest.preprocess["rows"] == len(ids) - len(kept_results) - len(kept_dead)
     assert json.loads((shard_dir / "_SUCCESS.json").read_bytes())["rows_ok"] == len(results)
+
+
+def test_the_canary_runs_extracted_text_and_leaves_bad_documents_to_their_shard(folder: Path, tmp_path: Path) -> None:
+    run_dir, shard = _plan(folder, tmp_path / "out", "canary")
+    canary = run_canary(run_dir, CanaryOptions(min_rows=8, strategy="candidates"))
+    store = RunStore.open(run_dir)
+    shard_dir = Path(store.layout.shard_dir(shard))
+    sampled, dead = _committed(shard_dir)
+    assert canary.sample_rows == len(sampled) > 0 and not dead  # the sample's bad documents are not in it
+    assert "preprocess" in canary.stage_seconds
+    assert run_shard(run_dir, shard, install_signals=False) == 0
+    results, dead = _committed(shard_dir)
+    ids = pq.read_table(store.manifest.input.files[0].uri).column("id").to_pylist()
+    assert sorted([*results, *dead]) == sorted(ids) and set(sampled) <= set(results)
+    assert set(dead) == {"locked.pdf", "broken.pdf", "blank.pdf"}
+    assert store.marker(shard).preprocess["rows"] == len(ids) - len(sampled)
