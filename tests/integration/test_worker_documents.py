@@ -1,7 +1,8 @@
 """Documents through the real worker: a generated folder (text PDFs, HTML pages, a scanned PDF, bad
 documents) planned into a document index, extracted by the pool and embedded by the real
 all-MiniLM-L6-v2. Every document is exactly once in results or dead letters; an embedding is the
-extracted text's; a shard killed after its first chunks resumes by id and extracts only the rest."""
+extracted text's; a shard killed after its first chunks resumes by id and extracts only the rest; the
+canary samples extracted text; the same from a gs:// bucket (fake-gcs-server)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import json
 import shutil
 from pathlib import Path
 
+import gcs_fixture
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from batch_contract import storage
 from batch_contract.runstore import RunStore
 from batch_inference.planner import PlanRequest, plan
 from batch_worker.canary import CanaryOptions, run_canary
@@ -23,6 +26,7 @@ from batch_worker.runtime import run_shard
 from bench.doc_corpus import CORRUPT_PDF, encrypted_pdf_bytes, html_bytes, scanned_pdf_bytes, text_pdf_bytes
 
 pytestmark = pytest.mark.integration
+fake_gcs, gcs_bucket = gcs_fixture.fake_gcs, gcs_fixture.gcs_bucket  # pytest fixtures
 
 TEXTS = ["Lightweight directory access protocol server with multi-master replication.",
          "Command line tools for converting office documents into portable formats.",
@@ -48,7 +52,7 @@ def folder(tmp_path_factory) -> Path:
     return root
 
 
-def _plan(folder: Path, out: Path, run_id: str) -> tuple[str, str]:
+def _plan(folder: Path | str, out: Path | str, run_id: str) -> tuple[str, str]:
     _, refs = plan(PlanRequest(input_uri=str(folder), id_column="id", text_column="text", output_root=str(out),
                                run_id=run_id, engine={"kind": "encoder", "dtype": "float32"},
                                worker={"chunk_rows": 4, "reuse": "off"}, preprocess="auto",
@@ -125,3 +129,22 @@ def test_the_canary_runs_extracted_text_and_leaves_bad_documents_to_their_shard(
     assert sorted([*results, *dead]) == sorted(ids) and set(sampled) <= set(results)
     assert set(dead) == {"locked.pdf", "broken.pdf", "blank.pdf"}
     assert store.marker(shard).preprocess["rows"] == len(ids) - len(sampled)
+
+
+def test_documents_in_a_gs_bucket(gcs_bucket: str) -> None:
+    folder = f"{gcs_bucket}/scans/2026"
+    for i in range(3):
+        storage.write_create_only(f"{folder}/q{i}/report-{i}.pdf", text_pdf_bytes([TEXTS[i], TEXTS[i + 1]]))
+    storage.write_create_only(f"{folder}/page.html", html_bytes("Notes", TEXTS))
+    storage.write_create_only(f"{folder}/locked.pdf", encrypted_pdf_bytes(TEXTS[:1]))
+    run_dir, shard = _plan(folder, f"{gcs_bucket}/out", "gs")
+    store = RunStore.open(run_dir)
+    index_uri = store.manifest.input.files[0].uri
+    assert index_uri.startswith(f"{gcs_bucket}/out/runs/")
+    index = pq.read_table(pa.BufferReader(storage.read_bytes(index_uri))).to_pylist()
+    assert [r["id"] for r in index] == ["locked.pdf", "page.html", "q0/report-0.pdf", "q1/report-1.pdf",
+                                       "q2/report-2.pdf"]
+    assert index[2]["uri"] == f"{folder}/q0/report-0.pdf"
+    assert run_shard(run_dir, shard, install_signals=False) == 0
+    marker = store.marker(shard)
+    assert (marker.rows_input, marker.rows_ok, marker.dead_letter_reasons) == (5, 4, {"encrypted_document": 1})

@@ -270,7 +270,19 @@ def extract_document(uri: str, settings: DocumentSettings, roots: list[str] | tu
                      cpu_seconds=round(_cpu_now() - c0, 6), wall_seconds=round(time.perf_counter() - t0, 6))
 
 
-def init_pool_process() -> None:
-    """Initializer of each pool process: tesseract single-threaded (the pool is the parallelism;
-    OpenMP threads per page would oversubscribe the CPUs the pod requested)."""
+def init_pool_process(environ: dict[str, str] | None = None) -> None:
+    """Initializer of each pool process.
+
+    Args:
+        environ: the worker's environment when it started the pool: the process takes it over whole
+            (storage settings such as an emulator host or credentials). A forkserver's children inherit
+            the environment the forkserver started with, which in a long-lived process may be older than
+            the worker's. ``None``: keep the inherited one.
+
+    Tesseract runs single-threaded (``OMP_THREAD_LIMIT=1`` unless set): the pool is the parallelism, and
+    OpenMP threads per page would oversubscribe the CPUs the pod requested.
+    """
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
     os.environ.setdefault("OMP_THREAD_LIMIT", "1")

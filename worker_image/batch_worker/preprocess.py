@@ -127,7 +127,8 @@ class DocumentPool:
         if self._executor is None:
             ctx = multiprocessing.get_context("forkserver")
             ctx.set_forkserver_preload(["batch_worker.extract"])
-            self._executor = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=init_pool_process)
+            self._executor = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=init_pool_process,
+                                                 initargs=(dict(os.environ),))
         return self._executor
 
     def _restart(self) -> None:
