@@ -191,6 +191,19 @@ def test_pool_keeps_input_order_through_a_small_window_and_splits_dead_letters(t
     assert pool.stats.rows == 7 and pool.stats.cpu_seconds >= 0
 
 
+def test_documents_queued_a_chunk_ahead_come_back_in_queue_order(tmp_path: Path) -> None:
+    uris = [_write(tmp_path / f"{i}.pdf", text_pdf_bytes([f"Chunk document {i} on {PARAGRAPHS[0]}"]))
+            for i in range(5)]
+    with DocumentPool(DocumentSettings(preprocess="pdf", queue_depth=2), workers=2) as pool:
+        pool.enqueue(uris[:2])
+        pool.enqueue(uris[2:])  # the next chunk, queued while the first is still being collected
+        first = pool.collect(2)
+        with pytest.raises(ValueError, match="4 documents asked for, 3 queued"):
+            pool.collect(4)
+        rest = pool.collect(3)
+    assert [r.text.split(" on ")[0] for r in first + rest] == [f"Chunk document {i}" for i in range(5)]
+
+
 def test_pool_size_from_settings_then_the_pods_request_then_the_cpus() -> None:
     assert pool_size(DocumentSettings(pool_workers=3), {}) == 3
     assert pool_size(DocumentSettings(), {"BATCH_PREPROCESS_WORKERS": "5"}) == 5

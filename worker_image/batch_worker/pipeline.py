@@ -154,8 +154,8 @@ class Producer:
 
     def _emit(self, rows: ChunkRows, dead: list[DeadLetter]) -> bool:
         if self.documents is not None and len(rows):
-            with self.clock.stage("preprocess"):
-                results = self.documents.extract(rows.texts, self.should_stop)
+            with self.clock.stage("preprocess"):  # queued by _run when the chunk was read
+                results = self.documents.collect(len(rows), self.should_stop)
             if results is None:  # a stop request while the chunk's documents were extracted
                 self.stopped_reading = True
                 return False
@@ -194,15 +194,38 @@ class Producer:
 
     def _run(self) -> None:
         try:
-            for rows, dead in self._chunks():
-                if self.should_stop() or not self._emit(rows, dead):
-                    return
+            if self.documents is None:
+                for rows, dead in self._chunks():
+                    if self.should_stop() or not self._emit(rows, dead):
+                        return
+            elif not self._run_documents(self.documents):
+                return
             if self.stopped_reading:  # a signal while reading: not exhausted, the shard is interrupted
                 return
             self.exhausted = True
             self._put(_DONE)
         except BaseException as exc:  # handed to the main thread, which maps it to an exit code
             self._put(exc)
+
+
+    def _run_documents(self, documents: DocumentPool) -> bool:
+        """The chunk loop of a documents input: each chunk is read one chunk ahead and its documents are
+        queued on the pool at once, so the pool extracts chunk N+1 while chunk N is tokenized and handed
+        over. False when a stop request ended it."""
+        chunks = self._chunks()
+        current = next(chunks, None)
+        if current is not None:
+            documents.enqueue(current[0].texts)
+        while current is not None:
+            if self.should_stop():
+                return False
+            ahead = next(chunks, None)
+            if ahead is not None:
+                documents.enqueue(ahead[0].texts)
+            if not self._emit(*current):
+                return False
+            current = ahead
+        return True
 
 
 def _empty_rows() -> ChunkRows:

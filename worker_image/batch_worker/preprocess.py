@@ -1,11 +1,13 @@
 """The extraction pool: documents -> text in worker processes, ahead of the engine, in input order.
 
-The producer thread (:mod:`batch_worker.pipeline`) hands each chunk's validated rows (their text column
-holds document URIs) to :meth:`DocumentPool.extract`, which feeds them to a process pool through a
-bounded window (at most ``queue_depth`` documents submitted and not yet collected) and collects the
-results in input order. The producer already runs one chunk ahead of the engine (a queue of one
-chunk), so the pool extracts chunk N+1 while the engine runs chunk N; memory holds at most the window's
-documents plus the chunks the producer queue already bounds, whatever the input's size.
+The producer thread (:mod:`batch_worker.pipeline`) queues each chunk's validated rows (their text column
+holds document URIs) with :meth:`DocumentPool.enqueue` as soon as it has read the chunk, one chunk
+ahead of the one it is finishing, and collects their results in input order with
+:meth:`DocumentPool.collect`. Documents are submitted to a process pool through a bounded window (at
+most ``queue_depth`` submitted and not yet collected), so the pool keeps extracting the next chunk's
+documents while the producer tokenizes a chunk and waits for the engine to take it. The producer runs
+one chunk ahead of the engine (a queue of one chunk); memory holds the window's documents, one chunk of
+queued URIs and the chunks the producer queue already bounds, whatever the input's size.
 
 Rows whose document gives no text become dead letters with the extractor's reason
 (:mod:`batch_worker.extract`); the others continue with the extracted text as their text, so
@@ -116,6 +118,12 @@ class DocumentPool:
         self.depth = settings.queue_depth or 4 * self.workers
         self.stats = PreprocessStats(pool_workers=self.workers, queue_depth=self.depth)
         self._executor: ProcessPoolExecutor | None = None
+        self._pending: deque[str] = deque()
+        """Queued documents not yet submitted."""
+        self._window: deque[tuple[str, Future]] = deque()
+        """Submitted documents not yet collected, in queue order (at most ``depth``)."""
+        self._ready: deque[Extracted] = deque()
+        """Results extracted out of band (after a process died), ahead of the window."""
 
     def __enter__(self) -> DocumentPool:
         return self
@@ -180,10 +188,74 @@ class DocumentPool:
             return Extracted(text="", reason=DeadLetterReason.UNREADABLE_DOCUMENT, method="",
                              detail="the extraction process died reading this document (crash or out of memory)")
 
-    def extract(self, uris: list[str], should_stop: Callable[[], bool] = lambda: False) -> list[Extracted] | None:
-        """The extraction of every document of ``uris``, in the same order.
+    def enqueue(self, uris: list[str]) -> None:
+        """Queue documents for extraction behind those already queued; they are submitted as the window
+        frees (at most ``queue_depth`` submitted and not yet collected), so the pool keeps working on
+        them while the caller does other things. Collect them in the same order with :meth:`collect`."""
+        self._pending.extend(uris)
+        self._fill()
 
-        At most ``queue_depth`` documents are submitted and not yet collected at any time.
+    def _fill(self) -> None:
+        while self._pending and len(self._window) < self.depth:
+            uri = self._pending.popleft()
+            self._window.append((uri, self._submit(uri)))
+
+    def _drop(self) -> None:
+        """Forget everything queued, submitted or ready (a stop request: the caller is leaving)."""
+        for _, future in self._window:
+            future.cancel()
+        self._window.clear()
+        self._pending.clear()
+        self._ready.clear()
+
+    def collect(self, n: int, should_stop: Callable[[], bool] = lambda: False) -> list[Extracted] | None:
+        """The extraction of the next ``n`` queued documents, in queue order.
+
+        Returns:
+            ``n`` :class:`~batch_worker.extract.Extracted`, or ``None`` when ``should_stop`` turned true
+            while waiting (everything queued is dropped).
+
+        Raises:
+            BadInputError: OCR was needed and tesseract is missing on this host.
+            ValueError: fewer than ``n`` documents are queued.
+        """
+        if n > len(self._ready) + len(self._window) + len(self._pending):
+            raise ValueError(f"{n} documents asked for, {len(self._ready) + len(self._window) + len(self._pending)} queued")
+        t0 = time.perf_counter()
+        out: list[Extracted] = []
+        while len(out) < n:
+            if self._ready:
+                out.append(self._ready.popleft())
+                continue
+            if should_stop():
+                self._drop()
+                return None
+            self._fill()
+            try:
+                got = self._wait(self._window[0][1], should_stop)
+            except BrokenProcessPool:
+                self._restart()
+                inflight = [uri for uri, _ in self._window]
+                self._window.clear()
+                for uri in inflight:  # the documents in flight when a process died: one at a time, in order
+                    alone = self._alone(uri, should_stop)
+                    if alone is None:
+                        self._drop()
+                        return None
+                    self._ready.append(alone)
+                continue
+            if got is None:
+                self._drop()
+                return None
+            self._window.popleft()
+            out.append(got)
+            self._fill()
+        self.stats.add(out, time.perf_counter() - t0)
+        return out
+
+    def extract(self, uris: list[str], should_stop: Callable[[], bool] = lambda: False) -> list[Extracted] | None:
+        """The extraction of every document of ``uris``, in the same order (:meth:`enqueue` then
+        :meth:`collect`; nothing else may be queued).
 
         Returns:
             One :class:`~batch_worker.extract.Extracted` per URI, or ``None`` when ``should_stop``
@@ -192,38 +264,8 @@ class DocumentPool:
         Raises:
             BadInputError: OCR was needed and tesseract is missing on this host.
         """
-        t0 = time.perf_counter()
-        out: list[Extracted] = []
-        window: deque[Future] = deque()
-        nxt = 0
-        while len(out) < len(uris):
-            if should_stop():
-                for f in window:
-                    f.cancel()
-                return None
-            while nxt < len(uris) and len(window) < self.depth:
-                window.append(self._submit(uris[nxt]))
-                nxt += 1
-            try:
-                got = self._wait(window[0], should_stop)
-            except BrokenProcessPool:
-                self._restart()
-                redo = range(len(out), nxt)
-                window.clear()
-                for i in redo:  # the documents in flight when a process died: one at a time
-                    alone = self._alone(uris[i], should_stop)
-                    if alone is None:
-                        return None
-                    out.append(alone)
-                continue
-            if got is None:
-                for f in window:
-                    f.cancel()
-                return None
-            window.popleft()
-            out.append(got)
-        self.stats.add(out, time.perf_counter() - t0)
-        return out
+        self.enqueue(uris)
+        return self.collect(len(uris), should_stop)
 
 
 def apply_extraction(rows: ChunkRows, results: list[Extracted], text_column: str) -> tuple[ChunkRows, list[DeadLetter]]:
