@@ -41,6 +41,9 @@ from batch_worker.errors import BadInputError
 from batch_worker.extract import Extracted, OcrUnavailableError, extract_document, init_pool_process
 from batch_worker.validate import DeadLetter
 
+PRELOAD = ("batch_worker.extract", "pypdf", "trafilatura", "PIL.Image", "pytesseract")
+"""Modules the forkserver imports once, so every pool process starts with them (a missing one is
+skipped by multiprocessing and imported, or reported, where a document needs it)."""
 WAIT_SLICE_SECONDS = 0.2
 """How often a wait for a document checks the stop request (seconds)."""
 
@@ -131,10 +134,18 @@ class DocumentPool:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def start(self) -> DocumentPool:
+        """Start the pool's processes now, without waiting for them (a no-op task each), so that their
+        start-up (forkserver, imports) overlaps whatever the caller does next, such as the model load."""
+        pool = self._pool()
+        for _ in range(self.workers):
+            pool.submit(os.getpid)
+        return self
+
     def _pool(self) -> ProcessPoolExecutor:
         if self._executor is None:
             ctx = multiprocessing.get_context("forkserver")
-            ctx.set_forkserver_preload(["batch_worker.extract"])
+            ctx.set_forkserver_preload(list(PRELOAD))
             self._executor = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=init_pool_process,
                                                  initargs=(dict(os.environ),))
         return self._executor

@@ -260,6 +260,11 @@ class ShardRun:
                 self.deduper = Deduper(self.ctx.engine, result_log, self.ctx.fingerprint)
             planned = self.ctx.engine.planned_device()  # engines whose batch settings are load arguments
             tuned = planned is not None and self._apply_canary_tuning(planned)
+            spec = self.ctx.manifest.input
+            if spec.documents is not None:  # its processes start while the model loads
+                self.documents = DocumentPool(spec.documents, spec.roots).start()
+                log.info("shard %s: documents (%s): %d extraction process(es), window %d", self.ctx.shard_id,
+                         spec.documents.preprocess, self.documents.workers, self.documents.depth)
             with self.clock.stage("model_load"):
                 loaded = self.ctx.engine.load()
             self.gpu.start(loaded.info.get("device_uuid"))  # after the load: the device this process uses
@@ -298,6 +303,8 @@ class ShardRun:
                 log.exception("could not write the attempt record")
             raise
         finally:
+            if self.documents is not None:
+                self.documents.close()
             if install_signals:
                 self.stop.uninstall()
 
@@ -366,16 +373,7 @@ class ShardRun:
         sizer = ChunkSizer(self.settings)
         validator = Validator(self.ctx.manifest.input.id_column, ledger.done_ids, ledger.done_dead,
                               text_column=self.ctx.manifest.input.text_column)
-        spec = self.ctx.manifest.input
-        if spec.documents is not None:
-            self.documents = DocumentPool(spec.documents, spec.roots)
-            log.info("shard %s: documents (%s): %d extraction process(es), window %d", self.ctx.shard_id,
-                     spec.documents.preprocess, self.documents.workers, self.documents.depth)
-        try:
-            return self._loop(loaded, ledger, sizer, validator)
-        finally:
-            if self.documents is not None:
-                self.documents.close()
+        return self._loop(loaded, ledger, sizer, validator)
 
     def _loop(self, loaded: LoadedModel, ledger: Ledger, sizer: ChunkSizer, validator: Validator) -> bool:
         producer = Producer(
