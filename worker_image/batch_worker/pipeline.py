@@ -180,12 +180,15 @@ class Producer:
             if len(vb.rows):
                 pending.append(vb.rows)
                 n_pending += len(vb.rows)
-            while n_pending >= self.sizer.target():
+            # the target is read once per cut: the main thread resizes it (ChunkSizer.update) while this
+            # thread reads, and a target that grew between the check and the cut cut past the rows held
+            k = self.sizer.target()
+            while n_pending >= k:
                 rows = concat_rows(pending)
-                k = self.sizer.target()
                 yield rows.take(list(range(k))), dead
                 rest = rows.take(list(range(k, len(rows))))
                 pending, n_pending, dead = ([rest] if len(rest) else []), len(rest), []
+                k = self.sizer.target()
             if self.should_stop():
                 self.stopped_reading = True
                 return

@@ -2,9 +2,11 @@
 
 Order of a run (``run_shard``):
 
-1. read the manifest, build the engine, hash the model files -> result fingerprint;
-2. a marker with this fingerprint exists -> exit 0 at once, writing nothing; a marker with another
-   fingerprint is stale -> deleted (the shard is re-done);
+1. a complete marker of this run's config and model exists -> exit 0 at once, writing nothing, before
+   torch or vLLM is imported (``complete_before_load``);
+2. read the manifest, build the engine, hash the model files -> result fingerprint; a marker with this
+   fingerprint exists -> exit 0, writing nothing; a marker with another fingerprint is stale -> deleted
+   (the shard is re-done);
 3. write ``attempts/<attempt_id>.json``; install SIGTERM/SIGINT handlers; load the model;
 4. rebuild the resume ledger from committed files (stray temp files cleaned);
 5. producer thread: read -> validate -> chunk -> tokenize; main thread: engine -> commit dead letters and
@@ -87,8 +89,8 @@ class ShardContext:
         return self.layout.shard_dir(self.shard_id)
 
 
-def load_context(run_dir: str, shard_id: str) -> ShardContext:
-    """Read the manifest, build the engine (no model load yet) and compute the result fingerprint.
+def _open_run(run_dir: str, shard_id: str) -> tuple[RunStore, Engine]:
+    """The run's store (manifest read) and the shard's engine, built without loading its model.
 
     Raises:
         BadInputError: no manifest, or the shard is not in it.
@@ -109,7 +111,18 @@ def load_context(run_dir: str, shard_id: str) -> ShardContext:
     except KeyError as exc:
         raise BadInputError(f"shard: {exc.args[0]}") from None
     config = manifest.engine_config  # parsed and validated once, when the manifest was read
-    engine = engine_class(config.kind)(config, manifest.worker)
+    return store, engine_class(config.kind)(config, manifest.worker)
+
+
+def load_context(run_dir: str, shard_id: str) -> ShardContext:
+    """Read the manifest, build the engine (no model load yet) and compute the result fingerprint.
+
+    Raises:
+        BadInputError: no manifest, or the shard is not in it.
+        ConfigError: invalid engine/worker config or model path.
+    """
+    store, engine = _open_run(run_dir, shard_id)
+    manifest = store.manifest
     fingerprint = result_fingerprint(manifest.config_fingerprint, engine.model_digest(), engine.resolved_settings())
     fingerprint = adopt_pin(run_dir, manifest, engine, fingerprint)
     return ShardContext(store=store, shard_id=shard_id, engine=engine, fingerprint=fingerprint)
@@ -137,6 +150,40 @@ def adopt_pin(run_dir: str, manifest: Manifest, engine: Engine, fingerprint: str
             f"fingerprint is {adopted}: rerun with params.reuse='off', or set the engine dtype explicitly")
     log.info("fingerprint %s: adopted the carried shards' resolved settings %s", pinned, resolved)
     return adopted
+
+
+def complete_before_load(run_dir: str, shard_id: str) -> ShardMarker | None:
+    """The shard's marker when it already completes the shard under this run's config and model, decided
+    before anything imports the engine's libraries (torch, vLLM): a retried or rescheduled worker of a
+    complete shard exits at once (issue #35: in about the time of reading the manifest and hashing the
+    model files).
+
+    The marker completes the shard when its fingerprint is the run's pinned one (the plan carried shards
+    over: :func:`adopt_pin`), else one of the fingerprints this config and model give under any setting
+    the engine may resolve on some host (:meth:`Engine.possible_resolved_settings`, e.g. the encoder's
+    ``dtype: auto`` as bf16 or fp32): the rows were computed for this run, so a host that would resolve
+    the other way does not redo them. Anything else (no marker, not complete, unreadable, another config
+    or model) is ``None``: the full path (:func:`load_context`, :func:`existing_marker`) decides.
+
+    Raises:
+        BadInputError / ConfigError: as :func:`load_context` (the manifest or the engine config).
+    """
+    store = RunStore.open(run_dir)
+    try:
+        marker = store.marker(shard_id)
+    except (ValueError, TypeError, KeyError):
+        return None
+    if marker is None or not is_complete(marker):
+        return None
+    store, engine = _open_run(run_dir, shard_id)
+    plan = store.carryover_plan()
+    pinned = (plan.pinned if plan else {}).get("fingerprint")
+    if pinned:
+        return marker if marker.fingerprint == pinned else None
+    digest = engine.model_digest()
+    config_fp = store.manifest.config_fingerprint
+    candidates = {result_fingerprint(config_fp, digest, s) for s in engine.possible_resolved_settings()}
+    return marker if marker.fingerprint in candidates else None
 
 
 def existing_marker(ctx: ShardContext) -> ShardMarker | None:
@@ -594,6 +641,11 @@ def run_shard(run_dir: str, shard_id: str, install_signals: bool = True) -> int:
         ConfigError / BadInputError: no retry can fix it (the CLI maps these to exit code 2).
         Exception: anything else (exit code 1).
     """
+    marker = complete_before_load(run_dir, shard_id)
+    if marker is not None:
+        log.info("shard %s: already complete (fingerprint %s, %d rows): nothing to do",
+                 shard_id, marker.fingerprint, marker.rows_input)
+        return int(ExitCode.OK)
     ctx = load_context(run_dir, shard_id)
     marker = existing_marker(ctx)
     if marker is not None:

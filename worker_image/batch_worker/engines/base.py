@@ -182,6 +182,14 @@ class Engine(ABC):
         (``batch_contract.manifest.result_fingerprint``). Default: none."""
         return {}
 
+    def possible_resolved_settings(self) -> list[dict[str, Any]]:
+        """Every value :meth:`resolved_settings` may return on some host, computed without importing the
+        engine's libraries (torch, vLLM): the worker tells a shard already complete under this run's
+        config and model from these before it imports them (``runtime.complete_before_load``).
+        Default: ``[self.resolved_settings()]`` (an engine whose resolution is cheap and host-independent
+        overrides nothing)."""
+        return [self.resolved_settings()]
+
     def reuse_keys(self, rows: ChunkRows) -> list[bytes | None]:
         """Result-cache key of each row (:mod:`batch_contract.resultcache`): a hash of exactly what the
         model sees, or ``None`` for a row that cannot be keyed before inference (it is computed).

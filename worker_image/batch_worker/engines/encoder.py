@@ -310,6 +310,15 @@ class EncoderEngine(Engine):
 
         return {"dtype": resolve_dtype("auto", "cuda" if torch.cuda.is_available() else "cpu")}
 
+    def possible_resolved_settings(self) -> list[dict[str, Any]]:
+        """``[{}]`` for an explicit dtype, the pinned dtype when pinned, else both dtypes ``auto`` may
+        resolve to (``bfloat16``, ``float32``); never imports torch."""
+        if self.config.dtype != "auto":
+            return [{}]
+        if self.pinned_dtype:
+            return [{"dtype": self.pinned_dtype}]
+        return [{"dtype": "bfloat16"}, {"dtype": "float32"}]
+
     def pin_resolved(self, resolved: dict[str, Any]) -> None:
         """Run ``dtype: auto`` as ``resolved["dtype"]`` (the dtype of shards this run carried over).
 
