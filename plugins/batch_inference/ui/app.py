@@ -41,7 +41,7 @@ from airflow.api_fastapi.core_api.security import GetUserDep, get_user
 from airflow.models.dag import DagModel
 from batch_contract.layout import RunLayout
 from batch_contract.runstore import RunStore
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, Response, StreamingResponse
 from fastapi.templating import Jinja2Templates
 
@@ -49,12 +49,14 @@ from batch_inference.report import fmt
 from batch_inference.ui import deadletters
 from batch_inference.ui.discovery import RunRecord, batch_dag_ids, find_runs
 from batch_inference.ui.guard import PathRefused, check_manifest_identity, check_run_ids, guarded_manifest
-from batch_inference.ui.views import TERMINAL_DAG_RUN_STATES, RunView, ViewCache
+from batch_inference.ui.views import TERMINAL_DAG_RUN_STATES, RunView, ViewCache, shard_page
 
 LIST_LIMIT = 50
 """Runs on the list page (newest first)."""
 REFRESH_SECONDS = 10
 """A page showing an unfinished run reloads itself this often (reads storage again: live progress)."""
+SHARD_STATE_PATTERN = "^(complete|running|failed|stale|starting|pending)$"
+"""The shard states the run page filters its table by (``batch_inference.ui.figures.ShardRow.state``)."""
 REPORT_CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; frame-ancestors 'self'"
 """The report page is static HTML with inline CSS and data-URI charts: it may load nothing else."""
 NO_STORE_HEADERS = {"cache-control": "no-store", "x-content-type-options": "nosniff"}
@@ -156,13 +158,18 @@ def runs_json(user: GetUserDep, session: SessionDep) -> dict[str, Any]:
 
 
 @router.get("/runs/{dag_id}/{run_id}", response_class=HTMLResponse, dependencies=[RunAccess])
-def run_page(request: Request, dag_id: str, run_id: str, session: SessionDep) -> Response:
-    """HTML page of one run."""
+def run_page(request: Request, dag_id: str, run_id: str, session: SessionDep,
+             shards_page: int = Query(1, ge=1, le=1_000_000),
+             shard_state: str | None = Query(None, pattern=SHARD_STATE_PATTERN)) -> Response:
+    """HTML page of one run; its shard table shows :data:`~batch_inference.ui.views.SHARD_PAGE_ROWS`
+    shards a page (``?shards_page=N``, optionally only those of ``?shard_state=``) under the counts of
+    every state, so the page stays small at 1,024 shards and more."""
     view = _view(session, dag_id, run_id)
     live = view.record.state not in TERMINAL_DAG_RUN_STATES
     has_report = view.figures is not None and view.figures.get("report")
+    table = shard_page(view.shards, shards_page, shard_state)
     return TEMPLATES.TemplateResponse(request, "run.html", _page_context(request, view=view, live=live,
-                                                                         has_report=has_report))
+                                                                         has_report=has_report, table=table))
 
 
 @router.get("/api/runs/{dag_id}/{run_id}", dependencies=[RunAccess])

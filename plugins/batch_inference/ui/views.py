@@ -75,6 +75,43 @@ class RunView:
         }
 
 
+SHARD_PAGE_ROWS = 100
+"""Shards per page of the run page's shard table (a run has up to 1,024 or more: issue #35)."""
+
+
+@dataclass(frozen=True)
+class ShardPage:
+    """One page of a run's shard table, and the counts of the whole table.
+
+    Attributes:
+        rows: the shards of this page (manifest order among those of ``state``).
+        page / pages: this page's number and the number of pages (both 1-based; ``pages`` >= 1).
+        state: the state shown (``None``: every state).
+        matching: shards of ``state`` (all shards when ``None``).
+        by_state: ``{state: shards}`` over the whole table, in first-seen order.
+    """
+
+    rows: list[ShardRow]
+    page: int
+    pages: int
+    state: str | None
+    matching: int
+    by_state: dict[str, int]
+
+
+def shard_page(shards: list[ShardRow], page: int = 1, state: str | None = None,
+               size: int = SHARD_PAGE_ROWS) -> ShardPage:
+    """Page ``page`` of ``shards`` (those in ``state`` when given), ``size`` rows a page; a page past the
+    end is the last one, a page below 1 the first. Costs one pass over the table (no storage reads)."""
+    by_state: dict[str, int] = {}
+    for s in shards:
+        by_state[s.state] = by_state.get(s.state, 0) + 1
+    chosen = shards if state is None else [s for s in shards if s.state == state]
+    pages = max(1, -(-len(chosen) // size))
+    page = min(max(1, page), pages)
+    return ShardPage(chosen[(page - 1) * size:page * size], page, pages, state, len(chosen), by_state)
+
+
 def _iso(value: Any) -> str | None:
     return value.isoformat() if value is not None else None
 
