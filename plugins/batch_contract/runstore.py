@@ -356,6 +356,32 @@ class RunStore:
         is dropped. An unreadable marker is not complete (:meth:`is_complete`'s rule: a warning, read
         again at the next poll). Returns ``{shard_id: marker}`` of complete shards."""
         listed = {name.split("/", 1)[0] for name in storage.list_glob(self.layout.shards_dir(), f"*/{MARKER_NAME}")}
+        return self._complete_of(listed)
+
+    def poll_with_progress(self) -> tuple[dict[str, ShardMarker], set[str]]:
+        """:meth:`poll` and the shards that have a progress object, from ONE listing of the shards'
+        ``_*.json`` objects (``_SUCCESS.json`` and ``_PROGRESS.json``; paged: on GCS 1,000 names a
+        request, so a run of 1,024 shards costs about 3 list requests however many files its shards
+        hold), then a read of each marker not seen before.
+
+        Returns:
+            ``({shard_id: marker} of complete shards, {shard_id with a _PROGRESS.json})``; pass the
+            latter to :meth:`progress_of` as ``listed`` so it does not list again.
+
+        Raises:
+            StorageError / OSError: the listing or a read failed (other than not found).
+        """
+        markers, progress = set(), set()
+        for name in storage.list_glob(self.layout.shards_dir(), "*/_*.json"):
+            sid, _, leaf = name.partition("/")
+            if leaf == MARKER_NAME:
+                markers.add(sid)
+            elif leaf == PROGRESS_NAME:
+                progress.add(sid)
+        return self._complete_of(markers), progress
+
+    def _complete_of(self, listed: set[str]) -> dict[str, ShardMarker]:
+        """Complete markers among the ``listed`` shard ids (see :meth:`poll`)."""
         for sid in set(self._markers) - listed:
             del self._markers[sid]
         new = sorted(listed - set(self._markers))
@@ -379,12 +405,14 @@ class RunStore:
         raw = _read(self.layout.progress_uri(shard_id))
         return None if raw is None else ShardProgress.from_json_bytes(raw)
 
-    def progress_of(self, shard_ids: Iterable[str]) -> dict[str, ShardProgress]:
+    def progress_of(self, shard_ids: Iterable[str], listed: set[str] | None = None) -> dict[str, ShardProgress]:
         """Progress objects of the given shards that have one: one listing of
-        ``shards/*/_PROGRESS.json``, then a concurrent read of only the listed ones among ``shard_ids``."""
+        ``shards/*/_PROGRESS.json`` (none when ``listed``, the shard ids a listing just found with one:
+        :meth:`poll_with_progress`), then a concurrent read of only the listed ones among ``shard_ids``."""
         wanted = set(shard_ids)
-        listed = sorted(wanted & {n.split("/", 1)[0] for n in storage.list_glob(
-            self.layout.shards_dir(), f"*/{PROGRESS_NAME}")})
+        if listed is None:
+            listed = {n.split("/", 1)[0] for n in storage.list_glob(self.layout.shards_dir(), f"*/{PROGRESS_NAME}")}
+        listed = sorted(wanted & listed)
         if not listed:
             return {}
         with ThreadPoolExecutor(max_workers=max(1, min(IO_THREADS, len(listed)))) as pool:

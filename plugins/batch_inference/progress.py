@@ -45,8 +45,9 @@ def collect_progress(run: str | RunStore, shard_ids: list[str], *, now: datetime
     Args:
         run: ``<output_root>/runs/<run_id>`` (local path, ``file://`` or ``gs://``), or a
             :class:`~batch_contract.runstore.RunStore` kept across calls (then complete markers are
-            read once each): a call costs one listing of the markers, one of the progress objects, one
-            read per newly complete shard and one per shard with a progress object and no marker.
+            read once each): a call costs one listing of the markers and progress objects together
+            (:meth:`~batch_contract.runstore.RunStore.poll_with_progress`), one read per newly complete
+            shard and one per shard with a progress object and no marker.
         shard_ids: the shards to watch (five-digit ids).
         now: the current time (UTC) for staleness; default: the clock.
         per_shard: also return each shard's figures (key ``shards``), from the same reads.
@@ -72,8 +73,8 @@ def collect_progress(run: str | RunStore, shard_ids: list[str], *, now: datetime
     rate = 0.0
     missing, failed_ids, stale_ids = [], [], []
     shards: dict[str, dict[str, Any]] = {}
-    markers = store.poll()
-    progress = store.progress_of(sid for sid in shard_ids if sid not in markers)
+    markers, has_progress = store.poll_with_progress()  # one listing for both
+    progress = store.progress_of((sid for sid in shard_ids if sid not in markers), listed=has_progress)
     for sid in shard_ids:
         marker = markers.get(sid)
         if marker is not None:

@@ -142,10 +142,10 @@ class ShardMarkerSensor(BaseSensorOperator):
         return self._run_store
 
     def poke(self, context: Any) -> bool:
-        from batch_inference.completion import check_completion, gate_progress  # parse time: pyarrow
+        from batch_inference.completion import gate_check  # parse time: pyarrow
 
-        status = check_completion(self._store(), float(self.min_success_ratio))
-        self.log.info("%s", gate_progress(self._store()))
+        status, line = gate_check(self._store(), float(self.min_success_ratio))
+        self.log.info("%s", line)
         if status.satisfied:
             return True
         if time.time() >= self._deadline_epoch(context):
@@ -155,7 +155,7 @@ class ShardMarkerSensor(BaseSensorOperator):
     def execute(self, context: Any) -> dict:
         # parse time: pyarrow (the run store); this module is imported when a DAG file parses
         from batch_inference.canary_task import refusal_message
-        from batch_inference.completion import check_completion, gate_progress
+        from batch_inference.completion import check_completion, gate_check
         from batch_inference.triggers import ShardMarkerTrigger
 
         if str(self.run_dir).strip() not in {"", "None"}:
@@ -175,8 +175,8 @@ class ShardMarkerSensor(BaseSensorOperator):
         rejected = rejection_message(str(self.run_dir))
         if rejected:
             raise AirflowFailException(f"completion gate: nothing to wait for: {rejected}")
-        status = check_completion(self._store(), float(self.min_success_ratio))
-        self.log.info("%s", gate_progress(self._store()))
+        status, line = gate_check(self._store(), float(self.min_success_ratio))
+        self.log.info("%s", line)
         if status.satisfied:
             return status.to_dict()
         if not self._truthy(self.wait_for_stragglers):

@@ -1,10 +1,11 @@
 """Completion trigger: polls shard markers in storage (storage, not task state, is the truth).
 
 :class:`ShardMarkerTrigger` runs in the triggerer. It keeps one :class:`~batch_contract.runstore.RunStore`
-for its whole life, so the manifest is read once and every ``poll_seconds`` a poll costs one listing of
-the run's ``_SUCCESS.json`` markers (plus one of its progress objects) and one read per shard completed
-since the previous poll, whatever the number of shards. It logs a progress line, sets the gate's
-metrics (``batch_inference.completion.gate_progress``: two more small reads) and yields
+for its whole life, so the manifest is read once and every ``poll_seconds`` a poll
+(``batch_inference.completion.gate_check``) costs one listing of the run's markers and progress objects
+together (paged) and one read per shard completed since the previous poll (plus the running shards'
+progress objects), whatever the number of shards. It logs a progress line, sets the gate's
+metrics (two more small reads) and yields
 exactly one event: ``success`` (enough rows complete), ``timeout`` (deadline passed; names the missing
 shards) or ``error`` (storage failure; never raises, as the provider's triggers do).
 """
@@ -19,7 +20,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 from batch_contract.runstore import RunStore
 
-from batch_inference.completion import check_completion, gate_progress
+from batch_inference.completion import gate_check
 
 
 class ShardMarkerTrigger(BaseTrigger):
@@ -51,8 +52,7 @@ class ShardMarkerTrigger(BaseTrigger):
         try:
             store = RunStore.open(self.run_dir)  # kept across polls: manifest once, markers once each
             while True:
-                status = await asyncio.to_thread(check_completion, store, self.min_success_ratio)
-                line = await asyncio.to_thread(gate_progress, store)
+                status, line = await asyncio.to_thread(gate_check, store, self.min_success_ratio)
                 self.log.info("%s", line)
                 if status.satisfied:
                     yield TriggerEvent({"status": "success", **status.to_dict()})
