@@ -238,21 +238,28 @@ def _shard_of(path: str) -> str:
 
 
 def _register_file_shards(con: duckdb.DuckDBPyConnection, table: str, paths: list[str]) -> None:
-    """``table(filename, shard)`` for the given local file paths."""
+    """``table(filename, shard, file_id)`` for the given local file paths; ``file_id`` numbers the files
+    in ``filename`` order (1-based)."""
     con.register("_pub_file_shards_src", pa.table({
         "filename": pa.array(paths, pa.string()),
         "shard": pa.array([_shard_of(p) for p in paths], pa.string()),
     }))
     try:
-        con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT * FROM _pub_file_shards_src")
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT filename, shard, "
+                    "CAST(row_number() OVER (ORDER BY filename) AS INTEGER) AS file_id FROM _pub_file_shards_src")
     finally:
         con.unregister("_pub_file_shards_src")
 
 
 def _load_part_keys(con: duckdb.DuckDBPyConnection, inv: RunInventory, parts: list[str]) -> tuple[int, bool]:
-    """Key columns (and shard) of every result row into ``_pub_keys``; result rows of an id committed
-    twice in one shard (a chunk re-done after a lost commit reply) into ``_pub_drop`` (the first by
-    file name and row number is kept).
+    """Key columns of every result row into ``_pub_key_rows`` (``id``, ``file_id``, ``file_row_number``,
+    and ``fingerprint`` only where it is not the run's: NULL otherwise), with the view ``_pub_keys``
+    adding each row's ``filename`` and ``shard``; result rows of an id committed twice in one shard (a
+    chunk re-done after a lost commit reply) into ``_pub_drop`` (the first by file name and row number
+    is kept).
+
+    The table holds ~30 bytes a row, not the file path and fingerprint strings a row (issue #35: at 40M
+    rows those were ~5 GB that a 1 GB DuckDB buffer spilled to disk).
 
     Returns:
         ``(dropped, distinct)``: result rows dropped as duplicates within a shard, and whether every
@@ -260,26 +267,45 @@ def _load_part_keys(con: duckdb.DuckDBPyConnection, inv: RunInventory, parts: li
     """
     _register_file_shards(con, "_pub_part_shards", parts)
     con.execute(
-        "CREATE OR REPLACE TEMP TABLE _pub_keys AS SELECT k.id, k.fingerprint, k.filename, k.file_row_number, "
-        "s.shard FROM read_parquet($parts, filename=true, file_row_number=true, union_by_name=true) k "
+        "CREATE OR REPLACE TEMP TABLE _pub_key_rows AS SELECT k.id, s.file_id, k.file_row_number, "
+        "CASE WHEN k.fingerprint IS DISTINCT FROM $fp THEN coalesce(k.fingerprint, $null_fp) END AS fingerprint "
+        "FROM read_parquet($parts, filename=true, file_row_number=true, union_by_name=true) k "
         "LEFT JOIN _pub_part_shards s ON s.filename = k.filename",
-        {"parts": parts},
+        {"parts": parts, "fp": inv.fingerprint, "null_fp": _NULL_FP},
     )
-    unmapped = con.execute("SELECT min(filename) FROM _pub_keys WHERE shard IS NULL").fetchall()[0][0]
-    if unmapped is not None:
-        raise PublishError(f"{unmapped}: part file path not in the run's file list")
+    con.execute("CREATE OR REPLACE TEMP VIEW _pub_keys AS SELECT r.id, r.fingerprint, s.filename, r.file_row_number, "
+                "s.shard, r.file_id FROM _pub_key_rows r JOIN _pub_part_shards s ON s.file_id = r.file_id")
+    if con.execute("SELECT count(*) FROM _pub_key_rows WHERE file_id IS NULL").fetchall()[0][0]:
+        raise PublishError("a part file path read back is not in the run's file list")
     nulls = con.execute("SELECT filename, count(*) FROM _pub_keys WHERE id IS NULL GROUP BY 1 LIMIT 1").fetchall()
     if nulls:
         raise PublishError(f"{nulls[0][0]}: {nulls[0][1]} result row(s) with a null id")
-    _check_fingerprint(con, "_pub_keys", inv.fingerprint, "part file")
-    total, distinct = con.execute("SELECT count(*), count(DISTINCT id) FROM _pub_keys").fetchall()[0]
+    bad = con.execute("SELECT fingerprint, count(*), min(filename) FROM _pub_keys WHERE fingerprint IS NOT NULL "
+                      "GROUP BY 1 ORDER BY 2 DESC LIMIT 1").fetchall()
+    if bad:
+        _stale(bad[0], inv.fingerprint, "part file")
+    total, distinct = con.execute("SELECT count(*), count(DISTINCT id) FROM _pub_key_rows").fetchall()[0]
     where = "" if total != distinct else "WHERE false"  # skip the window when there are no duplicates
     con.execute(
-        "CREATE OR REPLACE TEMP TABLE _pub_drop AS SELECT id, shard, filename, file_row_number "
-        "FROM (SELECT id, shard, filename, file_row_number, row_number() OVER ("
+        "CREATE OR REPLACE TEMP TABLE _pub_drop AS SELECT id, shard, filename, file_row_number, file_id "
+        "FROM (SELECT id, shard, filename, file_row_number, file_id, row_number() OVER ("
         f" PARTITION BY id, shard ORDER BY filename, file_row_number) AS rn FROM _pub_keys {where}) WHERE rn > 1"
     )
     return int(con.execute("SELECT count(*) FROM _pub_drop").fetchall()[0][0]), total == distinct
+
+
+_NULL_FP = "\x00null"
+"""What a NULL fingerprint is stored as in ``_pub_key_rows`` (where NULL means: the run's fingerprint)."""
+
+
+def _stale(row: tuple, expected: str, what: str) -> None:
+    """Raise the stale-fingerprint :class:`PublishError` for ``(fingerprint, count, first file)``."""
+    fp, count, filename = row
+    fp = None if fp == _NULL_FP else fp
+    raise PublishError(
+        f"{count} {what} row(s) carry fingerprint {fp!r}, not the markers' {expected!r} "
+        f"(first file: {filename}); stale results must not be published"
+    )
 
 
 def _check_fingerprint(con: duckdb.DuckDBPyConnection, table: str, expected: str, what: str) -> None:
@@ -289,11 +315,7 @@ def _check_fingerprint(con: duckdb.DuckDBPyConnection, table: str, expected: str
         {"fp": expected},
     ).fetchall()
     if bad:
-        fp, count, filename = bad[0]
-        raise PublishError(
-            f"{count} {what} row(s) carry fingerprint {fp!r}, not the markers' {expected!r} "
-            f"(first file: {filename}); stale results must not be published"
-        )
+        _stale(bad[0], expected, what)
 
 
 def _load_dead_letters(con: duckdb.DuckDBPyConnection, inv: RunInventory, dead: list[str]) -> int:
@@ -374,6 +396,12 @@ def _apply_duplicate_rule(con: duckdb.DuckDBPyConnection, inv: RunInventory, key
         " ON x.source_uri = f.uri AND x.source_row = e.source_row",
         {"own": _OWN_REASONS},
     )
+    if not con.execute("SELECT count(*) FROM _pub_dup_rows").fetchall()[0][0]:
+        # no input id on two rows: nothing below can change anything; skipped, as their correlated joins
+        # over every result key cost seconds at 40M rows
+        con.execute("CREATE OR REPLACE TEMP TABLE _pub_dup_losers (id VARCHAR, uri VARCHAR, source_row BIGINT, "
+                    "shard VARCHAR, win_uri VARCHAR, win_row BIGINT)")
+        return 0
     # a losing row is re-labelled only where its shard committed something for it: a dead letter at its
     # position, or (the shard's first eligible row of the id) a result; otherwise it stays missing
     con.execute(
@@ -386,10 +414,10 @@ def _apply_duplicate_rule(con: duckdb.DuckDBPyConnection, inv: RunInventory, key
     )
     before = con.execute("SELECT count(*) FROM _pub_drop").fetchall()[0][0]
     con.execute(
-        "INSERT INTO _pub_drop SELECT k.id, k.shard, k.filename, k.file_row_number FROM _pub_keys k"
+        "INSERT INTO _pub_drop SELECT k.id, k.shard, k.filename, k.file_row_number, k.file_id FROM _pub_keys k"
         " JOIN _pub_dup_rows w ON w.id = k.id AND w.rank = 1"
         " WHERE k.shard <> w.shard AND NOT EXISTS (SELECT 1 FROM _pub_drop d"
-        "  WHERE d.filename = k.filename AND d.file_row_number = k.file_row_number)"
+        "  WHERE d.file_id = k.file_id AND d.file_row_number = k.file_row_number)"
     )
     across = con.execute("SELECT count(*) FROM _pub_drop").fetchall()[0][0] - before
     con.execute(
@@ -409,8 +437,8 @@ def _duck_type(t: pa.DataType) -> str:
     return {pa.string(): "VARCHAR", pa.int64(): "BIGINT"}[t]
 
 
-_LIVE_KEYS = ("(SELECT k.id FROM _pub_keys k ANTI JOIN _pub_drop d "
-              "ON d.filename = k.filename AND d.file_row_number = k.file_row_number)")
+_LIVE_KEYS = ("(SELECT k.id FROM _pub_key_rows k ANTI JOIN _pub_drop d "
+              "ON d.file_id = k.file_id AND d.file_row_number = k.file_row_number)")
 """Result rows that are published (not dropped as duplicates)."""
 _COVERED = (f"(SELECT id, count(*) AS n FROM (SELECT DISTINCT id FROM {_LIVE_KEYS} "
             "UNION ALL SELECT id FROM _pub_dead WHERE keep AND id IS NOT NULL) GROUP BY id)")
@@ -485,10 +513,12 @@ def check_coverage(
         dup_results, keys_distinct = _load_part_keys(con, inv, parts)
     else:
         columns = [("id", "VARCHAR"), ("fingerprint", "VARCHAR")]
-        con.execute("CREATE OR REPLACE TEMP TABLE _pub_keys (id VARCHAR, fingerprint VARCHAR, "
-                    "filename VARCHAR, file_row_number BIGINT, shard VARCHAR)")
+        con.execute("CREATE OR REPLACE TEMP TABLE _pub_key_rows (id VARCHAR, file_id INTEGER, "
+                    "file_row_number BIGINT, fingerprint VARCHAR)")
+        con.execute("CREATE OR REPLACE TEMP VIEW _pub_keys AS SELECT id, fingerprint, CAST(NULL AS VARCHAR) AS "
+                    "filename, file_row_number, CAST(NULL AS VARCHAR) AS shard, file_id FROM _pub_key_rows")
         con.execute("CREATE OR REPLACE TEMP TABLE _pub_drop (id VARCHAR, shard VARCHAR, filename VARCHAR, "
-                    "file_row_number BIGINT)")
+                    "file_row_number BIGINT, file_id INTEGER)")
         con.execute("CREATE OR REPLACE TEMP TABLE _pub_empty_results (id VARCHAR, fingerprint VARCHAR)")
         dup_results, keys_distinct = 0, True
     dup_dead = _load_dead_letters(con, inv, dead)
