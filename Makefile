@@ -112,6 +112,16 @@ bench-parallelism: venv
 bench-publish: venv
 	$(PY) bench/publish.py
 
+# The seed's scale (issue #35; docs/scale.md): SCALE_ROWS rows (default 40M) over a few hundred Parquet
+# files planned into 1,024 shards, written as the worker writes them, then gated, published (DuckDB),
+# reported and shown, each stage timed in a process of its own (wall, CPU, peak RSS). SCALE_ROOT=gs://
+# runs it on a fake-gcs-server it starts (counting requests). Data under build/, deleted at the end.
+# Not part of make test (minutes, ~2 GB of disk at 40M). Last line: one JSON object.
+SCALE_ROWS ?= 40000000
+.PHONY: bench-scale
+bench-scale: venv
+	PYTHONPATH=plugins:worker_image SCALE_ROWS=$(SCALE_ROWS) nice -n 10 $(PY) bench/scale.py $(BENCH_SCALE_ARGS)
+
 # Incremental runs: a second run on edited input (5% changed, 2% new, 1% deleted) reuses the rest.
 .PHONY: bench-incremental
 bench-incremental: venv
