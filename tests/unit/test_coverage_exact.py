@@ -99,3 +99,16 @@ def test_coverage_counts_match_a_python_reference(run: dict) -> None:
         assert cov.rows_dead_letter == len(run["dead"] - run["drop"])
         recommitted = run["recommit"] - run["drop"] - run["dead"]
         assert cov.duplicates_removed == len(recommitted)
+
+
+def test_the_coverage_check_raises_duckdbs_memory_limit_for_a_large_run_only() -> None:
+    from batch_inference.publish.coverage import COVERAGE_MEMORY_CAP_MB, _raise_memory_limit
+
+    con = duckdb.connect()
+    con.execute("SET memory_limit = '1GB'")
+    before = con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
+    _raise_memory_limit(con, 1_000_000)
+    assert con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0] == before
+    _raise_memory_limit(con, 40_000_000)
+    limit = con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
+    assert limit == f"{COVERAGE_MEMORY_CAP_MB * 1e6 / 2**30:.1f} GiB"  # DuckDB's MB are 10^6 bytes
