@@ -544,7 +544,7 @@ def summarise(args: argparse.Namespace, st: dict[str, dict[str, Any]], host: dic
                                                      st["gate"]["poll_warm_requests"]["list"])
     met = {k: (v <= TARGETS[k] if k != "publish_rows_per_s" else v >= TARGETS[k]) for k, v in figures.items()}
     met["worker_exit_no_torch"] = not st["worker_exit"]["torch_imported"]
-    return {"bench": "scale", "rows": args.rows, "shards": SHARDS, "storage": "gs (fake-gcs-server)" if gcs else "local",
+    return {"bench": "scale", "rows": args.rows, "shards": st["plan"]["shards"], "shards_asked": SHARDS, "storage": "gs (fake-gcs-server)" if gcs else "local",
             "input_files": st["generate"]["input_files"], "figures": figures, "targets": TARGETS, "met": met,
             "all_met": all(met.values()), "manifest_bytes": st["plan"]["manifest_bytes"],
             "xcom_refs_bytes": st["plan"]["xcom_refs_bytes"],
