@@ -126,7 +126,8 @@ def stage_plan(root: str, rows: int) -> dict[str, Any]:
     from batch_inference.planner import PlanRequest, plan
 
     request = PlanRequest(input_uri=f"{root}/input", id_column="id", text_column="text", output_root=f"{root}/out",
-                          run_id=RUN_ID, dag_id=DAG_ID, engine=ENGINE, worker=WORKER, rows_per_shard=math.ceil(rows / SHARDS),
+                          run_id=RUN_ID, dag_id=DAG_ID, engine=ENGINE, worker=WORKER, shard_by="rows",
+                          rows_per_shard=math.ceil(rows / SHARDS),
                           max_map_length=SHARDS, params={"dag_id": DAG_ID})
     manifest, refs = plan(request)
     run_dir = refs[0]["run_dir"]

@@ -86,3 +86,29 @@ def test_a_check_of_1100_shards_on_gcs_makes_a_few_list_requests(gcs_bucket: str
         lists = [path for method, path, _ in fault_proxy.seen
                  if method == "GET" and path.split("?", 1)[0].rstrip("/").endswith("/o")]
         assert len(lists) == math.ceil(2 * shards / 1000), lists  # one listing of 2,200 names, 1,000 a page
+
+
+def test_the_report_and_the_ui_read_every_shards_attempts_from_one_listing(tmp_path: Path, calls: Counter) -> None:
+    from batch_contract.layout import join_uri
+    from batch_contract.marker import AttemptRecord
+    from batch_inference.report.collect import load_run
+
+    run_dir = write_run(tmp_path, SAMPLE_PARQUET, rows=30, shards=30)
+    layout = RunLayout.from_run_dir(run_dir)
+    for i in range(0, 30, 3):
+        sid = f"{i:05d}"
+        for k in range(2):
+            rec = AttemptRecord(attempt_id=f"2026120{k}T000000.000000Z-{i:08x}", shard_id=sid,
+                                started_at=f"2026-12-0{k + 1}T00:00:00+00:00")
+            storage.write_replace(join_uri(layout.attempts_dir(sid), f"{rec.attempt_id}.json"), rec.to_json_bytes())
+    store = RunStore.open(run_dir)
+    ids = [s.shard_id for s in store.manifest.shards]
+    calls.clear()
+    together = store.attempts_of(ids)
+    assert (calls["list_glob"], calls["list_names"], calls["read_bytes"]) == (1, 0, 20)
+    assert together == {sid: store.attempts(sid) for sid in ids}
+    assert sum(len(v) for v in together.values()) == 20 and together["00001"] == []
+    calls.clear()
+    data = load_run(RunStore.open(run_dir))
+    assert calls["list_names"] == 0, "no listing per shard"
+    assert [a["attempt_id"] for a in data.attempts["00003"]] == [r.attempt_id for r in together["00003"]]

@@ -7,13 +7,12 @@ Every read goes through the contract's :class:`~batch_contract.runstore.RunStore
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from batch_contract.layout import RunLayout
 from batch_contract.manifest import Manifest
-from batch_contract.marker import ShardMarker, ShardProgress
+from batch_contract.marker import AttemptRecord, ShardMarker, ShardProgress
 from batch_contract.runstore import RunStore
 
 IO_THREADS = 16
@@ -43,16 +42,19 @@ class RunData:
     progress: dict[str, ShardProgress] = field(default_factory=dict)
 
 
-def merged_attempts(store: RunStore, shard_id: str, marker: ShardMarker | None) -> list[dict[str, Any]]:
+def merged_attempts(store: RunStore, shard_id: str, marker: ShardMarker | None,
+                    records: list[AttemptRecord] | None = None) -> list[dict[str, Any]]:
     """Attempt records of one shard, merged by ``attempt_id`` and sorted by start time.
 
     The marker carries the attempts known when it was written; the ``attempts/`` directory holds each
     record as last rewritten by its worker (a killed worker leaves its ``running`` record behind).
+    ``records``: the shard's ``attempts/`` records already read (:meth:`RunStore.attempts_of`); ``None``:
+    read them here.
     """
     merged: dict[str, dict[str, Any]] = {}
     for rec in marker.attempts if marker is not None else []:
         merged[str(rec.get("attempt_id", f"marker-{len(merged)}"))] = dict(rec)
-    for rec in store.attempts(shard_id):
+    for rec in store.attempts(shard_id) if records is None else records:
         merged[rec.attempt_id] = {**merged.get(rec.attempt_id, {}), **json.loads(rec.to_json_bytes())}
     return sorted(merged.values(), key=lambda r: (str(r.get("started_at", "")), str(r.get("attempt_id"))))
 
@@ -73,7 +75,6 @@ def load_run(run: str | RunStore) -> RunData:
     ids = [spec.shard_id for spec in store.manifest.shards]
     data.markers.update(store.complete_markers(ids))
     data.progress.update(store.progress_of(sid for sid in ids if sid not in data.markers))
-    with ThreadPoolExecutor(max_workers=max(1, min(IO_THREADS, len(ids)))) as pool:
-        attempts = pool.map(lambda sid: merged_attempts(store, sid, data.markers.get(sid)), ids)
-        data.attempts.update(zip(ids, attempts, strict=True))
+    records = store.attempts_of(ids)  # one listing for the run, not one per shard
+    data.attempts.update((sid, merged_attempts(store, sid, data.markers.get(sid), records[sid])) for sid in ids)
     return data
