@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 import pytest
 from airflow_services import AirflowServices, create_database, sqlalchemy_url
 from batch_contract import storage
-from batch_contract.layout import RunLayout, chunk_of
+from batch_contract.layout import RunLayout, chunk_of, join_uri
 from k8s_live import (
     NAMESPACE,
     PodLedger,
@@ -123,8 +123,17 @@ class Chaos(threading.Thread):
 
     @staticmethod
     def _worker_started(rec: PodRecord) -> bool:
+        """This pod's worker wrote its attempt record (``host`` is the pod's name), so its SIGTERM handler
+        is installed; another pod's record of the same shard (an earlier try) does not count."""
         layout = RunLayout.from_run_dir(run_dir_of(rec))
-        return bool(storage.list_names(layout.attempts_dir(rec.labels["batch-inference/shard-id"])))
+        attempts = layout.attempts_dir(rec.labels["batch-inference/shard-id"])
+        for name in storage.list_names(attempts):
+            try:
+                if json.loads(storage.read_bytes(join_uri(attempts, name))).get("host") == rec.name:
+                    return True
+            except (FileNotFoundError, ValueError):
+                continue
+        return False
 
     def run(self) -> None:
         try:

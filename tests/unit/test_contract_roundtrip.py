@@ -111,7 +111,7 @@ def test_marker_attempt_progress_round_trip() -> None:
     assert AttemptRecord.from_json_bytes(attempt.to_json_bytes()) == attempt
     marker = ShardMarker(run_id="r", shard_id="00000", fingerprint="fp", rows_input=6, rows_ok=5,
                          rows_dead_letter=1, dead_letter_reasons={DeadLetterReason.NULL_TEXT.value: 1},
-                         tokens_real=90, tokens_padded=100, attempts=[attempt.__dict__], parts=["part-00000-x.parquet"])
+                         tokens_real=90, tokens_padded=100, attempts=[attempt.to_dict()], parts=["part-00000-x.parquet"])
     back = ShardMarker.from_json_bytes(marker.to_json_bytes())
     assert back == marker and back.padding_efficiency == pytest.approx(0.9)
     progress = ShardProgress(shard_id="00000", status="running", rows_total=6, rows_done=3, rows_dead_letter=0,

@@ -420,7 +420,7 @@ class Canary:
             strategy = "grow" if self.on_gpu else "candidates"
         return strategy, BudgetSearch(strategy, candidates=self.options.candidates, start=self.options.grow_start,
                                       min_gain=self.options.min_gain, space=self.space,
-                                      incumbent=self._default_value()), None
+                                      incumbent=None if self.is_llm else self._default_value()), None
 
     def _slice_rows(self, value: int, order: list[int], est: np.ndarray) -> int | None:
         """Rows of the next trial at search value ``value``, ``None`` when too few are left: the encoder

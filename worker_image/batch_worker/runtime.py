@@ -284,12 +284,12 @@ class ShardRun:
     # -- main -------------------------------------------------------------------------------------------
     def run(self, install_signals: bool = True) -> int:
         """Run the attempt; returns the exit code (0 complete, 75 interrupted). Other errors raise."""
-        storage.makedirs(self.ctx.shard_dir)
-        self._write_attempt()
-        if install_signals:
+        if install_signals:  # before the attempt record: a worker whose record exists handles SIGTERM
             self.stop.install()
         progress = None
         try:
+            storage.makedirs(self.ctx.shard_dir)
+            self._write_attempt()
             ledger = build_ledger(self.ctx.shard_dir, self.ctx.fingerprint)
             result_log = None
             if self.reuse_on:
