@@ -60,7 +60,7 @@ def run(root: Path, run_id: str, input_uri: str, reuse: str = "same_root", rows_
         parallel: bool = False) -> dict:
     manifest, _ = plan(PlanRequest(input_uri=input_uri, id_column="id", text_column="text", output_root=str(root),
                                    run_id=run_id, engine=ENGINE, worker={"reuse": reuse, "progress_interval_seconds": 60.0},
-                                   rows_per_shard=rows_per_shard, shard_by="rows"))
+                                   rows_per_shard=rows_per_shard))
     run_dir = RunLayout(str(root), run_id).run_dir
     t0 = time.perf_counter()
     carried = set()
