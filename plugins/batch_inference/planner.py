@@ -221,20 +221,29 @@ def resolve_input_files(input_uri: str, roots: Sequence[str] = ()) -> tuple[Inpu
         raise PlanError(f"input_uri: {input_uri} reaches outside the allowed input locations: {exc}") from None
 
 
+def _glob_parts(input_uri: str, roots: Sequence[str]) -> tuple[str, str]:
+    """``(directory URI before the first wildcard segment, Arrow-path pattern)`` of a glob input, the
+    directory checked against ``roots``.
+
+    Raises:
+        PlanError: a wildcard in the first path segment.
+        storage.InputRefusedError: the directory is outside ``roots``.
+    """
+    fixed = input_uri
+    while any(c in fixed for c in _GLOB_CHARS):
+        if "/" not in fixed:
+            raise PlanError(f"input_uri: {input_uri} has a wildcard in its first path segment; "
+                            "start it with a directory")
+        fixed = fixed.rsplit("/", 1)[0]
+    storage.check_under_roots(fixed, roots)
+    _, base = storage.arrow_filesystem(fixed + "/")
+    return fixed, base.rstrip("/") + input_uri[len(fixed):]
+
+
 def _resolve_input_files(input_uri: str, roots: Sequence[str]) -> tuple[InputFormat, list[str]]:
     has_glob = any(c in input_uri for c in _GLOB_CHARS)
     if has_glob:
-        fixed = input_uri
-        while any(c in fixed for c in _GLOB_CHARS):
-            if "/" not in fixed:
-                raise PlanError(f"input_uri: {input_uri} has a wildcard in its first path segment; "
-                                "start it with a directory")
-            fixed = fixed.rsplit("/", 1)[0]
-        storage.check_under_roots(fixed, roots)
-        _, base = storage.arrow_filesystem(fixed + "/")
-        base = base.rstrip("/")
-        pattern_tail = input_uri[len(fixed):]
-        pattern = base + pattern_tail
+        fixed, pattern = _glob_parts(input_uri, roots)
         paths = sorted(p for p in storage.list_tree(fixed, roots)
                        if _is_data_name(p) and fnmatch.fnmatchcase(p, pattern))
     else:
@@ -870,15 +879,7 @@ def _listed(input_uri: str, roots: Sequence[str]) -> list[str]:
     """Arrow paths of every file under a folder or matching a glob (``[]`` for a single file)."""
     try:
         if any(c in input_uri for c in _GLOB_CHARS):
-            fixed = input_uri
-            while any(c in fixed for c in _GLOB_CHARS):
-                if "/" not in fixed:
-                    raise PlanError(f"input_uri: {input_uri} has a wildcard in its first path segment; "
-                                    "start it with a directory")
-                fixed = fixed.rsplit("/", 1)[0]
-            storage.check_under_roots(fixed, roots)
-            _, base = storage.arrow_filesystem(fixed + "/")
-            pattern = base.rstrip("/") + input_uri[len(fixed):]
+            fixed, pattern = _glob_parts(input_uri, roots)
             return [p for p in storage.list_tree(fixed, roots) if fnmatch.fnmatchcase(p, pattern)]
         storage.check_under_roots(input_uri, roots)
         fs, path = storage.arrow_filesystem(input_uri)
