@@ -385,16 +385,19 @@ def cmd_render(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The ``run`` and ``render-k8s`` command lines; options that are DAG Params default to the Param's
     default (:func:`batch_inference.params.param_default`)."""
-    parser = argparse.ArgumentParser(prog="batch_inference.cli", description=__doc__.split("\n\n")[0])
+    # allow_abbrev=False: a shortened flag (--budget for --budget-usd) is an error, never a silent guess
+    parser = argparse.ArgumentParser(prog="batch_inference.cli", description=__doc__.split("\n\n")[0],
+                                     allow_abbrev=False)
     sub = parser.add_subparsers(dest="cmd", required=True)
-    run = sub.add_parser("run", help="airflow dags test batch_inference_backfill, local runner",
+    run = sub.add_parser("run", help="airflow dags test batch_inference_backfill, local runner", allow_abbrev=False,
                          description="Every DAG Param is a flag; the run's conf is --conf updated with the "
-                                     "flags given; a Param not given takes the DAG's default (the input, "
-                                     "output and rows per shard default to the sample, output/ and 3000).")
+                                     "flags given; a Param not given takes the DAG's default (the input and "
+                                     "output default to the bundled sample and output/; make run passes "
+                                     "--rows-per-shard 3000).")
     run.add_argument("--progress-interval", type=float, default=5.0, metavar="SECONDS",
                      help="seconds between progress lines (default 5)")
     add_param_flags(run)
-    render = sub.add_parser("render-k8s", help="plan and write pod manifests (no cluster)")
+    render = sub.add_parser("render-k8s", help="plan and write pod manifests (no cluster)", allow_abbrev=False)
     render.add_argument("--input", default=SAMPLE_INPUT)
     render.add_argument("--output", default=str(REPO_ROOT / "output"))
     render.add_argument("--out", default=str(REPO_ROOT / "build" / "k8s"))

@@ -127,3 +127,19 @@ def test_ctrl_c_ends_with_a_resume_hint_not_a_traceback(tmp_path: Path, monkeypa
     assert (code, report) == (cli.INTERRUPTED_EXIT, "")
     assert any("run the same command again to resume" in line for line in lines)
     assert (tmp_path / "log.txt").read_text() == "starting\n"
+
+
+def test_a_shortened_flag_is_refused_not_taken_for_the_full_one() -> None:
+    """argparse would read ``--budget 1`` as ``--budget-usd 1`` and start a real run: every proper prefix
+    of every ``run`` and ``render-k8s`` flag is an error."""
+    import argparse
+
+    parser = build_parser()
+    subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for cmd, sub in subs.items():
+        for action in sub._actions:
+            for flag in action.option_strings:
+                if not flag.startswith("--") or len(flag) < 5:
+                    continue
+                with pytest.raises(SystemExit):
+                    parser.parse_args([cmd, flag[:-1], "1"])
