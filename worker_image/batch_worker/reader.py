@@ -257,7 +257,10 @@ def _jsonl_blocks(spec: InputSpec, uri: str, seg: Segment, batch_rows: int,
 
 def iter_shard_blocks(spec: InputSpec, segments: list[Segment], batch_rows: int,
                       extra_columns: Sequence[str] = (), settings: WorkerSettings | None = None) -> Iterator[RawBlock]:
-    """Yield the shard's rows as :class:`RawBlock` s, segment by segment, in file row order.
+    """Yield the shard's rows as :class:`RawBlock` s, segment by segment, each in file row order.
+
+    A *scattered* shard (:func:`is_scattered`: a file read by more than one segment, as the prefix-aware
+    plan makes) is read file by file once (:func:`_scattered_blocks`) and yielded in segment order.
 
     Args:
         spec: the manifest's input spec (format, id/text columns, files, roots).
@@ -277,8 +280,105 @@ def iter_shard_blocks(spec: InputSpec, segments: list[Segment], batch_rows: int,
     for seg in segments:
         if not 0 <= seg.file_index < len(spec.files):
             raise BadInputError(f"segment file_index {seg.file_index} is not in input.files (0..{len(spec.files) - 1})")
+    if is_scattered(segments):
+        yield from _scattered_blocks(spec, segments, batch_rows, extra_columns, settings)
+        return
+    for seg in segments:
         uri = spec.files[seg.file_index].uri
         if spec.format == InputFormat.PARQUET.value:
             yield from _parquet_blocks(spec, uri, seg, batch_rows, extra_columns, settings)
         else:
             yield from _jsonl_blocks(spec, uri, seg, batch_rows, extra_columns, settings)
+
+
+def is_scattered(segments: Sequence[Segment]) -> bool:
+    """Whether some file is read by more than one of ``segments`` (the prefix-aware plan's shards: one
+    segment per run of rows of a group); such a shard is read file by file, not segment by segment."""
+    files = [seg.file_index for seg in segments]
+    return len(set(files)) < len(files)
+
+
+def _wanted_rows(segments: Sequence[Segment]) -> dict[int, set[int]]:
+    wanted: dict[int, set[int]] = {}
+    for seg in segments:
+        wanted.setdefault(seg.file_index, set()).update(range(seg.row_start, seg.row_stop))
+    return wanted
+
+
+def _parquet_rows(spec: InputSpec, uri: str, rows: set[int], extra: Sequence[str],
+                  settings: WorkerSettings) -> tuple[pa.Table, dict[int, int]]:
+    """The wanted ``rows`` of one Parquet file as one table (the columns read) and each row's position in
+    it; each overlapping row group is read once, only its wanted rows kept."""
+    with _open(spec, uri, random_access=True) as fh:
+        pf = pq.ParquetFile(fh)
+        columns = _parquet_columns(spec, pf.schema_arrow, uri, extra)
+        meta = pf.metadata
+        sizes = row_group_read_bytes(meta, pf.schema_arrow, columns)
+        if rows and max(rows) >= meta.num_rows:
+            raise BadInputError(f"{uri}: segment row {max(rows)} beyond the file's {meta.num_rows} rows")
+        pieces: list[pa.Table] = []
+        position: dict[int, int] = {}
+        offset = 0
+        for g in range(meta.num_row_groups):
+            n = meta.row_group(g).num_rows
+            local = sorted(r - offset for r in rows if offset <= r < offset + n)
+            if local:
+                if sizes[g] > settings.max_row_group_bytes:
+                    raise BadInputError(f"{uri}: row group {g} holds {sizes[g]} bytes (uncompressed) of the columns "
+                                        f"read, above worker.max_row_group_bytes ({settings.max_row_group_bytes})")
+                base = len(position)
+                position.update({offset + r: base + k for k, r in enumerate(local)})
+                pieces.append(pf.read_row_group(g, columns=columns).take(pa.array(local, pa.int64())))
+            offset += n
+    table = pa.concat_tables(pieces) if pieces else pa.table({})
+    return table, position
+
+
+def _jsonl_rows(spec: InputSpec, uri: str, rows: set[int], settings: WorkerSettings) -> dict[int, bytes]:
+    """The raw lines of the wanted ``rows`` of one JSONL file (streamed once)."""
+    out: dict[int, bytes] = {}
+    last = max(rows) if rows else -1
+    with _open(spec, uri, random_access=False) as fh:
+        for row, raw in iter_jsonl_lines(fh, max_line_bytes=settings.max_line_bytes):
+            if row in rows:
+                out[row] = raw
+            if row >= last:
+                break
+    if len(out) < len(rows):
+        raise BadInputError(f"{uri}: segment row {last} beyond the file's rows")
+    return out
+
+
+def _scattered_blocks(spec: InputSpec, segments: Sequence[Segment], batch_rows: int, extra: Sequence[str],
+                      settings: WorkerSettings) -> Iterator[RawBlock]:
+    """A scattered shard's rows in segment order, each file read once: memory holds the shard's rows
+    (the columns read) plus one Parquet row group, never a whole file."""
+    loaded: dict[int, Any] = {}
+    for file_index, rows in _wanted_rows(segments).items():
+        uri = spec.files[file_index].uri
+        if spec.format == InputFormat.PARQUET.value:
+            loaded[file_index] = _parquet_rows(spec, uri, rows, extra, settings)
+        else:
+            loaded[file_index] = _jsonl_rows(spec, uri, rows, settings)
+    pending: list[int] = []
+    current = -1
+    for seg in segments:
+        for row in range(seg.row_start, seg.row_stop):
+            if pending and (seg.file_index != current or len(pending) >= batch_rows):
+                yield _loaded_block(spec, current, pending, loaded[current], extra)
+                pending = []
+            current = seg.file_index
+            pending.append(row)
+    if pending:
+        yield _loaded_block(spec, current, pending, loaded[current], extra)
+
+
+def _loaded_block(spec: InputSpec, file_index: int, rows: list[int], loaded: Any, extra: Sequence[str]) -> RawBlock:
+    uri = spec.files[file_index].uri
+    if spec.format == InputFormat.PARQUET.value:
+        table, position = loaded
+        block = _parquet_block(spec, uri, table.take(pa.array([position[r] for r in rows], pa.int64())), 0)
+        block.source_rows = list(rows)
+        return block
+    return _jsonl_block(spec, uri, [(r, loaded[r]) for r in rows], extra)
+

