@@ -31,14 +31,17 @@ import json
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 import pyarrow.parquet as pq
 from batch_contract import prefix, storage
+from batch_contract.engine_config import ConfigError
 from batch_contract.enums import InputFormat
 from batch_contract.layout import shard_id_for
 from batch_contract.llm_config import LLMConfig
 from batch_contract.manifest import Segment, ShardSpec
+from batch_contract.prompting import PromptRenderer, RowRenderError, row_context
 from batch_contract.rows import OversizedLine, canonical_id, decode_line, iter_jsonl_lines, repair_text
 
 log = logging.getLogger(__name__)
@@ -127,8 +130,6 @@ def iter_records(fmt: InputFormat, uris: Sequence[str], file_rows: Sequence[int]
 def _render(renderer: Any, config: LLMConfig, record: dict[str, Any], id_column: str,
             text_column: str) -> tuple[list[int] | None, int]:
     """``(token ids or None, weight)`` of one record, rendered as the worker renders it."""
-    from batch_contract.prompting import RowRenderError, row_context
-
     text, _ = repair_text(record.get(text_column))
     weight = max(1, int(len(str(text or "").encode("utf-8", "surrogatepass")) / BYTES_PER_TOKEN))
     row_id = canonical_id(record.get(id_column)).id
@@ -275,11 +276,6 @@ def prefix_shards(config: LLMConfig, source: PrefixInput, baseline: list[ShardSp
         batch_contract.storage.StorageError / OSError: an input file became unreadable since the
             metadata pass.
     """
-    from itertools import islice
-
-    from batch_contract.engine_config import ConfigError
-    from batch_contract.prompting import PromptRenderer
-
     if not config.enable_prefix_caching:
         return None, skipped("engine.enable_prefix_caching is false")
     rows = sum(source.file_rows)
