@@ -117,6 +117,30 @@ def run_plan(run_dir: str, manifest) -> dict:
     return out
 
 
+def canary_error(root: Path, input_path: Path, engine: dict, rows_per_shard: int, prefix: bool, name: str,
+                 sample_rows: int) -> dict:
+    """Plan afresh, run the canary (``sample_rows`` rows from the shards' starts), project each shard's
+    worker-seconds (:func:`batch_inference.projection.shard_loads`, model load left out), then run the
+    shards (the rows the canary left) and compare."""
+    from batch_inference.projection import llm_token_projection, shard_loads
+    from batch_worker.canary import CanaryOptions, run_canary
+
+    manifest, run_dir = plan_run(root, input_path, engine, rows_per_shard, prefix, f"{name}-canary")
+    canary = run_canary(run_dir, CanaryOptions(min_rows=sample_rows, max_rows=sample_rows, warmup_rows=8,
+                                               candidates=(64,), use_profile=False))
+    inputs = shard_loads(canary, manifest)
+    projected = sum(s.seconds - canary.model_load_seconds for s in inputs.loads)
+    actual = run_plan(run_dir, manifest)
+    gc.collect()
+    return {"projected_seconds": round(projected, 3), "actual_seconds": round(actual["seconds"], 3),
+            "error": round(projected / actual["seconds"] - 1.0, 3) if actual["seconds"] else None,
+            "canary_rows": canary.sample_rows, "tokens": llm_token_projection(inputs, canary),
+            "actual_tokens": {"prompt_tokens": actual["prompt"], "cached_prompt_tokens": actual["cached"],
+                              "output_tokens": actual["output"]},
+            "rates": {k: canary.llm.get(k) for k in ("seconds_per_uncached_prompt_token", "seconds_per_output_token",
+                                                      "output_tokens_per_row")}}
+
+
 def outputs(run_dir: str) -> dict[str, str]:
     """``{id: output_text}`` of every committed part file of the run."""
     out: dict[str, str] = {}
@@ -135,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--canary-rows", type=int, default=48, help="rows the canary samples on each plan")
     args = parser.parse_args(argv)
     hostbench.start()
 
@@ -167,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
                 texts[name] = outputs(run_dir)
                 log(f"{name} #{i}: {json.dumps({k: v for k, v in res.items() if k != 'shard_seconds'})}")
         identical = texts["token"] == texts["prefix"] and len(texts["token"]) == shape["rows"]
+        canary = {name: canary_error(tmp_path / f"{name}-canary", input_path, engine, rows_per_shard,
+                                     name == "prefix", name, args.canary_rows) for name in ("token", "prefix")}
+        log(f"canary: {json.dumps(canary)}")
 
     best = {name: max(runs, key=lambda r: r["rows"] / r["seconds"]) for name, runs in results.items()}
     tok, pre = best["token"], best["prefix"]
@@ -187,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         "outputs_identical": identical,
         "token_plan_seconds": round(tok["seconds"], 3),
         "prefix_plan_seconds": round(pre["seconds"], 3),
+        "canary_projection_error": {name: c["error"] for name, c in canary.items()},
+        "canary": canary,
         "prompt_tokens": pre["prompt"],
         "output_tokens": {"token": tok["output"], "prefix": pre["output"]},
         "prefix_plan": record,

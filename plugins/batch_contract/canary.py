@@ -142,7 +142,12 @@ class CanaryResult(JsonRecord):
             committed results), ``json_valid_rate`` (:func:`json_valid_rate`; ``None`` without
             ``json_schema``), ``json_valid_rows`` / ``json_invalid_rows``, ``preemptions`` (requests vLLM
             preempted for KV-cache space), ``engine_restarts`` / ``engine_restart_seconds`` (vLLM engines
-            re-created to change the batch settings).
+            re-created to change the batch settings), ``output_tokens_per_row`` (mean), ``prompt_tokens`` /
+            ``cached_tokens`` of the committed sample and per shard (``shard_prompt_tokens`` /
+            ``shard_cached_tokens``; cached: vLLM's ``num_cached_tokens``), and, once its decode probe
+            ran, ``seconds_per_uncached_prompt_token`` (prefill) and ``seconds_per_output_token``
+            (decode) with the counts they come from (``speed_trials``, ``decode_probe``;
+            ``batch_worker.canary.LLMSpeed``): the projection prices an LLM shard by them.
         elapsed_seconds: the canary's wall time in the worker (process start-up excluded).
         created_at: ISO-8601 UTC.
 

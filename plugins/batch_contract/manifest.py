@@ -176,7 +176,7 @@ class Manifest(JsonRecord):
             ``status`` ``planned`` (with ``block_tokens``, ``global_prefix_tokens``, ``groups``,
             ``grouped_rows``, ``split_groups``, ``rows``, ``prompt_tokens``, ``sampled_rows`` and the
             expected prefix-cache hit rates ``expected_hit_rate``, ``token_plan_hit_rate``,
-            ``ideal_hit_rate``: shares of prompt tokens) or ``skipped``/``off`` with a ``reason``;
+            ``ideal_hit_rate`` and ``shard_hit_rates`` (per shard id): shares of prompt tokens) or ``skipped``/``off`` with a ``reason``;
             ``None`` (other engines, and every manifest written before the field existed): left out of
             the JSON.
 

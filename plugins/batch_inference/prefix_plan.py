@@ -200,7 +200,8 @@ def build_prefix_shards(prompts: Prompts, n_shards: int, block_tokens: int,
     Returns:
         ``(shards, record)``; ``record`` is ``manifest.prefix_plan`` (``status: planned``, the block
         size, global prefix tokens, groups, rows in groups, groups split over shards, and the expected
-        hit rates of this plan, of the token plan and the ideal, each a share of prompt tokens).
+        hit rates of this plan, of each of its shards (``shard_hit_rates``), of the token plan and the
+        ideal, each a share of prompt tokens).
     """
     shared = prefix.global_blocks(prompts.chains)
     keys = prefix.group_keys(prompts.chains, shared)
@@ -232,6 +233,8 @@ def build_prefix_shards(prompts: Prompts, n_shards: int, block_tokens: int,
         "expected_hit_rate": round(prefix.hit_rate(orders, *args), 4),
         "token_plan_hit_rate": round(prefix.hit_rate(_token_plan_orders(baseline, prompts.rows), *args), 4),
         "ideal_hit_rate": round(prefix.hit_rate([list(range(len(prompts.rows)))], *args), 4),
+        "shard_hit_rates": {s.shard_id: round(prefix.hit_rate([order], *args), 4)
+                            for s, order in zip(shards, orders, strict=True)},
     }
     return shards, record
 

@@ -13,7 +13,9 @@ The model (every figure in seconds, tokens or USD):
   are copied, not computed; the sample is the shard's first rows, so the share holds for the rest of
   the shard when its changes are spread over it);
 * **worker-seconds per shard**: the canary's ``model_load_seconds`` plus the remaining tokens times its
-  ``worker_seconds_per_token`` (input read + tokenize + inference + write per real token at the chosen
+  ``worker_seconds_per_token`` (the LLM engine, when its canary measured prefill and decode apart:
+  prompt tokens the prefix cache will not serve times the prefill rate, plus rows times output tokens per
+  row times the decode rate, plus the other stages per token: :func:`llm_rates`, :func:`shard_hit_rate`) (input read + tokenize + inference + write per real token at the chosen
   batch settings): the same stages a shard's marker adds up, which is what the report calls
   worker-seconds. The local runner gives each of ``p`` workers ``cores // p`` threads on ``cores``
   cores, so a token costs ``canary threads / min(cores // p, cores / p)`` times the canary's time
@@ -87,12 +89,17 @@ class Limits:
 
 @dataclass
 class ShardLoad:
-    """One shard's projected work: real tokens still to run and worker-seconds at speed factor 1."""
+    """One shard's projected work: real tokens still to run and worker-seconds at speed factor 1; for the
+    LLM engine also the prompt tokens the prefix cache is expected to serve (``cached_tokens``, from the
+    expected hit rate ``hit_rate``) and the output tokens to generate (``output_tokens``)."""
 
     shard_id: str
     rows: int
     tokens: float
     seconds: float = 0.0
+    cached_tokens: float = 0.0
+    output_tokens: float = 0.0
+    hit_rate: float | None = None
 
 
 @dataclass
@@ -132,9 +139,56 @@ def shard_loads(canary: CanaryResult, manifest: Manifest) -> Inputs:
         share = uncached_share(canary, shard.shard_id)
         tokens = max(0.0, shard.est_tokens * cal - done_tokens) * share
         rows = round(max(0, shard.rows - canary.shard_rows.get(shard.shard_id, 0)) * share)
-        seconds = canary.model_load_seconds + tokens * canary.worker_seconds_per_token
-        loads.append(ShardLoad(shard.shard_id, rows, tokens, seconds))
+        rates = llm_rates(canary)
+        if rates is None:
+            seconds = canary.model_load_seconds + tokens * canary.worker_seconds_per_token
+            loads.append(ShardLoad(shard.shard_id, rows, tokens, seconds))
+            continue
+        loads.append(_llm_load(canary, manifest, shard.shard_id, rows, tokens, rates))
     return Inputs(calibration=cal, loads=loads)
+
+
+def llm_rates(canary: CanaryResult) -> tuple[float, float, float] | None:
+    """``(prefill seconds per uncached prompt token, decode seconds per output token, output tokens per
+    row)`` measured by an LLM canary (``canary.llm``, :class:`batch_worker.canary.LLMSpeed`); ``None``
+    for other engines and for canaries without them (older records, no decode probe)."""
+    llm = canary.llm or {}
+    keys = ("seconds_per_uncached_prompt_token", "seconds_per_output_token", "output_tokens_per_row")
+    if not all(isinstance(llm.get(k), int | float) for k in keys):
+        return None
+    return float(llm[keys[0]]), float(llm[keys[1]]), float(llm[keys[2]])
+
+
+def shard_hit_rate(canary: CanaryResult, manifest: Manifest, shard_id: str) -> float:
+    """The share (0..1) of a shard's prompt tokens the prefix cache is expected to serve: the prefix-aware
+    plan's own estimate for the shard (``manifest.prefix_plan.shard_hit_rates``) when the plan was made,
+    else the hit rate vLLM measured on the canary's sample of that shard (of the whole sample when the
+    shard had none). The sample is the shard's first rows, so for a plan that does not keep groups
+    together it is a lower bound (later rows find more of their group already cached)."""
+    planned = (manifest.prefix_plan or {}).get("shard_hit_rates") or {}
+    if shard_id in planned:
+        return float(planned[shard_id])
+    llm = canary.llm or {}
+    prompt = (llm.get("shard_prompt_tokens") or {}).get(shard_id) or 0
+    cached = (llm.get("shard_cached_tokens") or {}).get(shard_id) or 0
+    if not prompt:
+        prompt, cached = llm.get("prompt_tokens") or 0, llm.get("cached_tokens") or 0
+    return min(1.0, cached / prompt) if prompt else 0.0
+
+
+def _llm_load(canary: CanaryResult, manifest: Manifest, shard_id: str, rows: int, tokens: float,
+              rates: tuple[float, float, float]) -> ShardLoad:
+    """An LLM shard's worker-seconds by prompt and output tokens: model load + prefill seconds x prompt
+    tokens not served by the prefix cache + decode seconds x rows x output tokens per row + the canary's
+    other stages (read, tokenize, write) per prompt token."""
+    prefill, decode, per_row = rates
+    hit = shard_hit_rate(canary, manifest, shard_id)
+    other = sum(canary.stage_seconds.get(s, 0.0) for s in ("input_read", "tokenize", "write"))
+    other_per_token = other / canary.sample_tokens_real if canary.sample_tokens_real else 0.0
+    output = rows * per_row
+    seconds = (canary.model_load_seconds + prefill * tokens * (1.0 - hit) + decode * output
+               + other_per_token * tokens)
+    return ShardLoad(shard_id, rows, tokens, seconds, cached_tokens=tokens * hit, output_tokens=output, hit_rate=hit)
 
 
 def speed_factor(limits: Limits, p: int, canary_threads: int) -> float:
@@ -226,10 +280,27 @@ def project(canary: CanaryResult, manifest: Manifest, limits: Limits, params: Co
         "per_shard_seconds": {s.shard_id: round(s.seconds * speed_factor(limits, chosen["parallelism"], canary.threads), 3)
                               for s in inputs.loads},
     }
+    if llm_rates(canary) is not None:
+        out["llm_tokens"] = llm_token_projection(inputs, canary)
     out["speed_known"] = speed_known(canary, inputs)
     out["decision"], out["message"] = (_decide(out, inputs, canary, limits, params, feasible) if out["speed_known"]
                                        else ("go", _unknown_message(canary)))
     return out
+
+
+def llm_token_projection(inputs: Inputs, canary: CanaryResult) -> dict[str, Any]:
+    """The LLM run's projected tokens (the canary's sample included): ``prompt_tokens``,
+    ``cached_prompt_tokens`` (expected from the prefix cache), ``output_tokens``, ``hit_rate``, and the
+    rates they are priced at (seconds per uncached prompt token / per output token)."""
+    llm = canary.llm or {}
+    prompt = sum(s.tokens for s in inputs.loads) + float(llm.get("prompt_tokens") or 0)
+    cached = sum(s.cached_tokens for s in inputs.loads) + float(llm.get("cached_tokens") or 0)
+    output_sample = float(llm.get("output_tokens_per_row") or 0.0) * canary.sample_rows
+    prefill, decode, _ = llm_rates(canary) or (0.0, 0.0, 0.0)
+    return {"prompt_tokens": int(prompt), "cached_prompt_tokens": int(cached),
+            "output_tokens": int(sum(s.output_tokens for s in inputs.loads) + output_sample),
+            "hit_rate": round(cached / prompt, 4) if prompt else None,
+            "seconds_per_uncached_prompt_token": prefill, "seconds_per_output_token": decode}
 
 
 def speed_known(canary: CanaryResult, inputs: Inputs) -> bool:

@@ -143,6 +143,66 @@ def prefix_segments(segments: list[Segment], rows: int) -> list[Segment]:
     return out
 
 
+PROBE_ROWS = 64
+"""Rows the LLM canary's decode probe runs again (:meth:`Canary._decode_probe`)."""
+
+
+@dataclass
+class LLMSpeed:
+    """The LLM engine's speed as two rates: seconds per prompt token the prefix cache did *not* serve
+    (prefill) and seconds per generated token (decode), from the canary's measured trials (engine seconds,
+    uncached prompt tokens ``U``, output tokens ``O``) and a probe that runs a trial's rows again with their
+    prompts cached (nearly all decode): the 2x2 system ``seconds = prefill x U + decode x O``. When it
+    is ill-conditioned or gives a negative rate, decode is the probe's seconds per output token and
+    prefill the rest of the trials' seconds per uncached token. Units: seconds, tokens."""
+
+    seconds: float = 0.0
+    uncached: int = 0
+    output: int = 0
+    probe_seconds: float = 0.0
+    probe_uncached: int = 0
+    probe_output: int = 0
+
+    def add_trial(self, seconds: float, tokens: Any) -> None:
+        """Add a measured trial (``tokens``: its :class:`~batch_contract.tokens.TokenCounts`)."""
+        self.seconds += seconds
+        self.uncached += max(0, int(tokens.prompt) - int(tokens.cached))
+        self.output += int(tokens.output)
+
+    def probe(self, seconds: float, tokens: Any) -> None:
+        """Record the cached re-run of a trial's rows."""
+        self.probe_seconds = seconds
+        self.probe_uncached = max(0, int(tokens.prompt) - int(tokens.cached))
+        self.probe_output = int(tokens.output)
+
+    def rates(self) -> tuple[float, float] | None:
+        """``(prefill seconds per uncached prompt token, decode seconds per output token)``, ``None``
+        without a trial and a probe that generated tokens."""
+        if self.seconds <= 0 or self.probe_output <= 0 or self.probe_seconds <= 0:
+            return None
+        det = self.uncached * self.probe_output - self.output * self.probe_uncached
+        if det > 0:
+            prefill = (self.seconds * self.probe_output - self.output * self.probe_seconds) / det
+            decode = (self.uncached * self.probe_seconds - self.seconds * self.probe_uncached) / det
+            if prefill >= 0 and decode >= 0:
+                return prefill, decode
+        decode = self.probe_seconds / self.probe_output
+        prefill = max(0.0, self.seconds - decode * self.output) / self.uncached if self.uncached else 0.0
+        return prefill, decode
+
+    def figures(self) -> dict[str, Any]:
+        """``CanaryResult.llm`` entries: ``seconds_per_uncached_prompt_token``,
+        ``seconds_per_output_token`` (absent without :meth:`rates`) and the probe's raw counts."""
+        rates = self.rates()
+        if rates is None:
+            return {}
+        return {"seconds_per_uncached_prompt_token": rates[0], "seconds_per_output_token": rates[1],
+                "speed_trials": {"seconds": round(self.seconds, 6), "uncached_prompt_tokens": self.uncached,
+                                 "output_tokens": self.output},
+                "decode_probe": {"seconds": round(self.probe_seconds, 6), "uncached_prompt_tokens": self.probe_uncached,
+                                 "output_tokens": self.probe_output}}
+
+
 @dataclass
 class Sample:
     """The canary's rows: one :class:`ChunkRows` over all sampled shards, the owning shard of each row,
@@ -182,6 +242,10 @@ class Canary:
         self.json_invalid = 0
         self.checks_json = bool(getattr(config, "json_schema", None))
         self.documents: DocumentPool | None = None
+        self.llm_speed = LLMSpeed()
+        self.shard_prompt: dict[str, int] = {}
+        self.shard_prompt_cached: dict[str, int] = {}
+        self.last_slice: list[int] = []
 
     # -- sample ---------------------------------------------------------------------------------------
     def read_sample(self) -> Sample:
@@ -283,6 +347,9 @@ class Canary:
         seconds = time.perf_counter() - start
         self.clock.add("inference", seconds)
         check_chunk_output(rows, out)
+        if not warmup:
+            self.llm_speed.add_trial(seconds, out.tokens)
+            self.last_slice = [int(i) for i in indices]
         with self.clock.stage("write"):
             self._commit(sample, rows, owners, out, seconds)
         if self.checks_json:
@@ -323,6 +390,9 @@ class Canary:
             self.shard_rows[shard_id] = self.shard_rows.get(shard_id, 0) + n
             tokens = int(pc.sum(sub.column("n_tokens")).as_py() or 0) if sub.num_rows else 0
             self.shard_tokens[shard_id] = self.shard_tokens.get(shard_id, 0) + tokens
+            if self.is_llm and sub.num_rows:
+                for name, counts in (("prompt_tokens", self.shard_prompt), ("cached_tokens", self.shard_prompt_cached)):
+                    counts[shard_id] = counts.get(shard_id, 0) + int(pc.sum(sub.column(name)).as_py() or 0)
 
     @staticmethod
     def _chunk(sample: Sample, shard_id: str) -> int:
@@ -378,6 +448,8 @@ class Canary:
             autotune_s = time.perf_counter() - t_search
         if order and self._elapsed() < self.options.max_seconds:
             trials.append(self.run_slice(sample, np.asarray(order), chosen))
+        if self.is_llm and self.last_slice:
+            self._decode_probe(sample)
         result = self._result(sample, trials, strategy, chosen, device_name, threads, autotune_s, profile)
         if search is not None and any(not t.warmup for t in search.trials):
             self._save_profile(result, device_name, threads)
@@ -523,6 +595,16 @@ class Canary:
         return sum(len(t.encode("utf-8")) for rid, t in zip(sample.rows.ids, sample.rows.texts, strict=True)
                    if rid in ids)
 
+    def _decode_probe(self, sample: Sample) -> None:
+        """Run the last measured slice's rows (at most :data:`PROBE_ROWS`) again, uncommitted: their
+        prompts are now in the prefix cache, so the probe's time is nearly all decode, which separates
+        decode speed from prefill speed (:class:`LLMSpeed`). Not counted in the stage clock."""
+        rows = sample.rows.take(self.last_slice[:PROBE_ROWS])
+        prepared = self.engine.prepare(rows)
+        start = time.perf_counter()
+        out = self.engine.process(prepared, lambda: False)
+        self.llm_speed.probe(time.perf_counter() - start, out.tokens)
+
     def _llm_figures(self) -> dict[str, Any] | None:
         """The LLM engine's figures (``CanaryResult.llm``): output-token quantiles of the committed
         results, the JSON-valid rate, preemptions and engine re-creations; ``None`` for other engines."""
@@ -540,8 +622,19 @@ class Canary:
         if values.size:
             q = np.quantile(values, [0.5, 0.9, 0.99])
             figures.update(output_tokens_p50=float(q[0]), output_tokens_p90=float(q[1]),
-                           output_tokens_p99=float(q[2]), output_tokens_max=int(values.max()))
+                           output_tokens_p99=float(q[2]), output_tokens_max=int(values.max()),
+                           output_tokens_per_row=round(float(values.mean()), 3))
+        figures.update(self._shard_prompt_figures())
+        figures.update(self.llm_speed.figures())
         return figures
+
+    def _shard_prompt_figures(self) -> dict[str, Any]:
+        """Prompt and prefix-cache tokens of the committed sample, in all and per shard (vLLM's own
+        ``num_cached_tokens`` per request): ``prompt_tokens``, ``cached_tokens``, ``shard_prompt_tokens``,
+        ``shard_cached_tokens``."""
+        prompt, cached = self.shard_prompt, self.shard_prompt_cached
+        return {"prompt_tokens": sum(prompt.values()), "cached_tokens": sum(cached.values()),
+                "shard_prompt_tokens": dict(sorted(prompt.items())), "shard_cached_tokens": dict(sorted(cached.items()))}
 
     # -- profiles ---------------------------------------------------------------------------------------
     def _profile_uri(self, device_name: str) -> str:
