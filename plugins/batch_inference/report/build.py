@@ -29,7 +29,7 @@ from batch_inference.report.approvals import read_section
 from batch_inference.report.attempts import OUTCOMES, summarize_attempts
 from batch_inference.report.collect import IO_THREADS, RunData, load_run
 from batch_inference.report.history import recent_runs
-from batch_inference.report.plan_vs_actual import projection_section
+from batch_inference.report.plan_vs_actual import actual_llm_tokens, projection_section
 
 REPORT_SCHEMA_VERSION = 1
 """Version of the ``report.json`` layout (``report.schema.json``); bump on any incompatible change."""
@@ -288,7 +288,7 @@ def compute_report(data: RunData, *, dag_id: str, publish_summary: dict[str, Any
             projection, worker_seconds=worker_seconds - canary_worker_seconds,
             canary_worker_seconds=canary_worker_seconds,
             plan_created_at=manifest.created_at, last_shard_finished_at=timeline_of["last_shard_finished_at"],
-            params=params),
+            params=params, llm_tokens=actual_llm_tokens(markers)),
         "upgrade": (projection or {}).get("upgrade"),
         "approval": approval,
         "preprocess": agg.preprocess(markers),
