@@ -146,7 +146,8 @@ class CanaryResult(JsonRecord):
             ``cached_tokens`` of the committed sample and per shard (``shard_prompt_tokens`` /
             ``shard_cached_tokens``; cached: vLLM's ``num_cached_tokens``), and, once its decode probe
             ran, ``seconds_per_uncached_prompt_token`` (prefill) and ``seconds_per_output_token``
-            (decode) with the counts they come from (``speed_trials``, ``decode_probe``;
+            (decode), ``first_call_seconds`` (the warm-up slice's time beyond those rates: what a
+            shard's fresh engine pays once) with the counts they come from (``speed_trials``, ``decode_probe``;
             ``batch_worker.canary.LLMSpeed``): the projection prices an LLM shard by them.
         elapsed_seconds: the canary's wall time in the worker (process start-up excluded).
         created_at: ISO-8601 UTC.

@@ -178,15 +178,17 @@ def shard_hit_rate(canary: CanaryResult, manifest: Manifest, shard_id: str) -> f
 
 def _llm_load(canary: CanaryResult, manifest: Manifest, shard_id: str, rows: int, tokens: float,
               rates: tuple[float, float, float]) -> ShardLoad:
-    """An LLM shard's worker-seconds by prompt and output tokens: model load + prefill seconds x prompt
-    tokens not served by the prefix cache + decode seconds x rows x output tokens per row + the canary's
-    other stages (read, tokenize, write) per prompt token."""
+    """An LLM shard's worker-seconds by prompt and output tokens: model load + the fresh engine's
+    first-call cost (``first_call_seconds``, when rows are left) + prefill seconds x prompt tokens not
+    served by the prefix cache + decode seconds x rows x output tokens per row + the canary's other
+    stages (read, tokenize, write) per prompt token."""
     prefill, decode, per_row = rates
     hit = shard_hit_rate(canary, manifest, shard_id)
     other = sum(canary.stage_seconds.get(s, 0.0) for s in ("input_read", "tokenize", "write"))
     other_per_token = other / canary.sample_tokens_real if canary.sample_tokens_real else 0.0
     output = rows * per_row
-    seconds = (canary.model_load_seconds + prefill * tokens * (1.0 - hit) + decode * output
+    first_call = float((canary.llm or {}).get("first_call_seconds") or 0.0) if rows else 0.0
+    seconds = (canary.model_load_seconds + first_call + prefill * tokens * (1.0 - hit) + decode * output
                + other_per_token * tokens)
     return ShardLoad(shard_id, rows, tokens, seconds, cached_tokens=tokens * hit, output_tokens=output, hit_rate=hit)
 

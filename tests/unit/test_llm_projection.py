@@ -56,6 +56,7 @@ def _canary(llm: dict) -> CanaryResult:
 
 
 LLM = {"seconds_per_uncached_prompt_token": 1e-4, "seconds_per_output_token": 1e-2, "output_tokens_per_row": 8.0,
+       "first_call_seconds": 0.5,
        "prompt_tokens": 4_000, "cached_tokens": 1_000, "shard_prompt_tokens": {"00000": 2_000, "00001": 2_000},
        "shard_cached_tokens": {"00000": 1_000, "00001": 0}}
 
@@ -67,7 +68,7 @@ def test_llm_shard_priced_by_uncached_prompt_and_output_tokens():
     other = 0.4 / 4_000
     for load, hit in zip(loads, (0.75, 0.5), strict=True):
         assert load.hit_rate == hit and load.rows == 8 and load.tokens == pytest.approx(8_000)
-        assert load.seconds == pytest.approx(3.0 + 1e-4 * 8_000 * (1 - hit) + 1e-2 * 8 * 8 + other * 8_000)
+        assert load.seconds == pytest.approx(3.0 + 0.5 + 1e-4 * 8_000 * (1 - hit) + 1e-2 * 8 * 8 + other * 8_000)
     # without the plan's estimate: the hit rate vLLM measured on each shard's sample
     assert [shard_hit_rate(canary, _manifest(None), s) for s in ("00000", "00001")] == [0.5, 0.0]
     tokens = llm_token_projection(shard_loads(canary, planned), canary)

@@ -154,7 +154,9 @@ class LLMSpeed:
     uncached prompt tokens ``U``, output tokens ``O``) and a probe that runs a trial's rows again with their
     prompts cached (nearly all decode): the 2x2 system ``seconds = prefill x U + decode x O``. When it
     is ill-conditioned or gives a negative rate, decode is the probe's seconds per output token and
-    prefill the rest of the trials' seconds per uncached token. Units: seconds, tokens."""
+    prefill the rest of the trials' seconds per uncached token. ``first_call_seconds``: what the warm-up
+    slice (the first engine call after the load) took beyond those rates: the one-off cost every shard's
+    fresh engine pays on its first chunk. Units: seconds, tokens."""
 
     seconds: float = 0.0
     uncached: int = 0
@@ -162,6 +164,15 @@ class LLMSpeed:
     probe_seconds: float = 0.0
     probe_uncached: int = 0
     probe_output: int = 0
+    warm_seconds: float = 0.0
+    warm_uncached: int = 0
+    warm_output: int = 0
+
+    def warmup(self, seconds: float, tokens: Any) -> None:
+        """Record the warm-up slice (the first engine call after the load, as a shard's first chunk is)."""
+        self.warm_seconds = seconds
+        self.warm_uncached = max(0, int(tokens.prompt) - int(tokens.cached))
+        self.warm_output = int(tokens.output)
 
     def add_trial(self, seconds: float, tokens: Any) -> None:
         """Add a measured trial (``tokens``: its :class:`~batch_contract.tokens.TokenCounts`)."""
@@ -192,11 +203,14 @@ class LLMSpeed:
 
     def figures(self) -> dict[str, Any]:
         """``CanaryResult.llm`` entries: ``seconds_per_uncached_prompt_token``,
-        ``seconds_per_output_token`` (absent without :meth:`rates`) and the probe's raw counts."""
+        ``seconds_per_output_token``, ``first_call_seconds`` (absent without :meth:`rates`) and the
+        trials' and probe's raw counts."""
         rates = self.rates()
         if rates is None:
             return {}
+        steady = rates[0] * self.warm_uncached + rates[1] * self.warm_output
         return {"seconds_per_uncached_prompt_token": rates[0], "seconds_per_output_token": rates[1],
+                "first_call_seconds": round(max(0.0, self.warm_seconds - steady), 6),
                 "speed_trials": {"seconds": round(self.seconds, 6), "uncached_prompt_tokens": self.uncached,
                                  "output_tokens": self.output},
                 "decode_probe": {"seconds": round(self.probe_seconds, 6), "uncached_prompt_tokens": self.probe_uncached,
@@ -347,7 +361,9 @@ class Canary:
         seconds = time.perf_counter() - start
         self.clock.add("inference", seconds)
         check_chunk_output(rows, out)
-        if not warmup:
+        if warmup:
+            self.llm_speed.warmup(seconds, out.tokens)
+        else:
             self.llm_speed.add_trial(seconds, out.tokens)
             self.last_slice = [int(i) for i in indices]
         with self.clock.stage("write"):
