@@ -325,6 +325,11 @@ PARAM_FIELDS: Mapping[str, ParamField] = _fields(
                "local runner, each with cores // parallelism threads; 0: fit the machine (at least 2 "
                "workers on 2+ cores, up to 4 threads each; BATCH_WORKER_THREADS fixes the threads).", "Execution", minimum=0,
                maximum=256, expected="0 (auto: fit the machine) or an integer in 1..256"),
+    ParamField("steal", WorkerSettings().steal, "boolean", "Work stealing", "Each shard's rows are cut into "
+               "claimable units (worker.steal_unit_rows, 2,048 rows) computed under create-only leases; a worker "
+               "that finishes its own shard computes unclaimed units of slower shards (most remaining first) "
+               "before it exits, so a straggler does not set the finish time. Same results either way; off "
+               "keeps one worker per shard and writes no lease objects. See docs/reliability.md.", "Execution"),
     ParamField("dry_run", False, "boolean", "Dry run", "Plan and write pod manifests to build/k8s/*.yaml; "
                "run nothing.", "Execution"),
     ParamField("canary", True, "boolean", "Pre-flight canary", "Before the fan-out, run a sample of the rows "
@@ -488,6 +493,7 @@ class RunConfig:
     shard_by: str = _default("shard_by")
     max_shards: int = _default("max_shards")
     parallelism: int = _default("parallelism")
+    steal: bool = _default("steal")
     dry_run: bool = _default("dry_run")
     canary: bool = _default("canary")
     canary_fraction: float = _default("canary_fraction")

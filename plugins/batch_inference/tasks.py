@@ -154,7 +154,8 @@ def _plan(context: Mapping[str, Any], *, model_from_asset: bool) -> list[dict[st
     request = PlanRequest(
         input_uri=cfg.input_uri, id_column=cfg.id_column, text_column=cfg.text_column,
         output_root=cfg.output_root, run_id=run_id, engine=cfg.engine_dict(),
-        worker={"token_budget": cfg.token_budget, "reuse": cfg.reuse, **policy.worker_limits()},
+        worker={"token_budget": cfg.token_budget, "reuse": cfg.reuse, "steal": cfg.steal,
+                **policy.worker_limits()},
         input_roots=list(policy.input_roots), rows_per_shard=cfg.rows_per_shard,
         shard_by=cfg.shard_by, max_map_length=cfg.max_shards, row_limit=cfg.row_limit or None,
         params={**cfg.to_dict(), "dag_id": dag_id}, dag_id=dag_id, preprocess=cfg.preprocess,
