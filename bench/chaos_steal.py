@@ -147,11 +147,15 @@ def check_steal_trial(trial: int, sig: str, layout, shards: int, reference: Shar
                       starts: int, codes: list[int], seconds: float, absent_owner: bool) -> StealVerdict:
     """Compare one steal trial's committed outputs with the reference (see :class:`StealVerdict`)."""
     union, per = union_outputs(layout, shards)
-    exp_ids, exp_dead = set(reference.id_counts), set(reference.dead_counts)
-    lost = len(exp_ids - set(union.id_counts)) + len(exp_dead - set(union.dead_counts))
+    # dead letters by (file name, row): the trial may read the reference's file from another place (gs://)
+    got_dead = Counter()
+    for (uri, row), n in union.dead_counts.items():
+        got_dead[(uri.rsplit("/", 1)[-1], row)] += n
+    exp_ids, exp_dead = set(reference.id_counts), {(uri.rsplit("/", 1)[-1], row) for uri, row in reference.dead_counts}
+    lost = len(exp_ids - set(union.id_counts)) + len(exp_dead - set(got_dead))
     dup = (sum(c - 1 for c in union.id_counts.values() if c > 1)
-           + sum(c - 1 for c in union.dead_counts.values() if c > 1))
-    unexpected = len(set(union.id_counts) - exp_ids) + len(set(union.dead_counts) - exp_dead)
+           + sum(c - 1 for c in got_dead.values() if c > 1))
+    unexpected = len(set(union.id_counts) - exp_ids) + len(set(got_dead) - exp_dead)
     cos = chaos_lib.min_cosine(reference.vectors, union.vectors)
     markers_ok = all(o.marker is not None and o.marker.rows_ok == len(o.id_counts)
                      and o.marker.rows_dead_letter == len(o.dead_counts) for o in per)
