@@ -31,6 +31,8 @@ import gcs_fixture  # noqa: E402
 from batch_contract import storage  # noqa: E402
 from batch_contract.claims import claims_dir  # noqa: E402
 from batch_contract.runstore import RunStore  # noqa: E402
+from batch_inference.report import build_report  # noqa: E402
+from batch_inference.report.schema import validate_report  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -127,3 +129,14 @@ def test_a_shard_whose_worker_never_starts_is_computed_by_the_other_on_gcs(refer
     assert late.returncode == 0, late.stderr[-2000:]
     assert storage.read_bytes(layout.marker_uri("00001")) == marker_before
     assert storage.list_names(layout.attempts_dir("00001")) == attempts_before, "the late owner wrote nothing"
+
+    report = build_report(layout.run_dir, dag_id="steal", publish_summary=None, cost_params={"accelerator": "cpu"})
+    validate_report(report)
+    st = report["stealing"]
+    assert st["chunks_stolen"] == v.units_stolen and st["shards_with_stolen_chunks"] == 1
+    unit = chaos_steal.STEAL_WORKER["steal_unit_rows"]
+    assert st["chunks"] == sum(-(-s.rows // unit) for s in RunStore.open(layout.run_dir).manifest.shards)
+    assert st["idle_seconds_saved"] > 0
+    by_shard = {row["shard_id"]: row["chunks_stolen"] for row in report["shards"]}
+    assert by_shard == {"00000": 0, "00001": v.units_stolen}
+    assert 'id="stealing"' in storage.read_bytes(layout.report_html_uri).decode()

@@ -63,7 +63,7 @@ def _shard_row(spec_rows: int, shard_id: str, marker: ShardMarker | None, status
             "padding_efficiency": None, "seconds": None, "stage_seconds": {}, "steady_rows_per_s": None,
             "rows_per_s": None, "gpu_util_mean": None, "cpu_seconds": None, "attempts": att["attempts"],
             "preemptions": att["preemptions"], "killed": att["killed"], "rows_redone": att["rows_redone"],
-            "cost_usd": None, "started_at": None, "finished_at": None, "host": None,
+            "cost_usd": None, "started_at": None, "finished_at": None, "host": None, "chunks_stolen": None,
         }
     seconds = agg.shard_seconds(marker)
     return {
@@ -90,6 +90,7 @@ def _shard_row(spec_rows: int, shard_id: str, marker: ShardMarker | None, status
         "started_at": marker.started_at or None,
         "finished_at": marker.finished_at or None,
         "host": describe(marker.host_facts) if show_host else None,
+        "chunks_stolen": int(marker.steal["units_stolen"]) if marker.steal else None,
     }
 
 
@@ -292,6 +293,7 @@ def compute_report(data: RunData, *, dag_id: str, publish_summary: dict[str, Any
         "upgrade": (projection or {}).get("upgrade"),
         "approval": approval,
         "preprocess": agg.preprocess(markers),
+        "stealing": agg.stealing(markers, manifest.worker.steal),
     }
 
 
