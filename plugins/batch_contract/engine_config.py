@@ -126,6 +126,10 @@ DEFAULT_MAX_ROW_GROUP_BYTES = 256 << 20
 """Default ``worker.max_row_group_bytes`` (256 MiB): largest Parquet row group read, uncompressed."""
 
 
+STEAL_FIELDS = ("steal", "steal_unit_rows", "lease_seconds")
+"""The work stealing settings of :class:`WorkerSettings` (left out of its dict when ``steal`` is off)."""
+
+
 @dataclass(frozen=True)
 class WorkerSettings:
     """Batching, chunking and signal settings. They change speed, never outputs, so they are not part
@@ -214,7 +218,13 @@ class WorkerSettings:
         return AUTO_MAX_BATCH_ROWS
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every field; without ``steal`` (false), ``steal_unit_rows`` and ``lease_seconds`` when stealing is
+        off (a manifest without stealing writes the bytes it did; reading fills the defaults back)."""
+        data = asdict(self)
+        if not self.steal:
+            for name in STEAL_FIELDS:
+                data.pop(name)
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> WorkerSettings:

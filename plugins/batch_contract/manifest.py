@@ -217,10 +217,12 @@ class Manifest(JsonRecord):
         raise KeyError(f"shard {shard_id!r} is not in the manifest of run {self.run_id} ({known})")
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict of every field; ``input.roots`` is left out when empty and ``input.documents`` when
-        ``None``, so a plan without them is written exactly as before the fields existed (and older
-        readers accept it)."""
+        """Plain dict of every field; ``input.roots`` is left out when empty, ``input.documents`` when
+        ``None`` and the worker's stealing settings when ``worker.steal`` is off
+        (:meth:`WorkerSettings.to_dict`), so a plan without them is written exactly as before the fields
+        existed (and older readers accept it)."""
         data = asdict(self)
+        data["worker"] = self.worker.to_dict()
         if not self.input.roots:
             del data["input"]["roots"]
         if self.input.documents is None:

@@ -74,3 +74,21 @@ def test_stealing_stops_on_the_budget_stop_and_past_the_deadline(tmp_path: Path)
     assert deadline_passed(late) and not deadline_passed(late, now=time.time() - 7200)
     assert not deadline_passed(dataclasses.replace(late, params={"deadline_hours": 3.0}))
     assert not deadline_passed(dataclasses.replace(late, created_at=""))
+
+
+def test_steal_settings_are_written_only_when_on_and_validated(tmp_path: Path) -> None:
+    import pytest
+    from batch_contract.engine_config import ConfigError, WorkerSettings
+    from batch_contract.manifest import Manifest
+
+    manifest = _store(tmp_path).manifest
+    data = manifest.to_dict()
+    assert data["worker"]["steal"] is True and data["worker"]["steal_unit_rows"] == UNIT
+    assert Manifest.from_dict(data).worker == manifest.worker
+    off = WorkerSettings(steal_unit_rows=5)
+    assert not {"steal", "steal_unit_rows", "lease_seconds"} & set(off.to_dict())
+    assert WorkerSettings.from_dict(off.to_dict()) == WorkerSettings()
+    for bad, field in (({"steal_unit_rows": 0}, "steal_unit_rows"), ({"lease_seconds": 0.5}, "lease_seconds"),
+                       ({"steal": "yes"}, "steal")):
+        with pytest.raises(ConfigError, match=f"^worker.{field}: "):
+            WorkerSettings(**bad)
