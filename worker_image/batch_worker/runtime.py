@@ -265,8 +265,9 @@ class ShardRun:
             self.attempt.steal = {"role": "thief" if thief else "owner", "units": 0}
         self._lease: Lease | None = None
         """The unit lease this attempt computes under (``worker.steal``); chunks commit only while it holds."""
-        self._abandon = False
-        """The unit's lease was lost: its producer stops and nothing more of the unit is committed."""
+        self._abandon = threading.Event()
+        """Set when the unit's lease was lost: its producer stops and nothing more of it is committed (one
+        event per unit, so a producer left from an abandoned unit never starts reading again)."""
         self._units_state: _UnitsState | None = None
         self._thief_run: ShardRun | None = None
         """The thief attempt this worker runs on another shard now (its record is written on a hard exit)."""
@@ -558,7 +559,7 @@ class ShardRun:
         if not self._attempt_written:
             self._write_attempt()
         keeper = LeaseKeeper(book, lease).start()
-        self._lease, self._abandon = lease, False
+        self._lease, self._abandon = lease, threading.Event()
         finished, outcome = False, None
         try:
             refresh = lease.generation > 0  # an earlier holder may have committed rows of the unit
@@ -579,7 +580,7 @@ class ShardRun:
         finally:
             keeper.stop()
             self._lease = None
-        if finished and not self._abandon and lease.safe_to_commit():
+        if finished and not self._abandon.is_set() and lease.safe_to_commit():
             book.mark_done(lease.unit)
             self.attempt.steal["units"] = self.attempt.steal.get("units", 0) + 1
             self._write_attempt()
@@ -642,10 +643,11 @@ class ShardRun:
 
     def _loop(self, loaded: LoadedModel, ledger: Ledger, sizer: ChunkSizer, validator: Validator,
               segments: list | None = None) -> bool:
+        abandon = self._abandon
         producer = Producer(
             self.ctx.engine, self.ctx.manifest.input, self.spec.segments if segments is None else segments,
-            self.settings, validator, sizer, self.clock, lambda: self.stop.requested or self._abandon, self.deduper,
-            documents=self.documents,
+            self.settings, validator, sizer, self.clock, lambda: self.stop.requested or abandon.is_set(),
+            self.deduper, documents=self.documents,
         ).start()
         chunk_no = ledger.next_chunk if self._chunk_no is None else self._chunk_no
         chunks_done = 0
@@ -708,7 +710,7 @@ class ShardRun:
         if self._lease is not None and (dead or n_ok) and not self._lease.safe_to_commit():
             log.warning("shard %s: lease of unit %d lost before a commit: %d rows left to its next holder",
                         self.ctx.shard_id, self._lease.unit, n_ok + len(dead))
-            self._abandon = True
+            self._abandon.set()
             return True
         with self.clock.stage("write"):
             if dead:
