@@ -66,6 +66,11 @@ from batch_worker.writer import assemble_part, commit_table, dead_letter_table
 log = logging.getLogger("batch_worker")
 
 
+STEAL_TEMP_MIN_AGE_SECONDS = 600.0
+"""With ``worker.steal``, a temp file is a killed writer's stray only once it is this old (seconds): a
+commit (temp write, fsync, link) takes well under a second, and strays are ignored by every reader."""
+
+
 class CoverageError(RuntimeError):
     """Committed results + dead letters do not cover the shard's rows exactly (no marker is written)."""
 
@@ -330,14 +335,14 @@ class ShardRun:
         try:
             storage.makedirs(self.ctx.shard_dir)
             self._write_attempt()
-            ledger = build_ledger(self.ctx.shard_dir, self.ctx.fingerprint)
+            ledger = self._build_ledger()
             result_log = None
             if self.reuse_on and not self.settings.steal:  # with stealing: per unit, under its lease
                 outcome = self._reuse(ledger)
                 if outcome is None:
                     return self._interrupted(None)
                 result_log = outcome.log
-                ledger = build_ledger(self.ctx.shard_dir, self.ctx.fingerprint)
+                ledger = self._build_ledger()
                 if outcome.rows_to_compute == 0 and ledger.rows_done == self.spec.rows:
                     self.gpu.stop()
                     self._finish(self._without_model(outcome))  # every row reused: no model load
@@ -426,6 +431,12 @@ class ShardRun:
                     self.ctx.shard_id, self.stop.signal_name, self.counters.rows_committed,
                     int(ExitCode.INTERRUPTED))
         return int(ExitCode.INTERRUPTED)
+
+    def _build_ledger(self) -> Ledger:
+        """The shard's resume ledger; with ``worker.steal`` leaving temp files younger than
+        :data:`STEAL_TEMP_MIN_AGE_SECONDS` (other workers' commits in flight into the same shard)."""
+        age = STEAL_TEMP_MIN_AGE_SECONDS if self.settings.steal else 0.0
+        return build_ledger(self.ctx.shard_dir, self.ctx.fingerprint, temp_min_age_seconds=age)
 
     # -- work stealing (worker.steal) -----------------------------------------------------------------
     def _run_stealing(self, loaded: LoadedModel, ledger: Ledger, progress: ProgressReporter) -> int:
@@ -543,7 +554,7 @@ class ShardRun:
 
     def _units_state_for(self, ledger: Ledger | None) -> _UnitsState:
         if self._units_state is None:
-            ledger = ledger or build_ledger(self.ctx.shard_dir, self.ctx.fingerprint)
+            ledger = ledger or self._build_ledger()
             validator = Validator(self.ctx.manifest.input.id_column, ledger.done_ids, ledger.done_dead,
                                   text_column=self.ctx.manifest.input.text_column)
             self._units_state = _UnitsState(ledger=ledger, validator=validator, sizer=ChunkSizer(self.settings))
@@ -564,13 +575,13 @@ class ShardRun:
         try:
             refresh = lease.generation > 0  # an earlier holder may have committed rows of the unit
             if self.reuse_on:
-                outcome = self._reuse(build_ledger(self.ctx.shard_dir, self.ctx.fingerprint), units[lease.unit])
+                outcome = self._reuse(self._build_ledger(), units[lease.unit])
                 if outcome is not None:
                     refresh = refresh or bool(outcome.files)
                     if self.ctx.engine.reuses_results:
                         self.deduper = Deduper(self.ctx.engine, outcome.log, self.ctx.fingerprint)
             if refresh:
-                fresh = build_ledger(self.ctx.shard_dir, self.ctx.fingerprint)
+                fresh = self._build_ledger()
                 state.validator.done_ids |= fresh.done_ids
                 state.validator.done_dead |= fresh.done_dead
             if not self.reuse_on or outcome is not None:
@@ -746,7 +757,7 @@ class ShardRun:
         """Verify coverage, rewrite the attempt record, then write the marker (last)."""
         ctx = self.ctx
         with self.clock.stage("write"):
-            ledger = build_ledger(ctx.shard_dir, ctx.fingerprint)
+            ledger = self._build_ledger()
             if ledger.rows_done != self.spec.rows:
                 raise CoverageError(
                     f"shard {ctx.shard_id}: {len(ledger.done_ids)} results + {len(ledger.done_dead)} dead letters "
