@@ -15,7 +15,7 @@ Figures (wall-clock seconds, measured here):
   timed apart as ``publish_seconds``);
 * ``idle_worker_seconds``: summed over workers, the time from a worker's exit to the last worker's exit
   (a worker slot, on a GPU node a reserved GPU, that waits for the slowest shard) plus the ``idle`` stage
-  seconds of its attempt records;
+  seconds and the ``steal.wait_seconds`` (waiting for units other workers hold) of the attempt records;
 * ``chunks_stolen``: units computed by workers of other shards (the markers' ``steal.units_stolen``);
 * ``tables_equal``: both published tables hold the same ids and dead letters, the same ``n_tokens`` /
   ``truncated`` / ``text_repaired``, embeddings within ``EMBEDDING_TOLERANCE`` (``max_abs_diff``).
@@ -124,8 +124,11 @@ def one_run(work: Path, input_path: Path, name: str, steal: bool, args: argparse
     run_dir = RunLayout(str(root), name).run_dir
     shard_ids = [s.shard_id for s in manifest.shards]
     wall, ended = run_workers(run_dir, shard_ids, root)
-    markers = RunStore.open(run_dir).complete_markers()
-    idle_stage = sum(float(a.get("stage_seconds", {}).get("idle", 0.0)) for m in markers.values() for a in m.attempts)
+    store = RunStore.open(run_dir)
+    markers = store.complete_markers()
+    records = [rec for sid in shard_ids for rec in store.attempts(sid)]
+    idle_stage = sum(float(rec.stage_seconds.get("idle", 0.0)) + float(rec.steal.get("wait_seconds", 0.0))
+                     for rec in records)
     db = str(root / "out.duckdb")
     t0 = time.monotonic()
     publish_run(run_dir, PublishTarget(backend="duckdb", table="emb", duckdb_path=db))

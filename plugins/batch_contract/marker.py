@@ -103,9 +103,10 @@ class AttemptRecord(JsonRecord):
     the JSON) for text inputs."""
     steal: dict[str, Any] = field(default_factory=dict)
     """Work stealing (``worker.steal``; :mod:`batch_contract.claims`): ``{"role": "owner" | "thief",
-    "units": units of this shard whose rows this attempt committed and marked done}``; a ``thief`` attempt
-    is a worker of another shard that computed units of this one. ``{}`` (and left out of the JSON) with
-    stealing off."""
+    "units": units of this shard whose rows this attempt committed and marked done}``, and for an owner
+    that waited for units other workers held after its shard was complete, ``"wait_seconds"`` (written
+    after the marker: not in the shard's stage seconds); a ``thief`` attempt is a worker of another shard
+    that computed units of this one. ``{}`` (and left out of the JSON) with stealing off."""
 
     def to_dict(self) -> dict[str, Any]:
         """Every field; ``preprocess`` and ``steal`` only when they hold figures (runs without them write

@@ -59,7 +59,7 @@ from batch_worker.reader import iter_shard_blocks
 from batch_worker.reuse import ReuseOutcome, reuse_enabled, reuse_pass
 from batch_worker.signals import StopSignal
 from batch_worker.stats import GpuSampler, StageClock, apply_thread_cap, cpu_seconds, release_memory
-from batch_worker.stealing import LeaseKeeper, pick_victim, steal_stop_reason
+from batch_worker.stealing import LeaseKeeper, pick_victim, steal_stop_reason, unfinished_shards
 from batch_worker.validate import DeadLetter, Validator
 from batch_worker.writer import assemble_part, commit_table, dead_letter_table
 
@@ -278,6 +278,8 @@ class ShardRun:
         """The thief attempt this worker runs on another shard now (its record is written on a hard exit)."""
         self._chunk_no: int | None = None
         self._attempt_written = False
+        self._steal_failed: set[str] = set()
+        """Shards whose units raised here (``_steal_once``): not taken again by this worker."""
 
     # -- attempt record -------------------------------------------------------------------------------
     def _write_attempt(self, status: str | None = None, exit_code: int | None = None) -> None:
@@ -441,8 +443,8 @@ class ShardRun:
     # -- work stealing (worker.steal) -----------------------------------------------------------------
     def _run_stealing(self, loaded: LoadedModel, ledger: Ledger, progress: ProgressReporter) -> int:
         """The owner's run with ``worker.steal``: its own units in order; while units of its shard are
-        held by other workers, units of other shards; then the marker; then units of other shards until
-        none is left (:meth:`_steal_once`). Returns the exit code."""
+        held by other workers, units of other shards; then the marker; then :meth:`_help_until_done`.
+        Returns the exit code."""
         own = self.run_units(loaded, ledger)
         while own is None:  # every unit left of this shard is held by another worker
             took = self._steal_once(loaded)
@@ -459,10 +461,33 @@ class ShardRun:
         self._finish(loaded)
         self.status = ShardStatus.COMPLETE.value
         progress.write(self.status)
-        while not self.stop.requested:  # the own shard is complete: an interruption now loses nothing of it
-            if self._steal_once(loaded) is not True:
-                break
+        self._help_until_done(loaded)  # the own shard is complete: an interruption now loses nothing of it
         return int(ExitCode.OK)
+
+    def _help_until_done(self, loaded: LoadedModel) -> None:
+        """Take units of other shards until every other shard has a marker: while the units left are held
+        by other workers, wait (a holder may be stopped, release its unit or die and let its lease
+        expire: then this worker takes it over), so a shard whose own worker never starts is finished
+        even when the worker computing it is preempted. Returns at once on a stop request, a budget or
+        deadline stop (``stealing.steal_stop_reason``), or when the only shards left failed here. The
+        seconds spent waiting go to this attempt's ``steal.wait_seconds`` (after its marker: not in the
+        shard's stage seconds)."""
+        poll = min(1.0, self.settings.lease_seconds / 10)
+        waited = 0.0
+        while not self.stop.requested:
+            took = self._steal_once(loaded)
+            if took is False:
+                break
+            if took:
+                continue
+            if steal_stop_reason(self.ctx.store) is not None or not unfinished_shards(
+                    self.ctx.store, self.ctx.shard_id, self._steal_failed):
+                break
+            time.sleep(poll)
+            waited += poll
+        if waited:
+            self.attempt.steal["wait_seconds"] = round(waited, 3)
+            self._write_attempt()
 
     def _steal_once(self, loaded: LoadedModel) -> bool | None:
         """Take units of the run's shard with the most claimable rows (``stealing.pick_victim``) as a
@@ -476,7 +501,7 @@ class ShardRun:
         if reason is not None:
             log.info("shard %s: taking no units of other shards: %s", self.ctx.shard_id, reason)
             return None
-        victim = pick_victim(store, self.ctx.shard_id, s.steal_unit_rows, s.lease_seconds)
+        victim = pick_victim(store, self.ctx.shard_id, s.steal_unit_rows, s.lease_seconds, skip=self._steal_failed)
         if victim is None:
             return None
         log.info("shard %s: taking units of shard %s (%d rows in %d claimable units)", self.ctx.shard_id,
@@ -486,6 +511,11 @@ class ShardRun:
         self._thief_run = thief
         try:
             return thief.run_stolen(loaded)
+        except Exception:  # noqa: BLE001 - another shard's failure (its input, its rows) is not this worker's
+            log.exception("shard %s: computing units of shard %s failed; leaving that shard to its own worker",
+                          self.ctx.shard_id, victim.shard_id)
+            self._steal_failed.add(victim.shard_id)
+            return True
         finally:
             self._thief_run = None
 
@@ -588,6 +618,13 @@ class ShardRun:
                 self._classify_before(state, units, lease.unit)
                 finished = self._loop(loaded, state.ledger, state.sizer, state.validator, segments=units[lease.unit])
                 state.classified.add(lease.unit)
+        except BaseException:
+            keeper.stop()
+            try:  # the next worker need not wait for the expiry (it may fail the same way: see _steal_once)
+                book.release(lease)
+            except OSError:
+                log.exception("could not release the lease of unit %d", lease.unit)
+            raise
         finally:
             keeper.stop()
             self._lease = None

@@ -114,23 +114,27 @@ def claimable_rows(store: RunStore, shard_id: str, unit_rows: int, lease_seconds
     return Candidate(shard_id, rows, n, all_done=all(st.done for st in states))
 
 
-def pick_victim(store: RunStore, own_shard: str, unit_rows: int, lease_seconds: float) -> Candidate | None:
+def unfinished_shards(store: RunStore, own_shard: str, skip: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """The run's shards with rows but no marker, other than ``own_shard`` and those in ``skip`` (one
+    listing of the run's markers)."""
+    complete = {p.split("/", 1)[0] for p in storage.list_glob(store.layout.shards_dir(), f"*/{MARKER_NAME}")}
+    return [s.shard_id for s in store.manifest.shards
+            if s.rows and s.shard_id != own_shard and s.shard_id not in complete and s.shard_id not in skip]
+
+
+def pick_victim(store: RunStore, own_shard: str, unit_rows: int, lease_seconds: float,
+                skip: set[str] | frozenset[str] = frozenset()) -> Candidate | None:
     """The shard with the most claimable rows (:func:`claimable_rows`) among the run's shards other than
-    ``own_shard`` that have no marker, else one whose units are all done but that has no marker; ``None``
-    when there is neither. Two listings of the run's shards
-    directory (markers, claims) however many shards the run has."""
-    shards_dir = store.layout.shards_dir()
-    complete = {p.split("/", 1)[0] for p in storage.list_glob(shards_dir, f"*/{MARKER_NAME}")}
+    ``own_shard`` and ``skip`` that have no marker, else one whose units are all done but that has no
+    marker; ``None`` when there is neither. Two listings of the run's shards directory (markers, claims)
+    however many shards the run has."""
     claims: dict[str, list[str]] = {}
-    for path in storage.list_glob(shards_dir, f"*/{CLAIMS_DIR}/*"):
+    for path in storage.list_glob(store.layout.shards_dir(), f"*/{CLAIMS_DIR}/*"):
         shard, _, name = path.split("/", 2)
         claims.setdefault(shard, []).append(name)
     best: Candidate | None = None
     unfinished: Candidate | None = None
-    for spec in store.manifest.shards:
-        sid = spec.shard_id
-        if sid == own_shard or sid in complete or not spec.rows:
-            continue
+    for sid in unfinished_shards(store, own_shard, skip):
         cand = claimable_rows(store, sid, unit_rows, lease_seconds, listed=claims.get(sid, []))
         if cand.rows and (best is None or cand.rows > best.rows):
             best = cand
