@@ -140,3 +140,22 @@ def test_a_shard_whose_worker_never_starts_is_computed_by_the_other_on_gcs(refer
     by_shard = {row["shard_id"]: row["chunks_stolen"] for row in report["shards"]}
     assert by_shard == {"00000": 0, "00001": v.units_stolen}
     assert 'id="stealing"' in storage.read_bytes(layout.report_html_uri).decode()
+
+
+def test_a_failing_shard_does_not_fail_the_worker_that_steals_from_it(reference, tmp_path: Path) -> None:
+    """Shard 00001 reads past the end of its file (BadInputError in its worker, exit 2): the worker of
+    shard 00000 tries its units, logs the failure, leaves it, and still completes its own shard (exit 0)."""
+    import json
+
+    src, ref = reference
+    layout = chaos_lib.write_manifest(tmp_path, "bad", src, chunk_rows=CHUNK_ROWS, shards=2,
+                                      worker=chaos_steal.STEAL_WORKER)
+    data = json.loads(storage.read_bytes(layout.manifest_uri))
+    data["shards"][1]["segments"][0]["row_stop"] += 50  # rows the file does not have
+    storage.write_replace(layout.manifest_uri, json.dumps(data).encode())
+    assert _worker(layout, "00000", tmp_path / "w0.log").wait(timeout=300) == 0
+    log = (tmp_path / "w0.log").read_text()
+    assert "computing units of shard 00001 failed" in log, log[-3000:]
+    assert storage.exists(layout.marker_uri("00000")) and not storage.exists(layout.marker_uri("00001"))
+    own = chaos_lib.read_shard(layout.shard_dir("00000"))
+    assert own.marker is not None and own.marker.rows_input == own.rows
