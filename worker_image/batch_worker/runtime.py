@@ -279,6 +279,7 @@ class ShardRun:
         self._chunk_no: int | None = None
         self._attempt_written = False
         self._steal_failed: set[str] = set()
+        self._steal_stop_logged = False
         """Shards whose units raised here (``_steal_once``): not taken again by this worker."""
 
     # -- attempt record -------------------------------------------------------------------------------
@@ -499,7 +500,9 @@ class ShardRun:
             return False
         reason = steal_stop_reason(store)
         if reason is not None:
-            log.info("shard %s: taking no units of other shards: %s", self.ctx.shard_id, reason)
+            if not self._steal_stop_logged:
+                log.info("shard %s: taking no units of other shards: %s", self.ctx.shard_id, reason)
+                self._steal_stop_logged = True
             return None
         victim = pick_victim(store, self.ctx.shard_id, s.steal_unit_rows, s.lease_seconds, skip=self._steal_failed)
         if victim is None:
