@@ -36,6 +36,16 @@ ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS)
 """The ``url`` / ``endpoint`` values served (OpenAI's batch endpoints that an engine here can run)."""
 ENGINE_OF_ENDPOINT = {CHAT: "llm", COMPLETIONS: "llm", EMBEDDINGS: "encoder"}
 """Which engine kind serves an endpoint (``batch_contract.enums.EngineKind`` values)."""
+SAMPLING_COLUMN = "sampling"
+"""The input column of a request's own sampling settings (:meth:`Request.row`)."""
+ENGINE_OPTIONS_OF_ENDPOINT: dict[str, dict[str, Any]] = {
+    CHAT: {"row_messages": True, "row_sampling_column": SAMPLING_COLUMN},
+    COMPLETIONS: {"use_chat_template": False, "row_sampling_column": SAMPLING_COLUMN},
+    EMBEDDINGS: {},
+}
+"""LLM engine options a batch of an endpoint runs with (``batch_contract.llm_config.LLMConfig``): a chat
+request's messages are the row's whole conversation; a completion's prompt is used as is (no chat
+template); each row's sampling settings come from :data:`SAMPLING_COLUMN`."""
 
 MAX_REQUESTS = 50_000
 """Most request lines in one input file (OpenAI's limit per batch)."""
@@ -128,8 +138,11 @@ class Request:
     sampling: Sampling = field(default_factory=Sampling)
 
     def row(self) -> dict[str, Any]:
-        """The input row: ``{"id", "text", "sampling"}`` (``sampling`` a dict, possibly empty)."""
-        return {"id": self.custom_id, "text": self.text, "sampling": self.sampling.to_dict()}
+        """The input row: ``{"id", "text", "sampling"}``; ``sampling`` is the request's settings as JSON
+        text (``""`` when it gives none), the LLM engine's ``row_sampling_column``."""
+        given = self.sampling.to_dict()
+        text = json.dumps(given, ensure_ascii=False, sort_keys=True, separators=(",", ":")) if given else ""
+        return {"id": self.custom_id, "text": self.text, "sampling": text}
 
 
 @dataclass(frozen=True)

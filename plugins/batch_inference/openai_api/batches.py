@@ -28,7 +28,7 @@ from datetime import datetime
 from typing import Any
 
 from batch_contract import storage
-from batch_contract.openai_batch import COMPLETION_WINDOW_HOURS, ENDPOINTS, Parsed
+from batch_contract.openai_batch import COMPLETION_WINDOW_HOURS, ENDPOINTS, ENGINE_OPTIONS_OF_ENDPOINT, Parsed
 from batch_contract.openai_output import error_line, jsonl
 from batch_contract.runstore import RunStore
 
@@ -63,31 +63,36 @@ def check_create(catalog: Catalog, endpoint: Any, completion_window: Any) -> Non
 
 
 def choose_model(catalog: Catalog, models: set[str], endpoint: str) -> ModelEntry:
-    """The catalog entry of the one model a file's lines name.
+    """The catalog entry of the batch: the one catalog model the file's lines name. Lines naming a
+    model the catalog lacks are not the batch's model; they become ``model_mismatch`` error lines.
 
     Raises:
-        ApiError: 400 when the lines name no model or several (OpenAI refuses such a file too), when
-            the model is not in the catalog, or when its engine cannot serve ``endpoint``.
+        ApiError: 400 when the lines name several catalog models (OpenAI refuses a file whose requests
+            name different models too), none, or one whose engine cannot serve ``endpoint``.
     """
-    if len(models) != 1:
-        raise ApiError(400, f"the input file's lines name {len(models)} models ({sorted(models)[:5]}): "
-                       "a batch's requests must all name one model", "mismatched_model", "input_file_id")
-    (name,) = models
-    entry = catalog.models.get(name)
-    if entry is None:
-        raise ApiError(400, f"model {name!r} is not served here (the operator's catalog has "
-                       f"{sorted(catalog.models)})", "model_not_found", "input_file_id")
+    served = sorted(models & set(catalog.models))
+    if len(served) > 1:
+        raise ApiError(400, f"the input file's lines name {len(served)} models ({served[:5]}): a batch's "
+                       "requests must all name one model", "mismatched_model", "input_file_id")
+    if not served:
+        raise ApiError(400, f"no line of the input file names a model served here (they name "
+                       f"{sorted(models)[:5]}; the operator's catalog has {sorted(catalog.models)})",
+                       "model_not_found", "input_file_id")
+    entry = catalog.models[served[0]]
     if not entry.serves(endpoint):
-        raise ApiError(400, f"model {name!r} runs the {entry.engine} engine, which cannot serve {endpoint}",
+        raise ApiError(400, f"model {entry.name!r} runs the {entry.engine} engine, which cannot serve {endpoint}",
                        "invalid_value", "endpoint")
     return entry
 
 
-def run_conf(catalog: Catalog, entry: ModelEntry, input_uri: str, batch_id: str, window: str) -> dict[str, Any]:
-    """The DAG run's conf: the converted input, the entry's engine and model, the window as deadline."""
+def run_conf(catalog: Catalog, entry: ModelEntry, endpoint: str, input_uri: str, batch_id: str,
+             window: str) -> dict[str, Any]:
+    """The DAG run's conf: the converted input, the entry's engine, model and options (with the endpoint's,
+    :data:`~batch_contract.openai_batch.ENGINE_OPTIONS_OF_ENDPOINT`), the window as deadline."""
     conf: dict[str, Any] = {
         "input_uri": input_uri, "id_column": "id", "text_column": "text", "engine": entry.engine,
-        "model": entry.model, "engine_options": dict(entry.engine_options), "output_root": catalog.output_root,
+        "model": entry.model, "engine_options": {**entry.engine_options, **ENGINE_OPTIONS_OF_ENDPOINT[endpoint]},
+        "output_root": catalog.output_root,
         "output_table": f"openai_{batch_id}", "deadline_hours": COMPLETION_WINDOW_HOURS[window],
     }
     conf.update(entry.params)

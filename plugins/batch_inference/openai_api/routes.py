@@ -219,7 +219,7 @@ def create_app() -> FastAPI:
             return _current(api, record, session)
         api.put_batch(record)
         trigger_dag(entry.dag_id, triggered_by=DagRunTriggeredByType.REST_API, run_id=batch_id,
-                    conf=B.run_conf(cat, entry, input_uri, batch_id, body.completion_window),
+                    conf=B.run_conf(cat, entry, body.endpoint, input_uri, batch_id, body.completion_window),
                     triggering_user_name=user_name(user), session=session)
         session.commit()
         return B.to_openai(record, None)
