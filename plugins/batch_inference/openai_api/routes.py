@@ -51,7 +51,9 @@ from batch_inference.ui.discovery import find_runs
 from batch_inference.ui.views import RunView, ViewCache
 
 UPLOAD_READ_BYTES = 1 << 20
-"""An upload is read this many bytes at a time, and refused as soon as it passes the size limit."""
+"""An upload's file part is read this many bytes at a time, and refused as soon as it passes the size
+limit. A request whose ``Content-Length`` already says it is over the limit is refused before its body
+is read; one without (chunked) is parsed first (Starlette spools the file part to a temporary file)."""
 LIST_LIMIT_MAX = 100
 CACHE = ViewCache()
 
