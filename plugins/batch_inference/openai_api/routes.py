@@ -75,9 +75,14 @@ def user_name(user: Any) -> str:
     return str(getter() if callable(getter) else getattr(user, "name", ""))
 
 
+def _team_of(session: Any, dag_id: str) -> str | None:
+    """The team owning ``dag_id``'s bundle (``None``: none), as Airflow's own DAG checks pass it."""
+    return DagModel.get_dag_id_to_team_name_mapping([dag_id], session=session).get(dag_id)
+
+
 def may(user: Any, session: Any, dag_id: str, method: str) -> bool:
     """Whether the auth manager lets ``user`` do ``method`` on the runs of ``dag_id``."""
-    team = DagModel.get_dag_id_to_team_name_mapping([dag_id], session=session).get(dag_id)
+    team = _team_of(session, dag_id)
     return get_auth_manager().is_authorized_dag(method=method, access_entity=DagAccessEntity.RUN,
                                                 details=DagDetails(id=dag_id, team_name=team), user=user)
 
