@@ -28,9 +28,6 @@ from batch_contract.openai_output import error_line, jsonl, output_line
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-openai_types = pytest.importorskip("openai.types")
-chat_types = pytest.importorskip("openai.types.chat")
-
 
 def chat_line(cid: str = "r1", model: str = "m", **body: object) -> str:
     body = {"model": model, "messages": [{"role": "user", "content": "hello"}], **body}
@@ -137,6 +134,8 @@ def test_metadata_limits() -> None:
 
 
 def test_output_lines_parse_as_the_openai_response_types() -> None:
+    openai_types = pytest.importorskip("openai.types")  # the dev extra installs it
+    chat_types = pytest.importorskip("openai.types.chat")
     llm_row = {"id": "r1", "output_text": "hi", "output_json": None, "finish_reason": "stop",
                "prompt_tokens": 5, "output_tokens": 2}
     chat = output_line("batch_x", CHAT, "m", 1700000000, llm_row)
