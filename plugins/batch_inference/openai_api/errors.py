@@ -35,10 +35,11 @@ def error_body(status: int, message: str, code: str | None = None, param: str | 
 
 async def http_exception_handler(_request: Request, exc: Exception) -> JSONResponse:
     """FastAPI handler: any :class:`HTTPException` (``ApiError`` or Airflow's) as an OpenAI error body."""
-    assert isinstance(exc, HTTPException)
-    detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
-    body = error_body(exc.status_code, detail, getattr(exc, "code", None), getattr(exc, "param", None))
-    return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+    status = getattr(exc, "status_code", 500)
+    detail = getattr(exc, "detail", None)
+    message = detail if isinstance(detail, str) else str(detail if detail is not None else exc)
+    body = error_body(status, message, getattr(exc, "code", None), getattr(exc, "param", None))
+    return JSONResponse(body, status_code=status, headers=getattr(exc, "headers", None))
 
 
 async def validation_handler(_request: Request, exc: Exception) -> JSONResponse:
