@@ -29,6 +29,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from batch_contract.enums import DeadLetterReason
+
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
@@ -74,17 +76,18 @@ DEFAULT_KEYS = {"n": 1, "stream": False, "logprobs": False, "presence_penalty": 
 
 
 class Code:
-    """Rejection codes (the ``error.code`` of an error-file line)."""
+    """Rejection codes (the ``error.code`` of an error-file line, and the dead-letter reason of a refused
+    line in a batch DAG run: :class:`batch_contract.enums.DeadLetterReason` holds the same values)."""
 
-    INVALID_JSON = "invalid_json_line"
-    MISSING_CUSTOM_ID = "missing_custom_id"
-    DUPLICATE_CUSTOM_ID = "duplicate_custom_id"
-    INVALID_METHOD = "invalid_method"
-    INVALID_URL = "invalid_url"
-    MISMATCHED_ENDPOINT = "mismatched_endpoint"
-    MISMATCHED_MODEL = "model_mismatch"
-    INVALID_BODY = "invalid_request"
-    UNSUPPORTED = "unsupported_parameter"
+    INVALID_JSON = DeadLetterReason.OPENAI_INVALID_JSON.value
+    MISSING_CUSTOM_ID = DeadLetterReason.OPENAI_MISSING_CUSTOM_ID.value
+    DUPLICATE_CUSTOM_ID = DeadLetterReason.OPENAI_DUPLICATE_CUSTOM_ID.value
+    INVALID_METHOD = DeadLetterReason.OPENAI_INVALID_METHOD.value
+    INVALID_URL = DeadLetterReason.OPENAI_INVALID_URL.value
+    MISMATCHED_ENDPOINT = DeadLetterReason.OPENAI_MISMATCHED_ENDPOINT.value
+    MISMATCHED_MODEL = DeadLetterReason.OPENAI_MISMATCHED_MODEL.value
+    INVALID_BODY = DeadLetterReason.OPENAI_INVALID_REQUEST.value
+    UNSUPPORTED = DeadLetterReason.OPENAI_UNSUPPORTED.value
 
 
 @dataclass(frozen=True)
@@ -398,3 +401,110 @@ def check_metadata(metadata: Any) -> dict[str, str]:
 
 COMPLETION_WINDOW_HOURS = {"24h": 24.0}
 """``completion_window`` values and their hours (OpenAI accepts only ``24h``)."""
+
+
+# ------------------------------------------------------------------ a batch DAG run's input (``input_format``)
+
+INPUT_FORMAT_TABLE = "table"
+INPUT_FORMAT_OPENAI = "openai_batch"
+INPUT_FORMATS = (INPUT_FORMAT_TABLE, INPUT_FORMAT_OPENAI)
+"""``input_format`` Param values: ``table`` (Parquet/JSONL rows with id and text columns) or
+``openai_batch`` (JSONL of OpenAI batch request lines, converted by :func:`convert_file` at plan time)."""
+REJECTION_KEY = "openai_rejection"
+"""Key of a converted input row refused before the run: ``{"code", "message"}``; the worker dead-letters
+the row with ``code`` as its reason and ``message`` as its detail (``input.rejection_key``)."""
+LINE_KEY = "line"
+"""Key of a converted row's 0-based line number in the OpenAI file (equal to its row number in the
+converted file, which keeps every line in order)."""
+
+
+def _most_named(values: Iterable[str]) -> str | None:
+    """The value named most often, the first named on a tie; ``None`` for none."""
+    counts: dict[str, int] = {}
+    for v in values:
+        counts[v] = counts.get(v, 0) + 1
+    return max(counts, key=lambda v: counts[v]) if counts else None  # dicts keep first-seen order
+
+
+def _served_urls(data: bytes) -> Iterator[str]:
+    for _n, raw in iter_lines(data):
+        rec, _ = decode(raw)
+        if rec is not None and rec.get("url") in ENDPOINTS:
+            yield rec["url"]
+
+
+def batch_endpoint(data: bytes, engine: str) -> str:
+    """The endpoint of a batch DAG run over an OpenAI batch file: the served ``url`` most lines name (the
+    first named on a tie); lines naming another are ``mismatched_endpoint`` (a batch has one endpoint,
+    as in OpenAI's API). A file naming none gets the engine's own (``/v1/embeddings`` for the encoder,
+    ``/v1/chat/completions`` for the LLM): every line is refused anyway.
+
+    Raises:
+        ValueError: that endpoint needs another engine than ``engine`` (``encoder`` / ``llm``); the
+            message names the engine the lines need.
+    """
+    url = _most_named(_served_urls(data))
+    if url is None:
+        return EMBEDDINGS if engine == "encoder" else CHAT
+    if ENGINE_OF_ENDPOINT[url] != engine:
+        raise ValueError(f"the input's request lines are for {url}, which the {ENGINE_OF_ENDPOINT[url]} engine "
+                         f"serves; this run's engine is {engine!r}: set engine={ENGINE_OF_ENDPOINT[url]!r} (and "
+                         "its model), or send the lines to a run of that engine")
+    return url
+
+
+@dataclass
+class Converted:
+    """An OpenAI batch file converted into a run's input: one row per non-blank line, in file order.
+
+    Attributes:
+        endpoint: the batch's endpoint (:func:`batch_endpoint`).
+        model: the batch's model name (the ``body.model`` most lines name; ``None`` when no line names one).
+        rows: accepted lines as :meth:`Request.row` plus ``line``; refused ones as ``{"id": custom_id or
+            None, "text": "", "sampling": "", "line", REJECTION_KEY: {"code", "message"}}``.
+        accepted / rejected: counts (lines), ``accepted + rejected == len(rows)``.
+    """
+
+    endpoint: str
+    model: str | None
+    rows: list[dict[str, Any]]
+    accepted: int
+    rejected: int
+
+
+def rejected_row(r: Rejection) -> dict[str, Any]:
+    """The converted input row of a refused line (:data:`REJECTION_KEY`)."""
+    return {"id": r.custom_id, "text": "", SAMPLING_COLUMN: "", LINE_KEY: r.line,
+            REJECTION_KEY: {"code": r.code, "message": r.message}}
+
+
+def convert_file(data: bytes, engine: str) -> Converted:
+    """Check every line of an OpenAI batch input file (:func:`parse_file`) against the batch's endpoint
+    (:func:`batch_endpoint`) and model (the ``body.model`` most lines name, the first on a tie: OpenAI
+    refuses a file whose requests name several models; here the others are ``model_mismatch`` lines)
+    and convert it into the run's rows, accepted and refused alike, in file order.
+
+    Args:
+        data: the file's bytes (UTF-8 JSONL; blank lines skipped, as :func:`iter_lines`).
+        engine: the run's engine kind (``encoder`` / ``llm``).
+
+    Raises:
+        ValueError: the lines need another engine (:func:`batch_endpoint`).
+    """
+    endpoint = batch_endpoint(data, engine)
+    model = _most_named(models_in_order(data))
+    parsed = parse_file(iter_lines(data), endpoint, model)
+    rows = [{**r.row(), LINE_KEY: r.line} for r in parsed.requests]
+    rows += [rejected_row(r) for r in parsed.rejections]
+    rows.sort(key=lambda row: row[LINE_KEY])
+    return Converted(endpoint=endpoint, model=model, rows=rows, accepted=len(parsed.requests),
+                     rejected=len(parsed.rejections))
+
+
+def models_in_order(data: bytes) -> Iterator[str]:
+    """``body.model`` of every readable line that names one, in file order (with repeats)."""
+    for _n, raw in iter_lines(data):
+        rec, _ = decode(raw)
+        body = rec.get("body") if rec else None
+        if isinstance(body, dict) and isinstance(body.get("model"), str) and body["model"]:
+            yield body["model"]

@@ -18,6 +18,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from batch_contract.enums import DeadLetterReason
 from batch_contract.openai_batch import CHAT, COMPLETIONS, EMBEDDINGS
 
 ERROR_STATUS = 400
@@ -30,8 +31,10 @@ def _digest(*parts: str, n: int = 24) -> str:
 
 
 def request_line_id(batch_id: str, custom_id: str | None, line: int) -> str:
-    """``batch_req_<24 hex>``: the line's ``id`` (stable for one batch and custom id / line)."""
-    return f"batch_req_{_digest(batch_id, custom_id if custom_id is not None else f'#{line}')}"
+    """``batch_req_<24 hex>``: the line's ``id`` (stable for one batch and custom id, or for one batch and
+    line when ``custom_id`` is ``None``; the two never collide)."""
+    key = (custom_id,) if custom_id is not None else ("\x00line", str(line))
+    return f"batch_req_{_digest(batch_id, *key)}"
 
 
 def request_id(batch_id: str, custom_id: str | None) -> str:
@@ -92,7 +95,9 @@ def output_line(batch_id: str, url: str, model: str, created: int, row: Mapping[
 def error_line(batch_id: str, custom_id: str | None, line: int, code: str, message: str) -> dict[str, Any]:
     """One error-file object: a rejected line or a dead-letter row (``code``: its reason)."""
     err = {"message": message, "type": "invalid_request_error", "param": None, "code": code}
-    return {"id": request_line_id(batch_id, custom_id, line), "custom_id": custom_id,
+    # a later line repeating a custom id is its own request: its id is the line's, not the custom id's
+    key = None if code == DeadLetterReason.OPENAI_DUPLICATE_CUSTOM_ID.value else custom_id
+    return {"id": request_line_id(batch_id, key, line), "custom_id": custom_id,
             "response": {"status_code": ERROR_STATUS, "request_id": request_id(batch_id, custom_id or f"#{line}"),
                          "body": {"error": err}},
             "error": {"code": code, "message": message}}

@@ -30,6 +30,7 @@ from batch_contract.engine_config import AUTO_TOKEN_BUDGET, MIN_TOKEN_BUDGET, Co
 from batch_contract.engines import DEFAULT_ENGINE_KIND, engine_kinds
 from batch_contract.enums import EngineKind
 from batch_contract.jsonutil import json_type_name
+from batch_contract.openai_batch import INPUT_FORMAT_TABLE, INPUT_FORMATS
 
 from batch_inference.locations import (  # noqa: F401 - re-exported: callers read them as params.*
     ALLOWED_ROOTS_ENV,
@@ -287,6 +288,14 @@ PARAM_FIELDS: Mapping[str, ParamField] = _fields(
                "the worker extracts their text before the engine: pdf (text layer, OCR for pages without "
                "one), html (main text), ocr (images and scanned PDFs), auto (by file suffix). See "
                "docs/documents.md.", "Input", enum=PREPROCESS_MODES),
+    ParamField("input_format", INPUT_FORMAT_TABLE, "string", "Input format",
+               "table: Parquet/JSONL rows with the id and text columns. openai_batch: input_uri is one JSONL "
+               "file of OpenAI batch request lines (custom_id, method, url, body); each line becomes a row "
+               "(custom_id as id, the body's messages/prompt/input and sampling settings) or a dead letter "
+               "with OpenAI's reason code, and the run writes OpenAI's batch output and error files into its "
+               "run directory (openai/output.jsonl, openai/errors.jsonl). /v1/embeddings lines need the "
+               "encoder engine, chat and completions lines the llm engine. See docs/openai-batch.md.",
+               "Input", enum=INPUT_FORMATS),
     ParamField("engine", DEFAULT_ENGINE_KIND.value, "string", "Engine", "encoder: embeddings/classification with a "
                "transformers encoder; llm: generation with vLLM.", "Engine", enum=ENGINES, required=True),
     ParamField("model", None, "string", "Model", "Local model directory (or path inside the image). "
@@ -483,6 +492,7 @@ class RunConfig:
     text_column: str = _default("text_column")
     row_limit: int = _default("row_limit")
     preprocess: str = _default("preprocess")
+    input_format: str = _default("input_format")
     engine: str = _default("engine")
     model: str | None = _default("model")
     engine_options: dict[str, Any] = _default("engine_options")

@@ -146,6 +146,13 @@ def _status(data: RunData, shard_id: str) -> str:
     return progress.status if progress is not None else "pending"
 
 
+def _openai_uris(publish_summary: dict[str, Any] | None) -> dict[str, str]:
+    """``openai_output`` / ``openai_errors``: the OpenAI batch output and error files of a run over an
+    OpenAI batch input (the publish summary's ``openai_files``); ``{}`` for any other run."""
+    files = (publish_summary or {}).get("openai_files")
+    return {"openai_output": files["output"], "openai_errors": files["errors"]} if files else {}
+
+
 def compute_report(data: RunData, *, dag_id: str, publish_summary: dict[str, Any] | None,
                    params: CostParams, counts: dict[str, np.ndarray],
                    history: list[dict[str, Any]], generated_at: str,
@@ -214,7 +221,7 @@ def compute_report(data: RunData, *, dag_id: str, publish_summary: dict[str, Any
         "run_id": manifest.run_id,
         "dag_id": dag_id,
         "uris": {"run_dir": layout.run_dir, "report_json": layout.report_json_uri,
-                 "report_html": layout.report_html_uri},
+                 "report_html": layout.report_html_uri, **_openai_uris(publish_summary)},
         "engine_kind": manifest.engine_config.kind,
         "engine": engine,
         "complete": len(markers) == len(manifest.shards),
