@@ -64,6 +64,7 @@ def test_an_embeddings_batch_file_runs_on_minilm_and_writes_openais_files(tmp_pa
     output, errors = _jsonl(run_dir / "openai" / "output.jsonl"), _jsonl(run_dir / "openai" / "errors.jsonl")
     assert report["uris"]["openai_output"] == str(run_dir / "openai" / "output.jsonl")
     assert report["uris"]["openai_errors"] == str(run_dir / "openai" / "errors.jsonl")
+    assert f"OpenAI batch output: {run_dir / 'openai' / 'output.jsonl'}" in done.stdout  # the run's summary
 
     assert len(output) + len(errors) == len(LINES)
     assert [o["custom_id"] for o in output] == [f"req-{i}" for i in range(9)]
