@@ -11,6 +11,7 @@ refusal, the limits, a rerun reusing the plan.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -199,3 +200,19 @@ def test_refusal_is_never_a_row_of_a_table_input(tmp_path: Path) -> None:
     assert manifest.input.rejection_key is None
     blocks = list(iter_shard_blocks(manifest.input, manifest.shards[0].segments, 10, (), WorkerSettings()))
     assert Validator("id").validate(blocks[0]).rows.ids == ["a"]
+
+
+def test_a_refusal_with_a_code_no_reason_knows_is_invalid_record_naming_it(tmp_path: Path) -> None:
+    src = tmp_path / "conv.jsonl"
+    src.write_text("\n".join(json.dumps(r) for r in [
+        {"id": "a", "text": "", REJECTION_KEY: {"code": "made_up", "message": "m"}},
+        {"id": "b", "text": "", REJECTION_KEY: {"code": Code.INVALID_METHOD, "message": "method 'GET'"}},
+        {"id": "c", "text": "kept", REJECTION_KEY: "not a refusal"}]) + "\n")
+    manifest, _ = plan(PlanRequest(input_uri=str(src), id_column="id", text_column="text",
+                                   output_root=str(tmp_path / "o"), run_id="k", engine={"kind": "encoder"}))
+    spec = replace(manifest.input, rejection_key=REJECTION_KEY)
+    checked = Validator("id").validate(next(iter_shard_blocks(spec, manifest.shards[0].segments, 10, (),
+                                                              WorkerSettings())))
+    assert [(d.id, d.reason, d.detail) for d in checked.dead] == [
+        ("a", DeadLetterReason.INVALID_RECORD, "made_up: m"), ("b", DeadLetterReason.OPENAI_INVALID_METHOD, "method 'GET'")]
+    assert checked.rows.ids == ["c"]
