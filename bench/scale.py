@@ -267,10 +267,15 @@ def _write_one(args: tuple[str, list[str]]) -> int:
 
 def stage_work(root: str, run_dir: str, procs: int, mode: str) -> dict[str, Any]:
     """Every shard, ``procs`` processes: through the worker runtime (``mode`` ``runtime``) or written
-    the way it commits them (``direct``, :func:`_write_one`)."""
+    the way it commits them (``direct``, :func:`_write_one`). What an earlier ``work`` stage of a kept
+    local run wrote is removed first (part files have new names each time: a second pass would commit
+    every row twice)."""
     import multiprocessing as mp
 
     from batch_contract.runstore import RunStore
+
+    if "://" not in run_dir:
+        shutil.rmtree(Path(run_dir) / "shards", ignore_errors=True)
 
     ids = [s.shard_id for s in RunStore.open(run_dir).manifest.shards]
     groups = [(run_dir, ids[i::procs]) for i in range(procs)]
