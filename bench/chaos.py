@@ -9,6 +9,14 @@ re-done work per kill at most one chunk, each restart's ledger skipping exactly 
 marker whose counts match. One line per trial on stderr; the LAST stdout line is one JSON object:
 ``trials, exact_trials, lost_rows, duplicate_rows, max_rework_chunks`` plus kill counts, the worst cosine
 and ``time_ratio_vs_uninterrupted`` (mean trial wall time / reference wall time, same process).
+
+``--steal`` (``make chaos``'s second step): the same rows in ``--shards`` shards with work stealing on
+(``bench/chaos_steal.py``): every shard's worker at once, random ones killed and restarted while they take
+each other's units, in every fourth trial one shard's worker never started; each trial is checked over
+the union of the shards (every id once, every bad row one dead letter, vectors within tolerance, a marker
+per shard matching its rows). Its JSON line: the same totals (``trials``, ``exact_trials``,
+``lost_rows``, ``duplicate_rows``, ...) plus ``units_stolen``, ``trials_absent_owner`` and
+``time_ratio_vs_uninterrupted``.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import chaos_lib  # noqa: E402
+import chaos_steal  # noqa: E402
 import hostbench  # noqa: E402
 
 
@@ -45,6 +54,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--time-budget", type=float, default=None,
                         help="seconds after which no new trial starts (the JSON then says how many ran)")
     parser.add_argument("--details", type=Path, default=None, help="write every trial's verdict here (JSON)")
+    parser.add_argument("--steal", action="store_true",
+                        help="chaos with work stealing: --shards workers at once (bench/chaos_steal.py)")
+    parser.add_argument("--shards", type=int, default=3, help="shards of a --steal trial (default 3)")
     return parser.parse_args(argv)
 
 
@@ -64,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"reference: {marker.rows_ok} results + {marker.rows_dead_letter} dead letters in {ref_seconds:.1f} s "
           f"({chunks} chunks, ~{chunk_seconds:.2f} s/chunk, start-up ~{startup_seconds:.1f} s)", file=sys.stderr)
     rng = random.Random(args.seed)
+    if args.steal:
+        return steal_trials(args, work, input_path, reference, ref_seconds, rng, startup_seconds)
     verdicts = []
     t0 = time.monotonic()
     for trial in range(args.trials):
@@ -91,6 +105,46 @@ def main(argv: list[str] | None = None) -> int:
     if args.work_dir is None:
         shutil.rmtree(work, ignore_errors=True)
     return 0 if all(v.exact for v in verdicts) else 1
+
+
+def steal_trials(args: argparse.Namespace, work: Path, input_path: Path, reference: chaos_lib.ShardOutputs,
+                 ref_seconds: float, rng: random.Random, startup_seconds: float) -> int:
+    """The ``--steal`` trials (see the module docstring); prints one line per trial and the JSON line."""
+    verdicts = []
+    t0 = time.monotonic()
+    for trial in range(args.trials):
+        if args.time_budget is not None and time.monotonic() - t0 > args.time_budget:
+            print(f"time budget of {args.time_budget:.0f} s spent after {trial} trials", file=sys.stderr)
+            break
+        sig = signal.SIGKILL if trial % 2 == 0 else signal.SIGTERM
+        absent = trial % 4 == 3
+        root = work / f"steal-{trial:03d}"
+        layout = chaos_lib.write_manifest(root, "chaos", input_path, chunk_rows=args.chunk_rows, dtype=args.dtype,
+                                          shards=args.shards, worker=chaos_steal.STEAL_WORKER)
+        kills, starts, codes, seconds = chaos_steal.run_steal_trial(
+            layout, args.shards, sig, rng, max_kills=args.max_kills, window_seconds=startup_seconds + ref_seconds / 2,
+            absent_owner=absent)
+        v = chaos_steal.check_steal_trial(trial, sig.name, layout, args.shards, reference, kills, starts, codes,
+                                          seconds, absent)
+        verdicts.append(v)
+        print(f"steal trial {trial:3d} {sig.name:7s} kills={v.kills} starts={v.starts} absent_owner={absent} "
+              f"lost={v.lost_rows} dup={v.duplicate_rows} stolen_units={v.units_stolen} cos={v.min_cosine:.7f} "
+              f"markers_ok={v.markers_ok} exact={v.exact} ({v.seconds:.1f} s)", file=sys.stderr)
+        if args.work_dir is None:
+            shutil.rmtree(root, ignore_errors=True)
+    if args.details:
+        args.details.write_text(json.dumps([asdict(v) for v in verdicts], indent=1))
+    summary = chaos_steal.steal_summary(verdicts)
+    mean = sum(v.seconds for v in verdicts) / len(verdicts) if verdicts else None
+    summary.update({"mode": "steal", "shards": args.shards, "trials_requested": args.trials, "dtype": args.dtype,
+                    "rows": args.rows + len(chaos_lib.BAD_ROWS), "chunk_rows": args.chunk_rows,
+                    "worker": chaos_steal.STEAL_WORKER, "reference_seconds": round(ref_seconds, 2),
+                    "time_ratio_vs_uninterrupted": round(mean / ref_seconds, 3) if mean else None,
+                    "chaos_seconds": round(time.monotonic() - t0, 1), "host": hostbench.finish()})
+    print(json.dumps(summary))
+    if args.work_dir is None:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0 if verdicts and all(v.exact for v in verdicts) else 1
 
 
 if __name__ == "__main__":

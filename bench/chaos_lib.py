@@ -107,10 +107,17 @@ def make_chaos_input(path: Path, rows: int, seed: int = 0, source: Path | None =
     return out
 
 
+def shard_ids(shards: int) -> list[str]:
+    """Ids of a run of ``shards`` shards written by :func:`write_manifest`."""
+    return [f"{i:05d}" for i in range(shards)]
+
+
 def write_manifest(output_root: Path | str, run_id: str, input_path: Path, *, chunk_rows: int,
                    dtype: str = "float32", worker: dict[str, Any] | None = None,
-                   engine: dict[str, Any] | None = None, input_uri: str | None = None) -> RunLayout:
-    """Write a one-shard run over all rows of ``input_path`` (Parquet, ``id``/``text``); return its layout.
+                   engine: dict[str, Any] | None = None, input_uri: str | None = None,
+                   shards: int = 1) -> RunLayout:
+    """Write a run over all rows of ``input_path`` (Parquet, ``id``/``text``) in ``shards`` shards of
+    consecutive rows (as equal as can be; one by default, :data:`SHARD`); return its layout.
 
     Args:
         output_root: output root (local path or ``gs://bucket/prefix``).
@@ -132,7 +139,8 @@ def write_manifest(output_root: Path | str, run_id: str, input_path: Path, *, ch
     manifest = Manifest(
         run_id=run_id,
         input=InputSpec(uri=f.uri, format="parquet", id_column="id", text_column="text", files=[f]),
-        shards=[ShardSpec(shard_id=SHARD, segments=[Segment(0, 0, f.rows)])],
+        shards=[ShardSpec(shard_id=sid, segments=[Segment(0, f.rows * i // shards, f.rows * (i + 1) // shards)])
+                for i, sid in enumerate(shard_ids(shards))],
         engine={"kind": "encoder", "dtype": dtype, **(engine or {})},
         worker=WorkerSettings(**settings),
     )

@@ -9,6 +9,10 @@ Stages, each in a child process of its own so that its peak RSS is its alone:
 * ``plan``: :func:`batch_inference.planner.plan` into 1,024 shards (``max_map_length`` 1,024): wall, CPU,
   peak RSS, the manifest's bytes and the XCom the DAG's mapped shard tasks receive (the shard refs: all
   of them, and the largest one).
+* ``fanout``: Airflow's own scheduler (PostgreSQL, LocalExecutor, the four services) expands the plan's
+  shard refs into mapped task instances of the product's fan-out shape, held in a pool of zero slots
+  (``bench/scale_fanout.py``): seconds from the upstream task's end to the last mapped instance
+  scheduled, and the bytes each receives.
 * ``work``: every shard through the real worker runtime (:func:`batch_worker.runtime.run_shard`: reader,
   validation, writer, ledger, attempt records, progress, marker) with :class:`BenchEngine`, the real
   encoder engine (so its model digest and fingerprint are the real ones) whose model is never loaded:
@@ -50,7 +54,7 @@ for sub in ("plugins", "worker_image", "tests", "bench"):
         sys.path.insert(0, str(REPO / sub))
 
 SHARDS = 1024
-STAGES = ("generate", "plan", "work", "gate", "publish", "report", "ui", "worker_exit")
+STAGES = ("generate", "plan", "fanout", "work", "gate", "publish", "report", "ui", "worker_exit")
 DAG_ID = "batch_inference_backfill"
 RUN_ID = "scale__bench"
 ENGINE = {"kind": "encoder", "task": "classification"}
@@ -263,10 +267,15 @@ def _write_one(args: tuple[str, list[str]]) -> int:
 
 def stage_work(root: str, run_dir: str, procs: int, mode: str) -> dict[str, Any]:
     """Every shard, ``procs`` processes: through the worker runtime (``mode`` ``runtime``) or written
-    the way it commits them (``direct``, :func:`_write_one`)."""
+    the way it commits them (``direct``, :func:`_write_one`). What an earlier ``work`` stage of a kept
+    local run wrote is removed first (part files have new names each time: a second pass would commit
+    every row twice)."""
     import multiprocessing as mp
 
     from batch_contract.runstore import RunStore
+
+    if "://" not in run_dir:
+        shutil.rmtree(Path(run_dir) / "shards", ignore_errors=True)
 
     ids = [s.shard_id for s in RunStore.open(run_dir).manifest.shards]
     groups = [(run_dir, ids[i::procs]) for i in range(procs)]
@@ -344,6 +353,16 @@ def stage_gate(run_dir: str, counter: RequestCounter) -> dict[str, Any]:
         if not status.satisfied:
             raise RuntimeError(f"gate not satisfied: {len(status.missing)} shard(s) missing")
     return out
+
+
+def stage_fanout(root: str, run_dir: str) -> dict[str, Any]:
+    """Airflow's scheduler expands the plan into mapped task instances (``scale_fanout.measure``)."""
+    import tempfile
+
+    import scale_fanout
+
+    with tempfile.TemporaryDirectory(prefix="bench-fanout-") as work:
+        return scale_fanout.measure(run_dir, Path(work))
 
 
 def stage_publish(root: str, run_dir: str) -> dict[str, Any]:
@@ -425,6 +444,8 @@ def child(stage: str, args: argparse.Namespace) -> None:
         out = stage_generate(args.root, args.rows)
     elif stage == "plan":
         out = stage_plan(args.root, args.rows)
+    elif stage == "fanout":
+        out = stage_fanout(args.root, args.run_dir)
     elif stage == "work":
         out = stage_work(args.root, args.run_dir, args.procs, args.work)
     elif stage == "gate":
@@ -550,6 +571,10 @@ def summarise(args: argparse.Namespace, st: dict[str, dict[str, Any]], host: dic
             "all_met": all(met.values()), "manifest_bytes": st["plan"]["manifest_bytes"],
             "xcom_refs_bytes": st["plan"]["xcom_refs_bytes"],
             "xcom_bytes_per_shard_task_max": st["plan"]["xcom_bytes_per_shard_task_max"],
+            "fanout": {k: st["fanout"][k] for k in ("create_all_mapped_s", "infer_local_all_scheduled_s",
+                                                   "infer_k8s_all_scheduled_s", "mapped_task_instances",
+                                                   "infer_local_arg_bytes_max", "infer_k8s_kwargs_bytes_max",
+                                                   "kpo_args_xcom_bytes")},
             "gate_requests": {"cold": st["gate"]["poll_cold_requests"], "warm": st["gate"]["poll_warm_requests"]},
             "stages": {k: {m: v.get(m) for m in ("wall_s", "cpu_s", "peak_rss_mb")} for k, v in st.items()},
             "details": st, "host": host, "cpu_cores": os.cpu_count(),

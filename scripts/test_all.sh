@@ -46,7 +46,7 @@ system_packages() {  # apt installs first and one at a time (dpkg takes one clie
 main_pass() {
   local workers=(-n "$JOBS" --dist loadfile)
   [ "$SERIAL" = 1 ] && workers=()
-  "$PY" -m pytest tests -q --durations=25 --ignore=tests/k8s --ignore=tests/security --ignore=tests/observability \
+  "$PY" -m pytest tests -q --durations=25 --ignore=tests/k8s --ignore=tests/security --ignore=tests/observability --ignore=tests/openai \
     -p no:cacheprovider \
     "${workers[@]}"
 }
@@ -57,11 +57,13 @@ if [ "$SERIAL" = 1 ]; then
   stage security make --no-print-directory -o venv test-security
   stage k8s-build "$PY" -m scripts.k8s.cluster build && stage k8s make --no-print-directory -o venv test-k8s
   stage venv-llm make --no-print-directory venv-llm && stage llm make --no-print-directory -o venv-llm test-llm
+  stage openai make --no-print-directory -o venv -o venv-llm test-openai
   stage ui make --no-print-directory -o venv test-ui
   stage observability make --no-print-directory -o venv test-observability
 else
   { stage k8s-build "$PY" -m scripts.k8s.cluster build && stage k8s make --no-print-directory -o venv test-k8s; } &
   { stage venv-llm make --no-print-directory venv-llm && stage llm make --no-print-directory -o venv-llm test-llm
+    stage openai make --no-print-directory -o venv -o venv-llm test-openai
     stage observability make --no-print-directory -o venv test-observability; } &
   stage main main_pass
   stage security make --no-print-directory -o venv test-security

@@ -126,6 +126,10 @@ DEFAULT_MAX_ROW_GROUP_BYTES = 256 << 20
 """Default ``worker.max_row_group_bytes`` (256 MiB): largest Parquet row group read, uncompressed."""
 
 
+STEAL_FIELDS = ("steal", "steal_unit_rows", "lease_seconds")
+"""The work stealing settings of :class:`WorkerSettings` (left out of its dict when ``steal`` is off)."""
+
+
 @dataclass(frozen=True)
 class WorkerSettings:
     """Batching, chunking and signal settings. They change speed, never outputs, so they are not part
@@ -167,6 +171,19 @@ class WorkerSettings:
     reading one (``BadInputError``, exit code 2). The worker also ends a JSONL read block once its raw
     lines reach this many bytes (a block is a reading unit only: outputs do not change)."""
 
+    steal: bool = False
+    """Work stealing (:mod:`batch_contract.claims`, ``docs/reliability.md``): each shard's rows are cut into
+    claimable units of ``steal_unit_rows`` rows, each computed under a create-only lease, and a worker that
+    finished its own shard computes unclaimed units of the run's other shards (most remaining first) before
+    it exits. Off (default): every worker computes its own shard only, with no lease objects. Outputs are
+    the same either way, so it is not part of the fingerprint."""
+    steal_unit_rows: int = 2048
+    """Rows per claimable unit when ``steal`` is on (the last unit of a shard may be shorter); a committed
+    chunk never spans two units, so it also caps ``chunk_rows``."""
+    lease_seconds: float = 60.0
+    """How long a unit's lease holds without renewal (seconds). The holder renews it every third of this
+    and commits only while a third is left; a worker that died leaves its unit to others after this long."""
+
     def __post_init__(self) -> None:
         _check(self.token_budget == 0 or self.token_budget >= MIN_TOKEN_BUDGET, "worker.token_budget",
                f"must be 0 (auto) or >= {MIN_TOKEN_BUDGET} tokens")
@@ -181,6 +198,9 @@ class WorkerSettings:
         _check(self.max_line_bytes >= 1, "worker.max_line_bytes", "must be >= 1 (bytes)")
         _check(self.max_row_group_bytes >= 1, "worker.max_row_group_bytes", "must be >= 1 (bytes)")
         _check(self.reuse in {"off", "same_root"}, "worker.reuse", f"{self.reuse!r} is not 'off' or 'same_root'")
+        _check(isinstance(self.steal, bool), "worker.steal", "must be true or false")
+        _check(self.steal_unit_rows >= 1, "worker.steal_unit_rows", "must be >= 1 (rows)")
+        _check(1.0 <= self.lease_seconds <= 3600, "worker.lease_seconds", "must be in [1, 3600] seconds")
 
     def token_budget_for(self, device: str) -> int:
         """Padded tokens per batch on ``device`` (``cpu`` or ``cuda``): ``token_budget`` when set, else
@@ -198,7 +218,13 @@ class WorkerSettings:
         return AUTO_MAX_BATCH_ROWS
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every field; without ``steal`` (false), ``steal_unit_rows`` and ``lease_seconds`` when stealing is
+        off (a manifest without stealing writes the bytes it did; reading fills the defaults back)."""
+        data = asdict(self)
+        if not self.steal:
+            for name in STEAL_FIELDS:
+                data.pop(name)
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> WorkerSettings:

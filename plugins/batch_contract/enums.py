@@ -52,6 +52,16 @@ class DeadLetterReason(str, Enum):
     ENCRYPTED_DOCUMENT = "encrypted_document"  # a PDF that needs a password
     PAGE_LIMIT_EXCEEDED = "page_limit_exceeded"  # more pages than input.documents.max_pages
     EMPTY_EXTRACTION = "empty_extraction"  # the extractor found no text (no text layer and no OCR result)
+    # OpenAI batch input (batch_contract.openai_batch.Code): a request line refused as OpenAI's validation would
+    OPENAI_INVALID_JSON = "invalid_json_line"
+    OPENAI_MISSING_CUSTOM_ID = "missing_custom_id"
+    OPENAI_DUPLICATE_CUSTOM_ID = "duplicate_custom_id"
+    OPENAI_INVALID_METHOD = "invalid_method"
+    OPENAI_INVALID_URL = "invalid_url"
+    OPENAI_MISMATCHED_ENDPOINT = "mismatched_endpoint"
+    OPENAI_MISMATCHED_MODEL = "model_mismatch"
+    OPENAI_INVALID_REQUEST = "invalid_request"
+    OPENAI_UNSUPPORTED = "unsupported_parameter"
 
 
 class EngineKind(str, Enum):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, ClassVar
 
 from batch_contract.engine_config import ConfigError, _check, _known_fields
@@ -35,6 +35,11 @@ template sandbox uses it for rendering outside a configured renderer."""
 LLM_DTYPES = ("auto", "bfloat16", "float16", "float32")
 LLM_QUANTIZATIONS = (None, "fp8")
 FEW_SHOT_KEYS = frozenset({"user", "assistant"})
+OPTIONAL_DEFAULTS = {"row_messages": False, "row_sampling_column": None}
+"""Fields :meth:`LLMConfig.to_dict` leaves out at these defaults, so that configs written before the fields
+existed keep their manifest form and fingerprint."""
+ROW_SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "seed", "stop", "json_schema")
+"""Keys a row's own sampling settings may give (:attr:`LLMConfig.row_sampling_column`)."""
 
 
 def _check_str_list(value: Any, field_name: str) -> None:
@@ -158,6 +163,20 @@ class LLMConfig:
     parsed here (an object afterwards) and keeps the order of the text, which a run's conf does not
     always keep: Airflow stores ``dag_run.conf`` as JSONB on a PostgreSQL metadata database, and JSONB
     reorders object keys."""
+    row_messages: bool = False
+    """The row's text is its whole conversation: a JSON array of chat messages ``[{"role", "content"},
+    ...]`` (roles ``system``, ``user``, ``assistant``; an OpenAI batch chat request's ``messages``,
+    :mod:`batch_contract.openai_batch`). The prompt is the tokenizer's chat template over exactly those
+    messages (with the generation prompt), as vLLM's chat endpoint renders them; ``system_prompt``,
+    ``few_shot`` and ``user_template`` must stay at their defaults. A text that is not such an array is
+    dead-lettered ``template_error``. Left out of the manifest (and fingerprint) when false."""
+    row_sampling_column: str | None = None
+    """Input column holding each row's own sampling settings as a JSON object (text) with any of
+    ``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``, ``json_schema``: each given key
+    replaces the engine's setting for that row (validated like the engine's; an invalid one
+    dead-letters the row ``template_error``). The column's value is part of the row's reuse key.
+    ``None``: every row uses the engine's settings. Left out of the manifest (and fingerprint) when
+    ``None``."""
     constrain_output: bool = True
     """With ``json_schema``: constrain decoding to the schema (vLLM structured outputs, compact JSON with
     no free whitespace). ``False``: generate freely and only validate afterwards (for models or backends
@@ -203,6 +222,14 @@ class LLMConfig:
             object.__setattr__(self, "json_schema", _parse_json_schema(self.json_schema))
         _check_json_schema(self.json_schema)
         _check(isinstance(self.constrain_output, bool), "engine.constrain_output", "must be a boolean")
+        _check(isinstance(self.row_messages, bool), "engine.row_messages", "must be a boolean")
+        _check(not self.row_messages or (self.use_chat_template and not self.system_prompt and not self.few_shot
+                                         and self.user_template == "{{ text }}"), "engine.row_messages",
+               "takes the whole conversation from the row: leave system_prompt, few_shot and user_template "
+               "unset and use_chat_template true")
+        _check(self.row_sampling_column is None or (isinstance(self.row_sampling_column, str)
+                                                    and bool(self.row_sampling_column.strip())),
+               "engine.row_sampling_column", "must be null or an input column name")
         limit = self.max_prompt_chars
         _check(len(self.user_template) <= limit, "engine.user_template",
                f"is {len(self.user_template)} characters, above the limit {limit} (max_prompt_chars)")
@@ -230,6 +257,9 @@ class LLMConfig:
         data = asdict(self)
         data["few_shot"] = [dict(e) for e in self.few_shot]
         data["stop"] = list(self.stop)
+        for name, default in OPTIONAL_DEFAULTS.items():  # absent at their defaults: older fingerprints hold
+            if data[name] == default:
+                del data[name]
         return data
 
     @classmethod
@@ -290,3 +320,30 @@ def _is_int(value: Any) -> bool:
 def _is_num(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
+
+
+def with_row_sampling(config: LLMConfig, raw: Any) -> LLMConfig:
+    """``config`` with one row's own sampling settings applied (:attr:`LLMConfig.row_sampling_column`).
+
+    Args:
+        config: the engine's config.
+        raw: the row's value: JSON text of an object with keys of :data:`ROW_SAMPLING_KEYS`, a dict, or
+            ``None`` / ``""`` (no settings of its own).
+
+    Returns:
+        The row's config (``config`` itself when the row gives none), validated like the engine's.
+
+    Raises:
+        ConfigError: not a JSON object, an unknown key, or a value the engine's config refuses (the
+            message names the field, e.g. ``engine.temperature: 3 is outside 0..2``).
+    """
+    if raw is None or raw == "":
+        return config
+    try:
+        value = json.loads(raw) if isinstance(raw, str) else raw
+    except (ValueError, RecursionError):
+        raise ConfigError("row sampling settings: not JSON text") from None
+    _check(isinstance(value, dict), "row sampling settings", "must be a JSON object")
+    unknown = sorted(set(value) - set(ROW_SAMPLING_KEYS))
+    _check(not unknown, "row sampling settings", f"unknown key(s) {unknown}; allowed: {list(ROW_SAMPLING_KEYS)}")
+    return replace(config, **value) if value else config

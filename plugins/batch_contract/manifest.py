@@ -69,6 +69,11 @@ class InputSpec:
         documents: ``None`` (the text column is text) or how the worker turns each row's document
             (the text column holds its URI) into text (:mod:`batch_contract.documents`). Left out of
             the manifest JSON when ``None``.
+        rejection_key: ``None`` (every row is read as it is) or the key of a JSONL row that holds
+            ``{"code", "message"}`` when the row was refused before the run (an OpenAI batch input
+            converted by the planner: :data:`batch_contract.openai_batch.REJECTION_KEY`): the worker
+            dead-letters such a row with ``code`` (a ``DeadLetterReason`` value) as its reason. Left out
+            of the manifest JSON when ``None``.
     """
 
     uri: str
@@ -78,8 +83,11 @@ class InputSpec:
     files: list[InputFile]
     roots: list[str] = field(default_factory=list)
     documents: DocumentSettings | None = None
+    rejection_key: str | None = None
 
     def __post_init__(self) -> None:
+        if self.rejection_key is not None and not (isinstance(self.rejection_key, str) and self.rejection_key):
+            raise ConfigError("input.rejection_key: must be a non-empty key or null")
         if self.documents is not None and not isinstance(self.documents, DocumentSettings):
             raise ConfigError("input.documents: must be a DocumentSettings object or null")
         if self.format not in {f.value for f in InputFormat}:
@@ -225,16 +233,20 @@ class Manifest(JsonRecord):
         raise KeyError(f"shard {shard_id!r} is not in the manifest of run {self.run_id} ({known})")
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict of every field; ``input.roots`` is left out when empty, ``input.documents`` and
-        ``prefix_plan`` when ``None``, so a plan without them is written exactly as before the fields existed (and older
-        readers accept it)."""
+        """Plain dict of every field; ``input.roots`` is left out when empty, ``input.documents``,
+        ``input.rejection_key`` and ``prefix_plan`` when ``None`` and the worker's stealing settings when
+        ``worker.steal`` is off (:meth:`WorkerSettings.to_dict`), so a plan without them is written
+        exactly as before the fields existed (and older readers accept it)."""
         data = asdict(self)
+        data["worker"] = self.worker.to_dict()
         if not self.input.roots:
             del data["input"]["roots"]
         if self.input.documents is None:
             del data["input"]["documents"]
         if self.prefix_plan is None:
             del data["prefix_plan"]
+        if self.input.rejection_key is None:
+            del data["input"]["rejection_key"]
         return data
 
     @classmethod

@@ -101,10 +101,17 @@ class AttemptRecord(JsonRecord):
     preprocess: dict[str, Any] = field(default_factory=dict)
     """Document extraction figures of this attempt (:data:`PREPROCESS_FIELDS`); ``{}`` (and left out of
     the JSON) for text inputs."""
+    steal: dict[str, Any] = field(default_factory=dict)
+    """Work stealing (``worker.steal``; :mod:`batch_contract.claims`): ``{"role": "owner" | "thief",
+    "units": units of this shard whose rows this attempt committed and marked done}``, and for an owner
+    that waited for units other workers held after its shard was complete, ``"wait_seconds"`` (written
+    after the marker: not in the shard's stage seconds); a ``thief`` attempt is a worker of another shard
+    that computed units of this one. ``{}`` (and left out of the JSON) with stealing off."""
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field; ``preprocess`` only when it holds figures (text runs write the bytes they did)."""
-        return _without_empty(asdict(self), "preprocess")
+        """Every field; ``preprocess`` and ``steal`` only when they hold figures (runs without them write
+        the bytes they did)."""
+        return _without_empty(_without_empty(asdict(self), "preprocess"), "steal")
 
 
 @dataclass
@@ -194,12 +201,17 @@ class ShardMarker(JsonRecord):
     preprocess: dict[str, Any] = field(default_factory=dict)
     """Document extraction figures (:data:`PREPROCESS_FIELDS`) summed over the attempts (pool size
     and queue depth: the last attempt's); ``{}`` (and left out of the JSON) for text inputs."""
+    steal: dict[str, Any] = field(default_factory=dict)
+    """Work stealing figures (``worker.steal``): ``{"units": units of the shard, "units_stolen": units
+    committed by ``thief`` attempts (workers of other shards), "stolen_seconds": those attempts' stage
+    seconds except ``idle`` (worker time that would otherwise have waited for the run to end)}``; ``{}``
+    (and left out of the JSON) with stealing off."""
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field; ``preprocess`` (the marker's and each attempt's) only when it holds figures (text
-        runs write the bytes they did)."""
-        data = _without_empty(asdict(self), "preprocess")
-        data["attempts"] = [_without_empty(dict(a), "preprocess") for a in data["attempts"]]
+        """Every field; ``preprocess`` and ``steal`` (the marker's and each attempt's) only when they hold
+        figures (runs without them write the bytes they did)."""
+        data = _without_empty(_without_empty(asdict(self), "preprocess"), "steal")
+        data["attempts"] = [_without_empty(_without_empty(dict(a), "preprocess"), "steal") for a in data["attempts"]]
         return data
 
     @property

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import operator
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -475,9 +476,13 @@ class PromptParts:
     system_prompt: str
     few_shot: list[dict[str, str]]
     user: str
+    chat: list[dict[str, str]] | None = None
+    """The row's whole conversation (``engine.row_messages``); ``None``: built from the parts above."""
 
     def messages(self) -> list[dict[str, str]]:
         """Chat messages ``[{"role": ..., "content": ...}, ...]`` (OpenAI/HF chat format)."""
+        if self.chat is not None:
+            return [dict(m) for m in self.chat]
         out: list[dict[str, str]] = []
         if self.system_prompt:
             out.append({"role": "system", "content": self.system_prompt})
@@ -552,7 +557,10 @@ class PromptRenderer:
         return "".join(pieces)
 
     def parts(self, row: Mapping[str, Any]) -> PromptParts:
-        """Prompt parts of ``row`` (see :meth:`user_message` for errors)."""
+        """Prompt parts of ``row`` (see :meth:`user_message` and :func:`row_messages` for errors)."""
+        if self.config.row_messages:
+            chat = row_messages(row.get("text"), self.max_chars)
+            return PromptParts("", [], "".join(m["content"] for m in chat), chat=chat)
         return PromptParts(self.config.system_prompt, list(self.config.few_shot), self.user_message(row))
 
     def render_text(self, parts: PromptParts) -> str:
@@ -583,6 +591,35 @@ class PromptRenderer:
         if not messages or self.tokenizer is None:
             return ""
         return self.tokenizer.apply_chat_template(messages, tokenize=False)
+
+
+MESSAGE_ROLES = frozenset({"system", "user", "assistant"})
+"""Roles of a row's own conversation (``engine.row_messages``)."""
+
+
+def row_messages(text: Any, max_chars: int) -> list[dict[str, str]]:
+    """A row's conversation from its text (``engine.row_messages``): a JSON array of
+    ``{"role", "content"}`` objects, roles in :data:`MESSAGE_ROLES`, contents strings.
+
+    Raises:
+        PromptTooLongRenderError: the contents together pass ``max_chars`` characters.
+        RowRenderError: the text is not such an array (the message says what is wrong).
+    """
+    try:
+        value = json.loads(text) if isinstance(text, str) else None
+    except (ValueError, RecursionError):
+        value = None
+    if not isinstance(value, list) or not value:
+        raise RowRenderError("engine.row_messages: the row's text is not a JSON array of chat messages")
+    chat = []
+    for i, m in enumerate(value):
+        if not (isinstance(m, dict) and m.get("role") in MESSAGE_ROLES and isinstance(m.get("content"), str)):
+            raise RowRenderError(f"engine.row_messages: message {i} is not {{'role': system|user|assistant, "
+                                 "'content': string}")
+        chat.append({"role": m["role"], "content": m["content"]})
+    if sum(len(m["content"]) for m in chat) > max_chars:
+        raise PromptTooLongRenderError(f"the row's messages pass {max_chars} characters (engine max_prompt_chars)")
+    return chat
 
 
 def row_context(fields: Mapping[str, Any], row_id: str, text: str) -> dict[str, Any]:

@@ -39,9 +39,10 @@ from batch_contract.enums import DeadLetterReason
 ROW_REASONS = frozenset({
     DeadLetterReason.INVALID_RECORD, DeadLetterReason.NULL_ID, DeadLetterReason.INVALID_ID,
     DeadLetterReason.NULL_TEXT, DeadLetterReason.NON_STRING_TEXT, DeadLetterReason.EMPTY_TEXT,
+    *(r for r in DeadLetterReason if r.name.startswith("OPENAI_")),
 })
 """Dead-letter reasons a row gets on its own, before duplicates are considered (the worker's
-validation). A row with one of these never competes for its id; every other row does (it is the
+validation, or a refused OpenAI request line: ``batch_contract.openai_batch``). A row with one of these never competes for its id; every other row does (it is the
 winner, or a ``duplicate_id``; an engine reason such as ``too_long`` applies to a winner only)."""
 
 READ_BLOCK_BYTES = 1 << 20

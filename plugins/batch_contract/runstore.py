@@ -51,6 +51,9 @@ from batch_contract.layout import (
 from batch_contract.manifest import Manifest
 from batch_contract.marker import AttemptRecord, ShardMarker, ShardProgress
 
+STEAL_STOP_NAME = "steal_stop.json"
+"""``<run_dir>/steal_stop.json``: the run's workers take no more units of other shards (:meth:`RunStore.steal_stop`)."""
+
 log = logging.getLogger(__name__)
 
 IO_THREADS = 16
@@ -184,6 +187,23 @@ class RunStore:
     def write_projection(self, projection: Mapping[str, Any]) -> None:
         """Write (replace) ``projection.json``: a retried canary task projects again."""
         storage.write_replace(self.layout.projection_uri, pretty_json(dict(projection)))
+
+    def steal_stop(self) -> str | None:
+        """Why workers must take no more units of other shards (``steal_stop.json``, written by the Airflow
+        side's budget stop: :meth:`write_steal_stop`), ``None`` when stealing may go on. An unreadable
+        file counts as a stop (its raw text is the reason)."""
+        raw = _read(join_uri(self.layout.run_dir, STEAL_STOP_NAME))
+        if raw is None:
+            return None
+        try:
+            return str(json.loads(raw).get("reason") or "steal stop")
+        except (ValueError, AttributeError):
+            return raw.decode("utf-8", "replace")[:200] or "steal stop"
+
+    def write_steal_stop(self, reason: str) -> None:
+        """Write (replace) ``steal_stop.json``: from now on no worker of the run takes units of another
+        shard (work stealing, ``worker.steal``); each still finishes its own shard."""
+        storage.write_replace(join_uri(self.layout.run_dir, STEAL_STOP_NAME), pretty_json({"reason": reason}))
 
     def approval(self) -> dict[str, Any] | None:
         """The run's ``approval.json`` (fields: ``batch_inference.approval.read_approval``), ``None`` when

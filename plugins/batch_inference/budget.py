@@ -58,7 +58,8 @@ def budget_exceeded(run_dir: str, cfg: RunConfig) -> str | None:
 
 def over_budget_message(run_dir: str, cfg: RunConfig, shard_id: str) -> str | None:
     """Why shard ``shard_id`` must not start (``BUDGET EXCEEDED: ...``, from :func:`budget_exceeded`), or
-    ``None`` when there is no budget or it holds.
+    ``None`` when there is no budget or it holds. On a stop it also writes the run's ``steal_stop.json``
+    (:meth:`~batch_contract.runstore.RunStore.write_steal_stop`): workers stealing units stop taking them.
 
     Raises:
         ConfigError: the run's ``cost_params`` are invalid.
@@ -66,6 +67,8 @@ def over_budget_message(run_dir: str, cfg: RunConfig, shard_id: str) -> str | No
     exceeded = budget_exceeded(run_dir, cfg)
     if exceeded is None:
         return None
+    # workers that steal units of other shards (worker.steal) stop taking them: the run spends no more
+    RunStore.open(run_dir).write_steal_stop(f"BUDGET EXCEEDED: {exceeded}")
     return (f"BUDGET EXCEEDED: {exceeded}; shard {shard_id} is not started. {BUDGET_STOP_FIX}")
 
 

@@ -30,6 +30,7 @@ from batch_contract.engine_config import AUTO_TOKEN_BUDGET, MIN_TOKEN_BUDGET, Co
 from batch_contract.engines import DEFAULT_ENGINE_KIND, engine_kinds
 from batch_contract.enums import EngineKind
 from batch_contract.jsonutil import json_type_name
+from batch_contract.openai_batch import INPUT_FORMAT_TABLE, INPUT_FORMATS
 from batch_contract.prefix import DEFAULT_BLOCK_TOKENS
 
 from batch_inference.locations import (  # noqa: F401 - re-exported: callers read them as params.*
@@ -288,6 +289,14 @@ PARAM_FIELDS: Mapping[str, ParamField] = _fields(
                "the worker extracts their text before the engine: pdf (text layer, OCR for pages without "
                "one), html (main text), ocr (images and scanned PDFs), auto (by file suffix). See "
                "docs/documents.md.", "Input", enum=PREPROCESS_MODES),
+    ParamField("input_format", INPUT_FORMAT_TABLE, "string", "Input format",
+               "table: Parquet/JSONL rows with the id and text columns. openai_batch: input_uri is one JSONL "
+               "file of OpenAI batch request lines (custom_id, method, url, body); each line becomes a row "
+               "(custom_id as id, the body's messages/prompt/input and sampling settings) or a dead letter "
+               "with OpenAI's reason code, and the run writes OpenAI's batch output and error files into its "
+               "run directory (openai/output.jsonl, openai/errors.jsonl). /v1/embeddings lines need the "
+               "encoder engine, chat and completions lines the llm engine. See docs/openai-batch.md.",
+               "Input", enum=INPUT_FORMATS),
     ParamField("engine", DEFAULT_ENGINE_KIND.value, "string", "Engine", "encoder: embeddings/classification with a "
                "transformers encoder; llm: generation with vLLM.", "Engine", enum=ENGINES, required=True),
     ParamField("model", None, "string", "Model", "Local model directory (or path inside the image). "
@@ -334,6 +343,11 @@ PARAM_FIELDS: Mapping[str, ParamField] = _fields(
                "local runner, each with cores // parallelism threads; 0: fit the machine (at least 2 "
                "workers on 2+ cores, up to 4 threads each; BATCH_WORKER_THREADS fixes the threads).", "Execution", minimum=0,
                maximum=256, expected="0 (auto: fit the machine) or an integer in 1..256"),
+    ParamField("steal", WorkerSettings().steal, "boolean", "Work stealing", "Each shard's rows are cut into "
+               "claimable units (worker.steal_unit_rows, 2,048 rows) computed under create-only leases; a worker "
+               "that finishes its own shard computes unclaimed units of slower shards (most remaining first) "
+               "before it exits, so a straggler does not set the finish time. Same results either way; off "
+               "keeps one worker per shard and writes no lease objects. See docs/reliability.md.", "Execution"),
     ParamField("dry_run", False, "boolean", "Dry run", "Plan and write pod manifests to build/k8s/*.yaml; "
                "run nothing.", "Execution"),
     ParamField("canary", True, "boolean", "Pre-flight canary", "Before the fan-out, run a sample of the rows "
@@ -487,6 +501,7 @@ class RunConfig:
     text_column: str = _default("text_column")
     row_limit: int = _default("row_limit")
     preprocess: str = _default("preprocess")
+    input_format: str = _default("input_format")
     engine: str = _default("engine")
     model: str | None = _default("model")
     engine_options: dict[str, Any] = _default("engine_options")
@@ -499,6 +514,7 @@ class RunConfig:
     prefix_block_tokens: int = _default("prefix_block_tokens")
     max_shards: int = _default("max_shards")
     parallelism: int = _default("parallelism")
+    steal: bool = _default("steal")
     dry_run: bool = _default("dry_run")
     canary: bool = _default("canary")
     canary_fraction: float = _default("canary_fraction")

@@ -25,7 +25,7 @@ import json
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -58,9 +58,11 @@ from batch_contract.jsonutil import json_type_name
 from batch_contract.layout import RunLayout, shard_id_for
 from batch_contract.llm_config import LLMConfig, check_user_template, user_template_fields
 from batch_contract.manifest import InputFile, InputSpec, Manifest, Segment, ShardSpec
+from batch_contract.openai_batch import INPUT_FORMAT_OPENAI, INPUT_FORMAT_TABLE, INPUT_FORMATS
 from batch_contract.rows import OversizedLine, decode_line, iter_jsonl_lines, row_group_read_bytes
 from batch_contract.runstore import RunStore
 
+from batch_inference import openai_input
 from batch_inference.params import DEFAULT_MAX_MAP_LENGTH, SHARD_BY, param_default
 from batch_inference.prefix_plan import PrefixInput, prefix_shards, skipped
 
@@ -142,6 +144,10 @@ class PlanRequest:
             the roots are recorded in the manifest (``input.roots``) and the worker checks each file
             again when it opens it. ``None`` or empty: no per-file check (the caller's own check of
             ``input_uri``, if any, is all there is).
+        input_format: ``table`` (rows with ``id_column`` and ``text_column``) or ``openai_batch``
+            (``input_uri`` is one JSONL file of OpenAI batch request lines: the plan converts it into the
+            run directory, :mod:`batch_inference.openai_input`; ``id_column`` / ``text_column`` are not
+            used).
     """
 
     input_uri: str
@@ -161,8 +167,13 @@ class PlanRequest:
     preprocess: str = PREPROCESS_NONE
     prefix_plan: bool = param_default("prefix_plan")
     prefix_block_tokens: int = param_default("prefix_block_tokens")
+    input_format: str = INPUT_FORMAT_TABLE
 
     def __post_init__(self) -> None:
+        if self.input_format not in INPUT_FORMATS:
+            raise ConfigError(f"input_format: {self.input_format!r} is not one of {list(INPUT_FORMATS)}")
+        if self.input_format == INPUT_FORMAT_OPENAI and self.preprocess != PREPROCESS_NONE:
+            raise ConfigError("input_format: openai_batch lines are requests, not documents; set preprocess to 'none'")
         if self.preprocess not in PREPROCESS_MODES:
             raise ConfigError(f"preprocess: {self.preprocess!r} is not one of {list(PREPROCESS_MODES)}")
         if self.input_roots is not None and not (
@@ -342,12 +353,15 @@ class _Limits:
         max_row_group_bytes: ``WorkerSettings.max_row_group_bytes``.
         extra_columns: columns the engine reads besides id and text; ``None``: not known, every column
             counts toward a row group's size.
+        null_ids_ok: a JSONL id column may be all null (a converted OpenAI batch input whose lines were
+            all refused without a readable ``custom_id``: each is a dead letter matched by position).
     """
 
     roots: tuple[str, ...] = ()
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
     max_row_group_bytes: int = DEFAULT_MAX_ROW_GROUP_BYTES
     extra_columns: tuple[str, ...] | None = ()
+    null_ids_ok: bool = False
 
 
 def _open(uri: str, limits: _Limits, random_access: bool = True) -> Any:
@@ -454,7 +468,8 @@ def _jsonl_meta(uri: str, columns: dict[str, str], limits: _Limits) -> tuple[_Fi
         if len(non_null) > 1:
             raise PlanError(f"{role}_column: column {column!r} mixes types {sorted(non_null)} in {uri}")
         classes[role] = non_null.pop() if non_null else "null"
-        _check_column(role, column, classes[role], uri, classes[role])
+        if not (role == "id" and classes[role] == "null" and limits.null_ids_ok):
+            _check_column(role, column, classes[role], uri, classes[role])
     return _FileMeta(uri, rows, [], size, blocks), classes
 
 
@@ -484,7 +499,7 @@ def _sample_line(line: bytes, row: int, uri: str, columns: dict[str, str], seen:
 
 def read_metadata(fmt: InputFormat, uris: list[str], id_column: str, text_column: str, *,
                   roots: Sequence[str] = (), worker: WorkerSettings | None = None,
-                  extra_columns: Sequence[str] | None = ()) -> list[_FileMeta]:
+                  extra_columns: Sequence[str] | None = (), null_ids_ok: bool = False) -> list[_FileMeta]:
     """Row counts, row groups and weight blocks of every file, after validating the schema.
 
     Args:
@@ -495,6 +510,7 @@ def read_metadata(fmt: InputFormat, uris: list[str], id_column: str, text_column
             the defaults.
         extra_columns: columns the engine reads besides id and text (LLM template fields), counted in
             a Parquet row group's size; ``None``: not known, every column counts.
+        null_ids_ok: a JSONL id column may be all null (:class:`_Limits`).
 
     Raises:
         PlanError: a column is missing, all null, of an unusable type, or of different types in two files;
@@ -502,7 +518,7 @@ def read_metadata(fmt: InputFormat, uris: list[str], id_column: str, text_column
     """
     settings = worker or WorkerSettings()
     limits = _Limits(tuple(roots), settings.max_line_bytes, settings.max_row_group_bytes,
-                     None if extra_columns is None else tuple(extra_columns))
+                     None if extra_columns is None else tuple(extra_columns), null_ids_ok)
     columns = {"id": id_column, "text": text_column}
     reader = _parquet_meta if fmt == InputFormat.PARQUET else _jsonl_meta
     metas: list[_FileMeta] = []
@@ -804,12 +820,30 @@ def plan(request: PlanRequest) -> tuple[Manifest, list[dict[str, Any]]]:
         batch_contract.storage.StorageError: storage unreachable.
     """
     layout = RunLayout(request.output_root, request.run_id, request.dag_id)
+    if request.input_format == INPUT_FORMAT_OPENAI:
+        return _plan_openai(request, layout)
+    return _plan(request, layout)
+
+
+def _plan_openai(request: PlanRequest, layout: RunLayout) -> tuple[Manifest, list[dict[str, Any]]]:
+    """Plan a run over an OpenAI batch file: convert it (:func:`batch_inference.openai_input.prepare`),
+    then plan the converted rows with the endpoint's engine options and the refusals' key."""
+    prepared = openai_input.prepare(request.input_uri, layout.run_dir, dict(request.engine),
+                                    list(request.input_roots or []), resolve_input_files)
+    roots = [*request.input_roots, openai_input.folder(layout.run_dir)] if request.input_roots else []
+    return _plan(replace(request, engine=prepared.engine), layout,
+                 converted=(prepared.input_uri, prepared.rejection_key, roots))
+
+
+def _plan(request: PlanRequest, layout: RunLayout,
+          converted: tuple[str, str, list[str]] | None = None) -> tuple[Manifest, list[dict[str, Any]]]:
+    """:func:`plan`; ``converted``: ``(input file, rejection key, roots)`` of a converted OpenAI input."""
     store = RunStore(layout)
     try:
         existing = store.manifest
     except FileNotFoundError:
         existing = None
-    folder_roots = _index_roots(request, layout.run_dir)
+    folder_roots = _index_roots(request, layout.run_dir) if converted is None else converted[2]
     if existing is not None:
         manifest = _reuse(existing, request, layout.manifest_uri, folder_roots)
         return manifest, shard_refs(manifest, layout.run_dir)
@@ -822,10 +856,13 @@ def plan(request: PlanRequest) -> tuple[Manifest, list[dict[str, Any]]]:
                                                                request.preprocess)]
         id_column, text_column = INDEX_ID_COLUMN, INDEX_URI_COLUMN
         roots = folder_roots or []
+    elif converted is not None:
+        fmt, uris, roots = InputFormat.JSONL, [converted[0]], converted[2]
+        id_column, text_column = openai_input.ID_COLUMN, openai_input.TEXT_COLUMN
     else:
         fmt, uris = resolve_input_files(request.input_uri, roots)
     metas = read_metadata(fmt, uris, id_column, text_column, roots=roots, worker=worker,
-                          extra_columns=_extra_columns(request.engine))
+                          extra_columns=_extra_columns(request.engine), null_ids_ok=converted is not None)
     shards = build_shards(metas, request)
     prefix_record = None
     if isinstance(engine_config_from_dict(request.engine), LLMConfig):
@@ -836,7 +873,8 @@ def plan(request: PlanRequest) -> tuple[Manifest, list[dict[str, Any]]]:
     manifest = Manifest(
         run_id=request.run_id,
         input=InputSpec(uri=request.input_uri, format=fmt.value, id_column=id_column,
-                        text_column=text_column, files=files, roots=roots, documents=documents),
+                        text_column=text_column, files=files, roots=roots, documents=documents,
+                        rejection_key=converted[1] if converted is not None else None),
         shards=shards,
         engine=dict(request.engine),
         worker=worker,

@@ -154,11 +154,13 @@ def _plan(context: Mapping[str, Any], *, model_from_asset: bool) -> list[dict[st
     request = PlanRequest(
         input_uri=cfg.input_uri, id_column=cfg.id_column, text_column=cfg.text_column,
         output_root=cfg.output_root, run_id=run_id, engine=cfg.engine_dict(),
-        worker={"token_budget": cfg.token_budget, "reuse": cfg.reuse, **policy.worker_limits()},
+        worker={"token_budget": cfg.token_budget, "reuse": cfg.reuse, "steal": cfg.steal,
+                **policy.worker_limits()},
         input_roots=list(policy.input_roots), rows_per_shard=cfg.rows_per_shard,
         shard_by=cfg.shard_by, max_map_length=cfg.max_shards, row_limit=cfg.row_limit or None,
         params={**cfg.to_dict(), "dag_id": dag_id}, dag_id=dag_id, preprocess=cfg.preprocess,
         prefix_plan=cfg.prefix_plan, prefix_block_tokens=cfg.prefix_block_tokens,
+        input_format=cfg.input_format,
     )
     manifest, refs = plan(request)
     log.info("run %s: %d rows in %d shards -> %s", run_id, manifest.rows, len(refs),
@@ -264,10 +266,15 @@ def publish_and_report_task(context: Mapping[str, Any], gate: dict[str, Any] | N
             :func:`batch_inference.assets.table_asset` of the table this run published (its
             ``output_table``, not the DAG's default), with key figures as its extra.
 
+    A run over an OpenAI batch input (``input_format: openai_batch``) also gets OpenAI's output and error
+    files (:func:`batch_inference.openai_files.write_run_files`), named in the summary's ``openai_files``
+    and the report's ``uris``.
+
     Returns:
         ``{"publish": <publish summary>, "report_json": <uri>, "asset_extra": {...}}``.
     """
     # duckdb, pyarrow, numpy: loaded by this task only, not by every task of the run
+    from batch_inference.openai_files import write_run_files
     from batch_inference.publish import publish_run
     from batch_inference.report import asset_extra, build_report
 
@@ -280,6 +287,11 @@ def publish_and_report_task(context: Mapping[str, Any], gate: dict[str, Any] | N
         log.info("published: %s", summary)
         if cfg.reuse == "same_root":
             log.info("indexed %d shard(s) for carry-over by later runs", index_published(run_dir))
+    openai_files = write_run_files(run_dir)
+    if openai_files is not None:
+        summary = {**summary, "openai_files": openai_files.to_dict()}
+        log.info("OpenAI batch output: %d line(s) -> %s; errors: %d line(s) -> %s", openai_files.output_lines,
+                 openai_files.output_uri, openai_files.error_lines, openai_files.errors_uri)
     report = build_report(run_dir, dag_id=context["dag"].dag_id, publish_summary=summary,
                           cost_params=cfg.cost_params())
     extra = {**asset_extra(report), "run_id": context["run_id"], "table": summary.get("table"),

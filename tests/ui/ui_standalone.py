@@ -39,6 +39,9 @@ class Standalone(AdminRestClient):
     home: Path
     extra_env: dict[str, str] = field(default_factory=dict)
     password: str = "ui-test-admin-pw"
+    users: dict[str, str] = field(default_factory=dict)
+    """Further SimpleAuthManager users' passwords (their roles: ``AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS``
+    in ``extra_env``)."""
     port: int = 0
     proc: subprocess.Popen | None = None
     start_seconds: float = 0.0
@@ -79,7 +82,8 @@ class Standalone(AdminRestClient):
         """Start and wait until the API answers with a token and the DAG processor has listed the batch
         DAGs; ``start_seconds`` is that wait. Raises ``RuntimeError`` with the log's tail if it does not."""
         self.home.mkdir(parents=True, exist_ok=True)
-        (self.home / "simple_auth_manager_passwords.json.generated").write_text(json.dumps({"admin": self.password}))
+        (self.home / "simple_auth_manager_passwords.json.generated").write_text(
+            json.dumps({"admin": self.password, **self.users}))
         self.port = self.port or free_port()
         log = open(self.home / "standalone.log", "wb")  # noqa: SIM115 - closed with the process
         t0 = time.monotonic()

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from batch_contract.runstore import RunStore
 from batch_inference.budget import BUDGET_TOLERANCE, over_budget_message, spent_usd
 from batch_inference.params import RunConfig
 from batch_inference.pricing import cost_params_from_dict
@@ -35,8 +36,12 @@ def test_spent_usd_prices_the_markers_stage_seconds_like_the_report() -> None:
 
 def test_no_shard_starts_once_spend_passes_the_budget_by_the_tolerance(tmp_path: Path) -> None:
     run_dir = _run(tmp_path, seconds_per_shard=50.0)  # 100 worker-seconds: $0.10 spent
+    assert over_budget_message(run_dir, RunConfig(**PARAMS, budget_usd=0.10), "00002") is None, "within tolerance"
+    assert RunStore.open(run_dir).steal_stop() is None, "no stop: stealing workers go on"
     cfg = RunConfig(**PARAMS, budget_usd=0.10 / (1 + BUDGET_TOLERANCE) * 0.99)
     message = over_budget_message(run_dir, cfg, "00002")
+    stop = RunStore.open(run_dir).steal_stop()  # workers stealing units (params.steal) stop taking them
+    assert stop and stop.startswith("BUDGET EXCEEDED")
     assert message and message.startswith("BUDGET EXCEEDED") and "shard 00002 is not started" in message
     assert "2 complete shard(s)" in message and "committed row is kept" in message
     assert over_budget_message(run_dir, RunConfig(**PARAMS, budget_usd=0.10), "00002") is None, "within tolerance"

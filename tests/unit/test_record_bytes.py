@@ -29,12 +29,18 @@ CASES = cases()
 def _previous_bytes(record: JsonRecord) -> bytes:
     """What each class's own ``to_json_bytes`` wrote before the shared base: ``pretty_json(asdict)``,
     the manifest its ``to_dict()`` unsorted; without the ``preprocess`` figures of attempt records and
-    markers when they are empty (documents runs only: text runs write what they wrote before)."""
+    markers when they are empty (documents runs only: text runs write what they wrote before), nor their
+    ``steal`` figures (work stealing runs only), a marker's attempts included."""
     if isinstance(record, Manifest):
         return pretty_json(record.to_dict(), sort_keys=False)
     data = dataclasses.asdict(record)
-    if isinstance(record, AttemptRecord | ShardMarker) and not data["preprocess"]:
-        del data["preprocess"]
+    if isinstance(record, AttemptRecord | ShardMarker):
+        for name in ("preprocess", "steal"):
+            if not data[name]:
+                del data[name]
+    if isinstance(record, ShardMarker):
+        data["attempts"] = [{k: v for k, v in a.items() if k not in ("preprocess", "steal") or v}
+                            for a in data["attempts"]]
     return pretty_json(data)
 
 

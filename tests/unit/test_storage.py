@@ -34,6 +34,22 @@ def test_local_listing_hides_temp_files_and_clean_temp_removes_them(tmp_path: Pa
     assert storage.list_names(str(tmp_path / "missing")) == []
 
 
+def test_clean_temp_with_an_age_leaves_a_live_writers_temp_file(tmp_path: Path) -> None:
+    """Work stealing: several workers commit into one shard; a ledger build removes only old strays."""
+    import os
+    import time
+
+    fresh = tmp_path / f"{TEMP_MARK}part-00001-y.parquet-1"
+    stray = tmp_path / f"{TEMP_MARK}part-00000-x.parquet-2"
+    fresh.write_bytes(b"in flight")
+    stray.write_bytes(b"killed writer")
+    old = time.time() - 700
+    os.utime(stray, (old, old))
+    assert storage.clean_temp(str(tmp_path), older_than_seconds=600) == 1
+    assert fresh.exists() and not stray.exists()
+    assert storage.clean_temp(str(tmp_path)) == 1 and not fresh.exists()
+
+
 def test_local_path_rejects_other_schemes() -> None:
     with pytest.raises(storage.StorageError, match="s3://b/k"):
         storage.local_path("s3://b/k")

@@ -58,13 +58,15 @@ def _read_committed(uri: str, name: str) -> pa.Table:
     return read_parquet_columns(uri, ["id", "fingerprint", "source_uri", "source_row"])
 
 
-def build_ledger(shard_dir: str, fingerprint: str) -> Ledger:
+def build_ledger(shard_dir: str, fingerprint: str, temp_min_age_seconds: float = 0.0) -> Ledger:
     """List and read the shard directory's committed files and return the ledger for ``fingerprint``.
 
-    Stray temp files from a killed writer are removed first (``storage.clean_temp``); unreadable and
-    other-fingerprint files are quarantined (see the module docstring).
+    Stray temp files from a killed writer are removed first (``storage.clean_temp``; with
+    ``temp_min_age_seconds`` > 0 only those at least that old: other workers may be committing into the
+    shard now, under work stealing); unreadable and other-fingerprint files are quarantined (see the
+    module docstring).
     """
-    storage.clean_temp(shard_dir)
+    storage.clean_temp(shard_dir, temp_min_age_seconds)
     ledger = Ledger()
     for name in storage.list_names(shard_dir):
         chunk = chunk_of(name)

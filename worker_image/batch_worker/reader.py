@@ -55,6 +55,8 @@ class RawBlock:
         extras: the engine's extra columns of the rows (zero columns for the encoder), same order,
             strings valid Unicode.
         record_errors: per row, ``None`` or why the record itself is unreadable (bad JSON line).
+        rejections: per row, ``None`` or ``(reason, detail)`` of a row refused before the run (the
+            manifest's ``input.rejection_key``); empty when the input has no such key.
     """
 
     source_uri: str
@@ -64,6 +66,7 @@ class RawBlock:
     text_repaired: list[bool]
     extras: pa.Table
     record_errors: list[str | None] = field(default_factory=list)
+    rejections: list[tuple[str, str] | None] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -228,7 +231,17 @@ def _jsonl_block(spec: InputSpec, uri: str, lines: list[tuple[int, bytes]], extr
         text_repaired=repaired,
         extras=_extras_table(records, [c for c in extra if c not in (spec.id_column, spec.text_column)]),
         record_errors=errors,
+        rejections=[_rejection(r, spec.rejection_key) for r in records] if spec.rejection_key else [],
     )
+
+
+def _rejection(record: dict[str, Any], key: str) -> tuple[str, str] | None:
+    """``(reason, detail)`` a row refused before the run carries under ``key``, else ``None``; a value
+    that is not ``{"code": str, "message": str}`` is not a refusal the planner wrote (it stays ``None``)."""
+    value = record.get(key)
+    if isinstance(value, dict) and isinstance(value.get("code"), str) and isinstance(value.get("message"), str):
+        return value["code"], value["message"]
+    return None
 
 
 def _jsonl_blocks(spec: InputSpec, uri: str, seg: Segment, batch_rows: int,

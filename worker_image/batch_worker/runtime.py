@@ -25,11 +25,12 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from batch_contract import resultcache, storage
+from batch_contract.claims import ClaimBook, Lease, unit_segments
 from batch_contract.engine_config import ConfigError
 from batch_contract.enums import ExitCode, ShardStatus
 from batch_contract.hostinfo import host_facts
@@ -54,13 +55,20 @@ from batch_worker.ledger import Ledger, build_ledger, read_parquet_columns
 from batch_worker.pipeline import ChunkSizer, ChunkWork, Producer
 from batch_worker.preprocess import DocumentPool
 from batch_worker.progress import Counters, ProgressReporter, utc_now
+from batch_worker.reader import iter_shard_blocks
 from batch_worker.reuse import ReuseOutcome, reuse_enabled, reuse_pass
 from batch_worker.signals import StopSignal
 from batch_worker.stats import GpuSampler, StageClock, apply_thread_cap, cpu_seconds, release_memory
+from batch_worker.stealing import LeaseKeeper, pick_victim, steal_stop_reason, unfinished_shards
 from batch_worker.validate import DeadLetter, Validator
 from batch_worker.writer import assemble_part, commit_table, dead_letter_table
 
 log = logging.getLogger("batch_worker")
+
+
+STEAL_TEMP_MIN_AGE_SECONDS = 600.0
+"""With ``worker.steal``, a temp file is a killed writer's stray only once it is this old (seconds): a
+commit (temp write, fsync, link) takes well under a second, and strays are ignored by every reader."""
 
 
 class CoverageError(RuntimeError):
@@ -199,6 +207,18 @@ def existing_marker(ctx: ShardContext) -> ShardMarker | None:
     return None
 
 
+@dataclass
+class _UnitsState:
+    """What a :class:`ShardRun` keeps across the units it computes (``worker.steal``): the ledger it
+    started from (chunk numbers), the shard-wide validator, the chunk sizer, and the units whose rows the
+    validator has seen."""
+
+    ledger: Ledger
+    validator: Validator
+    sizer: ChunkSizer
+    classified: set[int] = field(default_factory=set)
+
+
 def new_attempt_id() -> str:
     """``<UTC compact time, microseconds>-<8 hex>``, e.g. ``20261130T024300.123456Z-1a2b3c4d``: sorts by
     start time, unique across pods."""
@@ -208,10 +228,18 @@ def new_attempt_id() -> str:
 
 
 class ShardRun:
-    """One attempt at one shard (see the module docstring). Use :func:`run_shard`."""
+    """One attempt at one shard (see the module docstring). Use :func:`run_shard`.
 
-    def __init__(self, ctx: ShardContext) -> None:
+    Args:
+        ctx: the shard's context.
+        thief: with ``worker.steal``: this attempt is a worker of another shard computing units of this
+            one (:meth:`run_stolen`), with the model that worker loaded.
+        stop: the stop request to obey (a thief shares its worker's); ``None``: a new one.
+    """
+
+    def __init__(self, ctx: ShardContext, *, thief: bool = False, stop: StopSignal | None = None) -> None:
         self.ctx = ctx
+        self.thief = thief
         self.spec = ctx.manifest.shard(ctx.shard_id)
         self.settings = ctx.manifest.worker
         self.clock = StageClock()
@@ -226,7 +254,7 @@ class ShardRun:
         )
         self.attempt_uri = join_uri(ctx.layout.attempts_dir(ctx.shard_id), f"{self.attempt.attempt_id}.json")
         self.counters = Counters(self.spec.rows, 0)
-        self.stop = StopSignal(self.settings.grace_seconds, on_hard_exit=self._on_hard_exit)
+        self.stop = stop or StopSignal(self.settings.grace_seconds, on_hard_exit=self._on_hard_exit)
         self.gpu = GpuSampler()
         self.status = ShardStatus.RUNNING.value
         self.steady_t0: float | None = None
@@ -238,6 +266,21 @@ class ShardRun:
         self._attempt_lock = threading.Lock()
         self.documents: DocumentPool | None = None
         self.engine_busy = 0.0
+        if self.settings.steal:
+            self.attempt.steal = {"role": "thief" if thief else "owner", "units": 0}
+        self._lease: Lease | None = None
+        """The unit lease this attempt computes under (``worker.steal``); chunks commit only while it holds."""
+        self._abandon = threading.Event()
+        """Set when the unit's lease was lost: its producer stops and nothing more of it is committed (one
+        event per unit, so a producer left from an abandoned unit never starts reading again)."""
+        self._units_state: _UnitsState | None = None
+        self._thief_run: ShardRun | None = None
+        """The thief attempt this worker runs on another shard now (its record is written on a hard exit)."""
+        self._chunk_no: int | None = None
+        self._attempt_written = False
+        self._steal_failed: set[str] = set()
+        self._steal_stop_logged = False
+        """Shards whose units raised here (``_steal_once``): not taken again by this worker."""
 
     # -- attempt record -------------------------------------------------------------------------------
     def _write_attempt(self, status: str | None = None, exit_code: int | None = None) -> None:
@@ -250,6 +293,7 @@ class ShardRun:
             self._write_attempt()
 
     def _write_attempt_locked(self, status: str | None, exit_code: int | None) -> None:
+        self._attempt_written = True
         a = self.attempt
         if status is not None:
             a.status = status
@@ -279,7 +323,11 @@ class ShardRun:
                 "pool_workers": st.pool_workers, "queue_depth": st.queue_depth}
 
     def _on_hard_exit(self, why: str) -> None:
-        self._write_attempt(ShardStatus.INTERRUPTED.value, int(ExitCode.INTERRUPTED))
+        thief = self._thief_run
+        if thief is not None and thief._attempt_written:
+            thief._write_attempt(ShardStatus.INTERRUPTED.value, int(ExitCode.INTERRUPTED))
+        if self.status != ShardStatus.COMPLETE.value:
+            self._write_attempt(ShardStatus.INTERRUPTED.value, int(ExitCode.INTERRUPTED))
 
     # -- main -------------------------------------------------------------------------------------------
     def run(self, install_signals: bool = True) -> int:
@@ -290,14 +338,14 @@ class ShardRun:
         try:
             storage.makedirs(self.ctx.shard_dir)
             self._write_attempt()
-            ledger = build_ledger(self.ctx.shard_dir, self.ctx.fingerprint)
+            ledger = self._build_ledger()
             result_log = None
-            if self.reuse_on:
+            if self.reuse_on and not self.settings.steal:  # with stealing: per unit, under its lease
                 outcome = self._reuse(ledger)
                 if outcome is None:
                     return self._interrupted(None)
                 result_log = outcome.log
-                ledger = build_ledger(self.ctx.shard_dir, self.ctx.fingerprint)
+                ledger = self._build_ledger()
                 if outcome.rows_to_compute == 0 and ledger.rows_done == self.spec.rows:
                     self.gpu.stop()
                     self._finish(self._without_model(outcome))  # every row reused: no model load
@@ -329,6 +377,8 @@ class ShardRun:
                 self.counters, self.settings.progress_interval_seconds, status=lambda: self.status,
                 on_tick=self._progress_tick,
             ).start()
+            if self.settings.steal:
+                return self._run_stealing(loaded, ledger, progress)
             finished = self._process_all(loaded, ledger)
             if not finished:
                 return self._interrupted(progress)
@@ -385,15 +435,235 @@ class ShardRun:
                     int(ExitCode.INTERRUPTED))
         return int(ExitCode.INTERRUPTED)
 
+    def _build_ledger(self) -> Ledger:
+        """The shard's resume ledger; with ``worker.steal`` leaving temp files younger than
+        :data:`STEAL_TEMP_MIN_AGE_SECONDS` (other workers' commits in flight into the same shard)."""
+        age = STEAL_TEMP_MIN_AGE_SECONDS if self.settings.steal else 0.0
+        return build_ledger(self.ctx.shard_dir, self.ctx.fingerprint, temp_min_age_seconds=age)
+
+    # -- work stealing (worker.steal) -----------------------------------------------------------------
+    def _run_stealing(self, loaded: LoadedModel, ledger: Ledger, progress: ProgressReporter) -> int:
+        """The owner's run with ``worker.steal``: its own units in order; while units of its shard are
+        held by other workers, units of other shards; then the marker; then :meth:`_help_until_done`.
+        Returns the exit code."""
+        own = self.run_units(loaded, ledger)
+        while own is None:  # every unit left of this shard is held by another worker
+            took = self._steal_once(loaded)
+            if took is False:
+                return self._interrupted(progress)
+            own = self.run_units(loaded, None)
+            if own is None and took is None:
+                with self.clock.stage("idle"):
+                    time.sleep(min(1.0, self.settings.lease_seconds / 10))
+        if own is False:
+            return self._interrupted(progress)
+        self.gpu.stop()
+        progress.stop()
+        self._finish(loaded)
+        self.status = ShardStatus.COMPLETE.value
+        progress.write(self.status)
+        self._help_until_done(loaded)  # the own shard is complete: an interruption now loses nothing of it
+        return int(ExitCode.OK)
+
+    def _help_until_done(self, loaded: LoadedModel) -> None:
+        """Take units of other shards until every other shard has a marker: while the units left are held
+        by other workers, wait (a holder may be stopped, release its unit or die and let its lease
+        expire: then this worker takes it over), so a shard whose own worker never starts is finished
+        even when the worker computing it is preempted. Returns at once on a stop request, a budget or
+        deadline stop (``stealing.steal_stop_reason``), or when the only shards left failed here. The
+        seconds spent waiting go to this attempt's ``steal.wait_seconds`` (after its marker: not in the
+        shard's stage seconds)."""
+        poll = min(1.0, self.settings.lease_seconds / 10)
+        waited = 0.0
+        while not self.stop.requested:
+            took = self._steal_once(loaded)
+            if took is False:
+                break
+            if took:
+                continue
+            if steal_stop_reason(self.ctx.store) is not None or not unfinished_shards(
+                    self.ctx.store, self.ctx.shard_id, self._steal_failed):
+                break
+            time.sleep(poll)
+            waited += poll
+        if waited:
+            self.attempt.steal["wait_seconds"] = round(waited, 3)
+            self._write_attempt()
+
+    def _steal_once(self, loaded: LoadedModel) -> bool | None:
+        """Take units of the run's shard with the most claimable rows (``stealing.pick_victim``) as a
+        thief attempt (:meth:`run_stolen`). Returns ``True`` when a shard was worked on, ``False`` when a
+        stop request interrupted it, ``None`` when no shard has a claimable unit or the run stopped
+        stealing (budget stop, deadline: ``stealing.steal_stop_reason``)."""
+        store, s = self.ctx.store, self.settings
+        if self.stop.requested:
+            return False
+        reason = steal_stop_reason(store)
+        if reason is not None:
+            if not self._steal_stop_logged:
+                log.info("shard %s: taking no units of other shards: %s", self.ctx.shard_id, reason)
+                self._steal_stop_logged = True
+            return None
+        victim = pick_victim(store, self.ctx.shard_id, s.steal_unit_rows, s.lease_seconds, skip=self._steal_failed)
+        if victim is None:
+            return None
+        log.info("shard %s: taking units of shard %s (%d rows in %d claimable units)", self.ctx.shard_id,
+                 victim.shard_id, victim.rows, victim.units)
+        ctx = ShardContext(store=store, shard_id=victim.shard_id, engine=self.ctx.engine, fingerprint=self.ctx.fingerprint)
+        thief = ShardRun(ctx, thief=True, stop=self.stop)
+        self._thief_run = thief
+        try:
+            return thief.run_stolen(loaded)
+        except Exception:  # noqa: BLE001 - another shard's failure (its input, its rows) is not this worker's
+            log.exception("shard %s: computing units of shard %s failed; leaving that shard to its own worker",
+                          self.ctx.shard_id, victim.shard_id)
+            self._steal_failed.add(victim.shard_id)
+            return True
+        finally:
+            self._thief_run = None
+
+    def run_stolen(self, loaded: LoadedModel) -> bool:
+        """A thief attempt (``thief=True``): claim units of this shard from its tail and compute them with
+        ``loaded`` until none is claimable; write the shard's marker when every unit is done. Its attempt
+        record (``steal.role: thief``) is written once it claims a unit or writes the marker, so its
+        seconds are charged to the shard it worked on. Returns ``False`` when a stop request interrupted
+        it (its unit's lease released), else ``True``.
+
+        Raises:
+            CoverageError: every unit is done but the committed rows do not cover the shard.
+        """
+        try:
+            storage.makedirs(self.ctx.shard_dir)
+            if self.ctx.engine.reuses_results:
+                self.deduper = Deduper(self.ctx.engine, None, self.ctx.fingerprint)
+            done = self.run_units(loaded, None, from_tail=True)
+            if done is False:
+                self.status = ShardStatus.INTERRUPTED.value
+                self._write_attempt(self.status, int(ExitCode.INTERRUPTED))
+                return False
+            if done is True and not self.ctx.store.is_complete(self.ctx.shard_id, self.ctx.fingerprint):
+                self._finish(loaded)
+            elif self._attempt_written:
+                self._write_attempt(ShardStatus.COMPLETE.value, int(ExitCode.OK))
+            self.status = ShardStatus.COMPLETE.value
+            return True
+        except BaseException:
+            if self._attempt_written:
+                self._write_attempt(ShardStatus.FAILED.value, int(ExitCode.FAILURE))
+            raise
+
+    def run_units(self, loaded: LoadedModel, ledger: Ledger | None, from_tail: bool = False) -> bool | None:
+        """Claim and compute this shard's units (:mod:`batch_contract.claims`) until none is claimable.
+
+        Args:
+            loaded: the loaded model.
+            ledger: the shard's resume ledger when just built (``None``: built here when needed).
+            from_tail: claim from the last unit down (a thief: the owner claims from the first up).
+
+        Returns:
+            ``True`` when every unit is done (by any worker), ``False`` on a stop request, ``None`` when
+            the units left are held by other workers (or, for a thief, the run stopped stealing).
+        """
+        units = unit_segments(self.spec.segments, self.settings.steal_unit_rows)
+        book = ClaimBook(self.ctx.shard_dir, len(units), self.settings.lease_seconds)
+        while True:
+            if self.stop.requested:
+                return False
+            pending = [st for st in book.states() if not st.done]
+            if not pending:
+                return True
+            if self.thief and steal_stop_reason(self.ctx.store) is not None:
+                return None
+            lease = None
+            for st in reversed(pending) if from_tail else pending:
+                lease = book.try_claim(st, self.attempt.attempt_id, shard_owner=not self.thief)
+                if lease is not None:
+                    break
+            if lease is None:
+                return None
+            if not self._run_unit(loaded, book, lease, units, ledger):
+                return False
+            ledger = None
+
+    def _units_state_for(self, ledger: Ledger | None) -> _UnitsState:
+        if self._units_state is None:
+            ledger = ledger or self._build_ledger()
+            validator = Validator(self.ctx.manifest.input.id_column, ledger.done_ids, ledger.done_dead,
+                                  text_column=self.ctx.manifest.input.text_column)
+            self._units_state = _UnitsState(ledger=ledger, validator=validator, sizer=ChunkSizer(self.settings))
+            self.counters.rows_before = ledger.rows_done - self.counters.rows_committed
+        return self._units_state
+
+    def _run_unit(self, loaded: LoadedModel, book: ClaimBook, lease: Lease, units: list[list],
+                  ledger: Ledger | None) -> bool:
+        """Compute one claimed unit under ``lease`` (renewed meanwhile) and mark it done. Returns
+        ``False`` on a stop request (the lease released, finished chunks committed), else ``True``
+        (also when the lease was lost: the unit is its next holder's)."""
+        state = self._units_state_for(ledger)
+        if not self._attempt_written:
+            self._write_attempt()
+        keeper = LeaseKeeper(book, lease).start()
+        self._lease, self._abandon = lease, threading.Event()
+        finished, outcome = False, None
+        try:
+            refresh = lease.generation > 0  # an earlier holder may have committed rows of the unit
+            if self.reuse_on:
+                outcome = self._reuse(self._build_ledger(), units[lease.unit])
+                if outcome is not None:
+                    refresh = refresh or bool(outcome.files)
+                    if self.ctx.engine.reuses_results:
+                        self.deduper = Deduper(self.ctx.engine, outcome.log, self.ctx.fingerprint)
+            if refresh:
+                fresh = self._build_ledger()
+                state.validator.done_ids |= fresh.done_ids
+                state.validator.done_dead |= fresh.done_dead
+            if not self.reuse_on or outcome is not None:
+                self._classify_before(state, units, lease.unit)
+                finished = self._loop(loaded, state.ledger, state.sizer, state.validator, segments=units[lease.unit])
+                state.classified.add(lease.unit)
+        except BaseException:
+            keeper.stop()
+            try:  # the next worker need not wait for the expiry (it may fail the same way: see _steal_once)
+                book.release(lease)
+            except OSError:
+                log.exception("could not release the lease of unit %d", lease.unit)
+            raise
+        finally:
+            keeper.stop()
+            self._lease = None
+        if finished and not self._abandon.is_set() and lease.safe_to_commit():
+            book.mark_done(lease.unit)
+            self.attempt.steal["units"] = self.attempt.steal.get("units", 0) + 1
+            self._write_attempt()
+            return True
+        if self.stop.requested:
+            book.release(lease)
+            return False
+        return True
+
+    def _classify_before(self, state: _UnitsState, units: list[list], unit: int) -> None:
+        """Let the validator see the rows of this shard's units before ``unit`` that it has not seen, so a
+        ``duplicate_id`` is decided in shard order whichever worker computes which unit (reads the
+        input; computes and commits nothing)."""
+        spec = self.ctx.manifest.input
+        for k in range(unit):
+            if k in state.classified:
+                continue
+            with self.clock.stage("input_read"):
+                for block in iter_shard_blocks(spec, units[k], self.settings.read_batch_rows, (), self.settings):
+                    state.validator.validate(block)
+            state.classified.add(k)
+
     # -- result cache ---------------------------------------------------------------------------------
-    def _reuse(self, ledger: Ledger) -> ReuseOutcome | None:
-        """The reuse pass (``batch_worker.reuse``): commit cached rows before the model loads."""
+    def _reuse(self, ledger: Ledger, segments: list | None = None) -> ReuseOutcome | None:
+        """The reuse pass (``batch_worker.reuse``): commit cached rows before the model loads (with
+        ``worker.steal``: of one unit's ``segments``, under its lease)."""
         ctx = self.ctx
         with self.clock.stage("reuse"):
             outcome = reuse_pass(
                 engine=ctx.engine, output_root=ctx.layout.output_root, run_id=ctx.manifest.run_id, shard_id=ctx.shard_id,
                 shard_dir=ctx.shard_dir, fingerprint=ctx.fingerprint, spec=ctx.manifest.input,
-                segments=self.spec.segments, settings=self.settings, ledger=ledger,
+                segments=self.spec.segments if segments is None else segments, settings=self.settings, ledger=ledger,
                 should_stop=lambda: self.stop.requested,
             )
         if outcome is None:
@@ -422,12 +692,15 @@ class ShardRun:
                               text_column=self.ctx.manifest.input.text_column)
         return self._loop(loaded, ledger, sizer, validator)
 
-    def _loop(self, loaded: LoadedModel, ledger: Ledger, sizer: ChunkSizer, validator: Validator) -> bool:
+    def _loop(self, loaded: LoadedModel, ledger: Ledger, sizer: ChunkSizer, validator: Validator,
+              segments: list | None = None) -> bool:
+        abandon = self._abandon
         producer = Producer(
-            self.ctx.engine, self.ctx.manifest.input, self.spec.segments, self.settings,
-            validator, sizer, self.clock, self.stop, self.deduper, documents=self.documents,
+            self.ctx.engine, self.ctx.manifest.input, self.spec.segments if segments is None else segments,
+            self.settings, validator, sizer, self.clock, lambda: self.stop.requested or abandon.is_set(),
+            self.deduper, documents=self.documents,
         ).start()
-        chunk_no = ledger.next_chunk
+        chunk_no = ledger.next_chunk if self._chunk_no is None else self._chunk_no
         chunks_done = 0
         self._last_chunk_complete = True
         while True:
@@ -439,6 +712,7 @@ class ShardRun:
             interrupted = self._run_chunk(work, loaded, chunk_no)
             self.engine_busy += time.perf_counter() - t0
             chunk_no += 1
+            self._chunk_no = chunk_no
             chunks_done += 1
             sizer.update(len(work.rows), time.perf_counter() - t0)
             self._update_steady(chunks_done, len(work.rows))
@@ -484,6 +758,11 @@ class ShardRun:
             for r in out.rejects
         ]
         n_ok = out.table.num_rows
+        if self._lease is not None and (dead or n_ok) and not self._lease.safe_to_commit():
+            log.warning("shard %s: lease of unit %d lost before a commit: %d rows left to its next holder",
+                        self.ctx.shard_id, self._lease.unit, n_ok + len(dead))
+            self._abandon.set()
+            return True
         with self.clock.stage("write"):
             if dead:
                 table = dead_letter_table(dead, self.ctx.fingerprint)
@@ -518,7 +797,7 @@ class ShardRun:
         """Verify coverage, rewrite the attempt record, then write the marker (last)."""
         ctx = self.ctx
         with self.clock.stage("write"):
-            ledger = build_ledger(ctx.shard_dir, ctx.fingerprint)
+            ledger = self._build_ledger()
             if ledger.rows_done != self.spec.rows:
                 raise CoverageError(
                     f"shard {ctx.shard_id}: {len(ledger.done_ids)} results + {len(ledger.done_dead)} dead letters "
@@ -534,6 +813,9 @@ class ShardRun:
         marker.tokens_real = sum(a.get("tokens_real", 0) for a in marker.attempts)
         marker.reuse_seconds_avoided = round(sum(a.get("reuse_seconds_avoided", 0.0) for a in marker.attempts), 6)
         marker.preprocess = sum_preprocess(marker.attempts)
+        if self.settings.steal:
+            marker.steal = steal_figures(marker.attempts, len(unit_segments(self.spec.segments,
+                                                                            self.settings.steal_unit_rows)))
         marker.finished_at = utc_now()
         marker.started_at = min((a["started_at"] for a in marker.attempts), default=self.attempt.started_at)
         uri = ctx.layout.marker_uri(ctx.shard_id)
@@ -615,6 +897,16 @@ def sum_preprocess(attempts: list[dict]) -> dict[str, float | int]:
         for k, v in figures.items():
             total[k] = v if k in ("pool_workers", "queue_depth") else round(total.get(k, 0) + v, 3)
     return total
+
+
+def steal_figures(attempts: list[dict], units: int) -> dict[str, float | int]:
+    """The marker's ``steal`` figures (``ShardMarker.steal``) from its attempt records: ``units`` of the
+    shard, ``units_stolen`` (units done by ``thief`` attempts) and ``stolen_seconds`` (those attempts'
+    stage seconds except ``idle``)."""
+    thieves = [a for a in attempts if (a.get("steal") or {}).get("role") == "thief"]
+    return {"units": units, "units_stolen": sum(int(a["steal"].get("units", 0)) for a in thieves),
+            "stolen_seconds": round(sum(float(v) for a in thieves for k, v in (a.get("stage_seconds") or {}).items()
+                                        if k != "idle"), 3)}
 
 
 def _sum_stages(attempts: list[dict]) -> dict[str, float]:

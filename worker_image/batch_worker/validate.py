@@ -3,7 +3,8 @@
 Rules (the row rules of :mod:`batch_contract.rows`), applied to every row of the shard in shard order
 (so a rerun classifies rows identically):
 
-1. a row's own problems first: unreadable record (bad JSONL line) -> ``invalid_record``; null id ->
+1. a row's own problems first: unreadable record (bad JSONL line) -> ``invalid_record``; a row refused
+   before the run (``input.rejection_key``: a converted OpenAI batch line) -> its own code; null id ->
    ``null_id``; an id that is not an integer or a non-blank valid-Unicode string -> ``invalid_id``;
    null text -> ``null_text``; non-string text -> ``non_string_text``; empty or whitespace-only text ->
    ``empty_text`` (text that was not valid Unicode was already repaired by the reader and is kept,
@@ -104,6 +105,9 @@ class Validator:
         error = block.record_errors[i] if block.record_errors else None
         if error:
             return None, DeadLetterReason.INVALID_RECORD, error
+        refused = block.rejections[i] if block.rejections else None
+        if refused is not None:
+            return self._refused(block.ids[i], *refused)
         rid, reason, detail = id_to_str(block.ids[i])
         if reason is None:
             reason, detail = text_problem(block.texts[i])
@@ -113,6 +117,16 @@ class Validator:
         if winner != (block.source_uri, block.source_rows[i]):
             return rid, DeadLetterReason.DUPLICATE_ID, duplicate_detail(*winner)
         return rid, None, ""
+
+    @staticmethod
+    def _refused(raw_id: object, code: str, message: str) -> tuple[str | None, DeadLetterReason, str]:
+        """A row refused before the run (``input.rejection_key``): its reason is its code (an unknown
+        code is ``invalid_record``, the code kept in the detail), its id the canonical one if any."""
+        rid, _reason, _detail = id_to_str(raw_id)
+        try:
+            return rid, DeadLetterReason(code), message
+        except ValueError:
+            return rid, DeadLetterReason.INVALID_RECORD, f"{code}: {message}"
 
     def validate(self, block: RawBlock) -> ValidatedBlock:
         """Classify every row of ``block`` (see the module docstring)."""

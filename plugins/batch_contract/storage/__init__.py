@@ -353,10 +353,12 @@ def delete(uri: str) -> None:
     backend_for(uri).delete(uri)
 
 
-def clean_temp(dir_uri: str) -> int:
+def clean_temp(dir_uri: str, older_than_seconds: float = 0.0) -> int:
     """Remove temp files left under ``dir_uri`` by a killed writer; returns how many were removed
-    (always ``0`` on GCS, whose uploads are atomic)."""
-    return backend_for(dir_uri).clean_temp(dir_uri, TEMP_MARK)
+    (always ``0`` on GCS, whose uploads are atomic). ``older_than_seconds`` > 0: only those last
+    modified at least that long ago, so the in-flight commit of another live writer of the same directory
+    (work stealing: several workers commit into one shard) is left alone."""
+    return backend_for(dir_uri).clean_temp(dir_uri, TEMP_MARK, older_than_seconds)
 
 
 def arrow_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:

@@ -220,10 +220,10 @@ class StorageBackend(ABC):
 
     # ---------------------------------------------------------------- housekeeping (defaults provided)
 
-    def clean_temp(self, dir_uri: str, temp_mark: str) -> int:
+    def clean_temp(self, dir_uri: str, temp_mark: str, older_than_seconds: float = 0.0) -> int:
         """Remove temp objects (names starting with ``temp_mark``) left under ``dir_uri`` by a killed
-        writer; returns how many were removed. Default ``0``: a backend whose uploads are atomic leaves
-        no partial objects."""
+        writer, only those modified at least ``older_than_seconds`` ago when it is > 0; returns how many
+        were removed. Default ``0``: a backend whose uploads are atomic leaves no partial objects."""
         return 0
 
     def makedirs(self, dir_uri: str) -> None:

@@ -11,6 +11,7 @@ import errno
 import hashlib
 import os
 import stat
+import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -295,14 +296,18 @@ class LocalBackend(StorageBackend):
         """Whether the real path of ``uri`` is ``root``'s or inside it (whole path segments)."""
         return is_segment_prefix(self.normalize(uri), self.normalize(root), os.sep)
 
-    def clean_temp(self, dir_uri: str, temp_mark: str) -> int:
-        """Unlink the files directly under ``dir_uri`` whose name starts with ``temp_mark``."""
+    def clean_temp(self, dir_uri: str, temp_mark: str, older_than_seconds: float = 0.0) -> int:
+        """Unlink the files directly under ``dir_uri`` whose name starts with ``temp_mark`` (with
+        ``older_than_seconds`` > 0: only those whose mtime is at least that many seconds old)."""
         path = self.path(dir_uri)
         removed = 0
+        cutoff = time.time() - older_than_seconds
         if path.is_dir():
             for p in path.iterdir():
                 if p.name.startswith(temp_mark):
                     try:
+                        if older_than_seconds > 0 and p.stat().st_mtime > cutoff:
+                            continue  # another live writer's commit in flight
                         p.unlink()
                         removed += 1
                     except OSError as exc:  # pragma: no cover - racing cleaner

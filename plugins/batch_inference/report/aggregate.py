@@ -40,6 +40,38 @@ def sum_stages(markers: list[ShardMarker]) -> dict[str, float]:
     return {s: float(sum(m.stage_seconds.get(s, 0.0) for m in markers)) for s in stage_names(markers)}
 
 
+def stealing(markers: list[ShardMarker], enabled: bool) -> dict[str, Any] | None:
+    """The run's work stealing (``worker.steal``; the markers' ``steal`` figures), ``None`` when it was off.
+
+    Returns:
+        ``{"chunks": units of the complete shards, "chunks_stolen": units computed by workers of other
+        shards, "shards_with_stolen_chunks": int, "stolen_seconds": those workers' stage seconds on
+        them except idle (worker-seconds, charged to the shards they computed),
+        "idle_seconds_saved": the same seconds, the time those workers would otherwise have waited for
+        the run's slowest shard, "method": how it is counted}``.
+    """
+    if not enabled:
+        return None
+    figures = [m.steal for m in markers if m.steal]
+    stolen_seconds = round(sum(float(f.get("stolen_seconds", 0.0)) for f in figures), 3)
+    return {
+        "chunks": sum(int(f.get("units", 0)) for f in figures),
+        "chunks_stolen": sum(int(f.get("units_stolen", 0)) for f in figures),
+        "shards_with_stolen_chunks": sum(1 for f in figures if f.get("units_stolen")),
+        "stolen_seconds": stolen_seconds,
+        "idle_seconds_saved": stolen_seconds,
+        "method": STEAL_METHOD,
+    }
+
+
+STEAL_METHOD = (
+    "A chunk is stolen when a worker of another shard computed it (attempt records with steal.role = thief). "
+    "Those workers had finished their own shards, so without stealing they would have waited idle for the "
+    "run's slowest shard: the idle time saved is their busy seconds on stolen chunks (stage seconds except "
+    "idle), already included in worker_seconds and the cost."
+)
+
+
 def preprocess(markers: list[ShardMarker]) -> dict[str, Any] | None:
     """The run's document extraction (``preprocess`` figures of the markers), or ``None`` when no shard
     extracted documents.

@@ -63,7 +63,7 @@ def _shard_row(spec_rows: int, shard_id: str, marker: ShardMarker | None, status
             "padding_efficiency": None, "seconds": None, "stage_seconds": {}, "steady_rows_per_s": None,
             "rows_per_s": None, "gpu_util_mean": None, "cpu_seconds": None, "attempts": att["attempts"],
             "preemptions": att["preemptions"], "killed": att["killed"], "rows_redone": att["rows_redone"],
-            "cost_usd": None, "started_at": None, "finished_at": None, "host": None,
+            "cost_usd": None, "started_at": None, "finished_at": None, "host": None, "chunks_stolen": None,
         }
     seconds = agg.shard_seconds(marker)
     return {
@@ -90,6 +90,7 @@ def _shard_row(spec_rows: int, shard_id: str, marker: ShardMarker | None, status
         "started_at": marker.started_at or None,
         "finished_at": marker.finished_at or None,
         "host": describe(marker.host_facts) if show_host else None,
+        "chunks_stolen": int(marker.steal["units_stolen"]) if marker.steal else None,
     }
 
 
@@ -143,6 +144,13 @@ def _status(data: RunData, shard_id: str) -> str:
         return "complete"
     progress = data.progress.get(shard_id)
     return progress.status if progress is not None else "pending"
+
+
+def _openai_uris(publish_summary: dict[str, Any] | None) -> dict[str, str]:
+    """``openai_output`` / ``openai_errors``: the OpenAI batch output and error files of a run over an
+    OpenAI batch input (the publish summary's ``openai_files``); ``{}`` for any other run."""
+    files = (publish_summary or {}).get("openai_files")
+    return {"openai_output": files["output"], "openai_errors": files["errors"]} if files else {}
 
 
 def compute_report(data: RunData, *, dag_id: str, publish_summary: dict[str, Any] | None,
@@ -213,7 +221,7 @@ def compute_report(data: RunData, *, dag_id: str, publish_summary: dict[str, Any
         "run_id": manifest.run_id,
         "dag_id": dag_id,
         "uris": {"run_dir": layout.run_dir, "report_json": layout.report_json_uri,
-                 "report_html": layout.report_html_uri},
+                 "report_html": layout.report_html_uri, **_openai_uris(publish_summary)},
         "engine_kind": manifest.engine_config.kind,
         "engine": engine,
         "complete": len(markers) == len(manifest.shards),
@@ -292,6 +300,7 @@ def compute_report(data: RunData, *, dag_id: str, publish_summary: dict[str, Any
         "upgrade": (projection or {}).get("upgrade"),
         "approval": approval,
         "preprocess": agg.preprocess(markers),
+        "stealing": agg.stealing(markers, manifest.worker.steal),
     }
 
 

@@ -158,15 +158,29 @@ def _hosts_note(r: dict[str, Any]) -> str:
     return f'<p class="note">Host: {escape(groups[0]["host"])}</p>' if groups else ""
 
 
+def _stealing_note(r: dict[str, Any]) -> str:
+    """One line on work stealing (chunks stolen, idle time saved), empty when it was off."""
+    st = r.get("stealing")
+    if not st:
+        return ""
+    return (f'<p class="note" id="stealing">Work stealing: {fmt.num(st["chunks_stolen"])} of '
+            f'{fmt.num(st["chunks"])} chunks computed by workers of other shards '
+            f'({st["shards_with_stolen_chunks"]} shard(s)); idle worker time saved: '
+            f'{fmt.num(st["idle_seconds_saved"])} s.</p>')
+
+
 def _shards_section(r: dict[str, Any]) -> str:
     with_host = any(s.get("host") for s in r["shards"])
+    stolen = bool(r.get("stealing"))
     rows = [[s["shard_id"], s["status"], fmt.num(s["rows_input"]), fmt.num(s["rows_ok"]),
              fmt.num(s["rows_dead_letter"]), fmt.num(s["seconds"]), fmt.num(s["steady_rows_per_s"]),
              fmt.pct(s["padding_efficiency"]), fmt.num(s["gpu_util_mean"]), s["attempts"], s["preemptions"],
-             fmt.usd(s["cost_usd"])] + ([s.get("host") or ""] if with_host else []) for s in r["shards"]]
-    return _hosts_note(r) + _table(["shard", "status", "rows in", "ok", "dead", "seconds", "steady rows/s",
-                                    "padding eff.", "GPU util", "attempts", "preempted", "cost"]
-                                   + (["host"] if with_host else []), rows, "shards")
+             fmt.usd(s["cost_usd"])] + ([fmt.num(s.get("chunks_stolen"))] if stolen else [])
+            + ([s.get("host") or ""] if with_host else []) for s in r["shards"]]
+    return _hosts_note(r) + _stealing_note(r) + _table(
+        ["shard", "status", "rows in", "ok", "dead", "seconds", "steady rows/s", "padding eff.", "GPU util",
+         "attempts", "preempted", "cost"] + (["stolen chunks"] if stolen else []) + (["host"] if with_host else []),
+        rows, "shards")
 
 
 def render_html(report: dict[str, Any]) -> str:

@@ -157,4 +157,7 @@ def text_summary(report: dict[str, Any]) -> str:
         lines.append(f"  INCOMPLETE: {len(report['shards_missing'])} shard(s) without marker: "
                      + ", ".join(report["shards_missing"][:20]))
     lines += [f"  report: {report['uris']['report_json']}", f"          {report['uris']['report_html']}"]
+    if report["uris"].get("openai_output"):
+        lines += [f"  OpenAI batch output: {report['uris']['openai_output']}",
+                  f"  OpenAI batch errors: {report['uris']['openai_errors']}"]
     return "\n".join(lines)

@@ -10,6 +10,8 @@ Routes (HTML pages are server-rendered Jinja2; the list and a running run's page
 ``GET /runs/{dag_id}/{run_id}/report.html``     the run's cost report page (embedded in the run page)
 ``GET /runs/{dag_id}/{run_id}/manifest.json``   the run's manifest
 ``GET /runs/{dag_id}/{run_id}/dead-letters.jsonl`` / ``.csv``  the error file
+``/v1/...``                                      the OpenAI-compatible Files + Batches API
+                                                (:mod:`batch_inference.openai_api.routes`)
 ==============================================  =====================================================
 
 Security: every route depends on Airflow's own ``get_user`` (JWT from the ``Authorization`` header or
@@ -45,6 +47,7 @@ from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, Response, StreamingResponse
 from fastapi.templating import Jinja2Templates
 
+from batch_inference.openai_api import routes as openai_routes
 from batch_inference.report import fmt
 from batch_inference.ui import deadletters
 from batch_inference.ui.discovery import RunRecord, batch_dag_ids, find_runs
@@ -273,6 +276,7 @@ def create_app() -> FastAPI:
     app = FastAPI(title="Batch inference", docs_url=None, redoc_url=None, openapi_url=None,
                   dependencies=[Depends(get_user)])
     app.include_router(router)
+    app.mount("/v1", openai_routes.create_app())
     app.add_middleware(NoStoreMiddleware)
     return app
 

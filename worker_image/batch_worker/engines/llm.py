@@ -71,7 +71,7 @@ from typing import Any
 import pyarrow as pa
 from batch_contract.engine_config import ConfigError, WorkerSettings
 from batch_contract.enums import DeadLetterReason, EngineKind
-from batch_contract.llm_config import LLMConfig
+from batch_contract.llm_config import LLMConfig, with_row_sampling
 from batch_contract.prefix import DEFAULT_BLOCK_TOKENS, chunk_order
 from batch_contract.resultcache import text_key
 from batch_contract.schemas import part_schema
@@ -105,11 +105,14 @@ class PreparedChunk:
         ids: row ids with a prompt, in chunk order.
         prompt_ids: token ids of each prompt (``list[int]``, what vLLM receives).
         rejects: rows rejected before generation (template error, empty prompt, too long).
+        row_configs: row id -> the row's own config (``engine.row_sampling_column``), only for rows whose
+            sampling settings differ from the engine's.
     """
 
     ids: list[str] = field(default_factory=list)
     prompt_ids: list[list[int]] = field(default_factory=list)
     rejects: list[Reject] = field(default_factory=list)
+    row_configs: dict[str, LLMConfig] = field(default_factory=dict)
 
 
 @dataclass
@@ -364,11 +367,12 @@ class LLMEngine(Engine):
         scheduler.max_num_scheduled_tokens = tokens
         return True
 
-    def _sampling_params(self) -> Any:
+    def _sampling_params(self, config: LLMConfig | None = None) -> Any:
+        """vLLM ``SamplingParams`` of ``config`` (default: the engine's)."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
-        cfg = self.config
+        cfg = config or self.config
         extra: dict[str, Any] = {}
         if cfg.json_schema is not None and cfg.constrain_output:
             extra["structured_outputs"] = StructuredOutputsParams(json=cfg.json_schema, disable_any_whitespace=True)
@@ -468,12 +472,16 @@ class LLMEngine(Engine):
             except RowRenderError:
                 keys.append(None)
                 continue
-            keys.append(text_key(renderer.render_text(parts)) if parts.user.strip() else None)
+            own = record.get(self.config.row_sampling_column) if self.config.row_sampling_column else None
+            suffix = f"\x1e{own}" if own else ""  # a row's own sampling settings change its output
+            keys.append(text_key(renderer.render_text(parts) + suffix) if parts.user.strip() else None)
         return keys
 
     def extra_columns(self) -> list[str]:
-        """Input columns the user template reads besides the ``id``/``text`` aliases."""
-        return template_columns(self.config)
+        """Input columns the user template reads besides the ``id``/``text`` aliases, and the rows'
+        sampling column (``engine.row_sampling_column``)."""
+        sampling = [self.config.row_sampling_column] if self.config.row_sampling_column else []
+        return sorted(set(template_columns(self.config)) | set(sampling))
 
     def prepare(self, rows: ChunkRows) -> PreparedChunk:
         """Render and tokenise every row's prompt; reject template errors, empty and too-long prompts.
@@ -489,8 +497,15 @@ class LLMEngine(Engine):
             raise RuntimeError("LLMEngine.prepare called before load()")
         out = PreparedChunk()
         records = rows.fields.to_pylist() if rows.fields.num_rows == len(rows) else [{}] * len(rows)
-        limit = self.config.max_prompt_tokens
         for rid, text, record in zip(rows.ids, rows.texts, records, strict=True):
+            try:
+                config = self._row_config(record)
+                if config.json_schema != self.config.json_schema:
+                    OutputValidator(config.json_schema)  # a row's own schema must be a valid JSON Schema
+            except ConfigError as exc:
+                out.rejects.append(Reject(rid, DeadLetterReason.TEMPLATE_ERROR, _cut(f"row sampling settings: {exc}")))
+                continue
+            limit = config.max_prompt_tokens
             try:
                 parts = self.renderer.parts(row_context(record, rid, text))
             except PromptTooLongRenderError as exc:
@@ -505,12 +520,23 @@ class LLMEngine(Engine):
             ids = self.renderer.render_ids(parts)
             if len(ids) > limit:
                 detail = (f"prompt has {len(ids)} tokens; at most max_model_len - max_tokens = "
-                          f"{self.config.max_model_len} - {self.config.max_tokens} = {limit} fit")
+                          f"{config.max_model_len} - {config.max_tokens} = {limit} fit")
                 out.rejects.append(Reject(rid, DeadLetterReason.TOO_LONG, detail))
                 continue
             out.ids.append(rid)
             out.prompt_ids.append(ids)
+            if config is not self.config:
+                out.row_configs[rid] = config
         return out
+
+    def _row_config(self, record: dict[str, Any]) -> LLMConfig:
+        """The row's config: the engine's, with the row's own sampling settings when it gives any.
+
+        Raises:
+            ConfigError: the row's settings are invalid (:func:`~batch_contract.llm_config.with_row_sampling`).
+        """
+        column = self.config.row_sampling_column
+        return with_row_sampling(self.config, record.get(column)) if column else self.config
 
     def process(self, prepared: PreparedChunk, should_stop: Callable[[], bool]) -> ChunkOutput:
         """Generate for every prompt of the chunk, join by request id, validate outputs.
@@ -542,7 +568,8 @@ class LLMEngine(Engine):
             totals["prompt"] += done.prompt_tokens
             totals["cached"] += done.cached_tokens
             totals["output"] += done.output_tokens
-            canonical, problem = self.validator.check(done.text, done.finish_reason)
+            validator = self._validator_of(prepared.row_configs.get(rid))
+            canonical, problem = validator.check(done.text, done.finish_reason)
             if problem is not None:
                 rejects.append(Reject(rid, DeadLetterReason.INVALID_OUTPUT, problem))
                 continue
@@ -561,6 +588,12 @@ class LLMEngine(Engine):
             stage_seconds={"inference": time.perf_counter() - t0},
             batches=1 if prepared.ids else 0,
         )
+
+    def _validator_of(self, config: LLMConfig | None) -> OutputValidator:
+        """The output validator of a row's config (the engine's when the row has none or the same schema)."""
+        if config is None or config.json_schema == self.config.json_schema:
+            return self.validator
+        return OutputValidator(config.json_schema)  # checked in prepare
 
     @staticmethod
     def _append_row(rows: dict[str, list[Any]], rid: str, done: _Finished, canonical: str | None) -> None:
@@ -611,7 +644,9 @@ class LLMEngine(Engine):
         # The request id names the row, so outputs join by id, never position.
         for i in self.queue_order(prepared.prompt_ids):
             request_id = f"{self._chunks_run}:{prepared.ids[i]}"
-            engine.add_request(request_id, {"prompt_token_ids": prepared.prompt_ids[i]}, self.sampling_params)
+            own = prepared.row_configs.get(prepared.ids[i])
+            params = self.sampling_params if own is None else self._sampling_params(own)
+            engine.add_request(request_id, {"prompt_token_ids": prepared.prompt_ids[i]}, params)
             row_of[request_id] = prepared.ids[i]
         finished: dict[str, _Finished] = {}
         interrupted = False
