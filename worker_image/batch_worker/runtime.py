@@ -382,11 +382,7 @@ class ShardRun:
             finished = self._process_all(loaded, ledger)
             if not finished:
                 return self._interrupted(progress)
-            self.gpu.stop()
-            progress.stop()
-            self._finish(loaded)
-            self.status = ShardStatus.COMPLETE.value
-            progress.write(self.status)
+            self._complete(loaded, progress)
             return int(ExitCode.OK)
         except BaseException as exc:
             self.status = ShardStatus.FAILED.value
@@ -421,6 +417,15 @@ class ShardRun:
         if canary is None or canary.device != device:
             return False
         return bool(self.ctx.engine.apply_tuning(canary.chosen["token_budget"], canary.chosen["max_batch_rows"]))
+
+    def _complete(self, loaded: LoadedModel, progress: ProgressReporter) -> None:
+        """Every row of the own shard is committed: stop the GPU sampler and progress, write the marker
+        (:meth:`_finish`) and the ``complete`` progress state."""
+        self.gpu.stop()
+        progress.stop()
+        self._finish(loaded)
+        self.status = ShardStatus.COMPLETE.value
+        progress.write(self.status)
 
     def _interrupted(self, progress: ProgressReporter | None) -> int:
         """Record the interruption (signal) and return exit code 75."""
@@ -457,11 +462,7 @@ class ShardRun:
                     time.sleep(min(1.0, self.settings.lease_seconds / 10))
         if own is False:
             return self._interrupted(progress)
-        self.gpu.stop()
-        progress.stop()
-        self._finish(loaded)
-        self.status = ShardStatus.COMPLETE.value
-        progress.write(self.status)
+        self._complete(loaded, progress)
         self._help_until_done(loaded)  # the own shard is complete: an interruption now loses nothing of it
         return int(ExitCode.OK)
 

@@ -17,7 +17,7 @@ registered name (after dropping publish's) is refused too. Every drop and rename
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -422,16 +422,8 @@ class DuckDBBackend(SqlTableBackend):
         self.connection().execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(self.target.schema)}")
         _ensure_registry(self.connection(), self.target)
 
-    @contextmanager
-    def transaction(self) -> Iterator[None]:
-        con = self.connection()
-        con.execute("BEGIN")
-        try:
-            yield
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
+    def transaction(self) -> AbstractContextManager[None]:
+        return _transaction(self.connection())
 
     def rename(self, old: str, new: str) -> None:
         _rename(self.connection(), self.target, old, new)
