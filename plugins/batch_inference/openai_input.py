@@ -109,7 +109,7 @@ def prepare(input_uri: str, run_dir: str, engine: dict[str, Any], roots: list[st
         resolve: the planner's ``resolve_input_files`` (:data:`Resolver`).
 
     Raises:
-        ConfigError: not one JSONL file, over 200 MB or 50,000 lines (OpenAI's limits), or
+        ConfigError: not one JSONL file, no request line, over 200 MB or 50,000 lines (OpenAI's limits), or
             lines for an endpoint the run's engine does not serve (the message names the engine to use).
     """
     base = folder(run_dir)
@@ -127,6 +127,9 @@ def _convert(input_uri: str, base: str, engine_kind: str, roots: list[str], reso
         if isinstance(exc, ConfigError):
             raise
         raise ConfigError(f"engine: {exc}") from None
+    if not converted.rows:
+        raise ConfigError(f"input_uri: {input_uri} has no request lines (only blank ones, or none); OpenAI "
+                          "refuses an empty batch input file")
     if len(converted.rows) > MAX_REQUESTS:
         raise ConfigError(f"input_uri: {input_uri} has {len(converted.rows):,} request lines; OpenAI's limit for "
                           f"a batch is {MAX_REQUESTS:,}: split it")

@@ -179,6 +179,16 @@ def test_a_folder_or_parquet_input_and_documents_are_refused(tmp_path: Path) -> 
                     engine={"kind": "encoder"}, input_format="csv")
 
 
+@pytest.mark.parametrize("text", ["", "\n", "\n  \n\t\n", "\r\n"])
+def test_a_file_without_a_request_line_is_refused(tmp_path: Path, text: str) -> None:
+    """OpenAI refuses an empty batch file: so does the plan, before anything is written."""
+    src = tmp_path / "empty.jsonl"
+    src.write_text(text)
+    with pytest.raises(ConfigError, match="no request lines"):
+        plan(request(tmp_path, src, "e", {"kind": "encoder"}))
+    assert not (tmp_path / "out" / "runs" / "dag" / "e" / "manifest.json").exists()
+
+
 def test_input_roots_cover_the_converted_file(tmp_path: Path) -> None:
     src = tmp_path / "in" / "x.jsonl"
     src.parent.mkdir()
