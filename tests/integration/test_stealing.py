@@ -31,6 +31,7 @@ import gcs_fixture  # noqa: E402
 from batch_contract import storage  # noqa: E402
 from batch_contract.claims import claims_dir  # noqa: E402
 from batch_contract.runstore import RunStore  # noqa: E402
+from batch_inference.publish import PublishTarget, publish_run  # noqa: E402
 from batch_inference.report import build_report  # noqa: E402
 from batch_inference.report.schema import validate_report  # noqa: E402
 
@@ -107,8 +108,14 @@ def test_a_lease_expiring_under_a_stalled_worker_is_taken_over(reference, tmp_pa
     names = storage.list_names(claims_dir(layout.shard_dir("00000")))
     assert "unit-00000.0001.json" in names and "unit-00000.done" in names, (names, log[-3000:])
     v = _verdict(layout, 2, ref)
-    assert v.exact, (v, log[-3000:])
-    assert "lease of unit 0" in log, log[-3000:]
+    assert (v.lost_rows, v.unexpected_rows) == (0, 0) and v.markers_ok and v.min_cosine > 0.999, (v, log[-3000:])
+    # The one window leases leave open (docs/adr/0004-claimable-units.md): a holder stopped between its last
+    # lease check and the end of that chunk's commit still commits the chunk after the take-over. Rows of
+    # that chunk are then in two part files of the shard; publish keeps the first of each id.
+    summary = publish_run(layout.run_dir, PublishTarget(backend="duckdb", table="stall",
+                                                        duckdb_path=str(tmp_path / "w.duckdb")))
+    assert (summary["rows_missing"], summary["duplicates_removed"]) == (0, v.duplicate_rows), (summary, v)
+    assert summary["rows_published"] + summary["rows_dead_letter"] == summary["rows_input"]
 
 
 def test_a_shard_whose_worker_never_starts_is_computed_by_the_other_on_gcs(reference, gcs_bucket: str,
