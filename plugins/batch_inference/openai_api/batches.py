@@ -36,10 +36,10 @@ from batch_inference.openai_api.catalog import Catalog, ModelEntry
 from batch_inference.openai_api.errors import ApiError
 from batch_inference.openai_api.results import build_files
 from batch_inference.openai_api.store import ApiStore, BatchRecord, FileRecord, new_file_id
+from batch_inference.progress import STALE_AFTER_SECONDS
 from batch_inference.ui.views import RunView
 
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
-STOPPING_SHARD_STATES = frozenset({"running", "starting"})
 OUTPUT_DIR = "openai"
 """Folder of a run directory holding the batch's ``output.jsonl`` and ``errors.jsonl``."""
 
@@ -132,10 +132,20 @@ def live_status(record: BatchRecord, view: RunView | None) -> str:
     return view.status.value
 
 
-def shards_stopping(view: RunView) -> bool:
-    """Whether a shard's worker still runs (progress ``running`` or ``starting``): a cancelled run's
-    workers commit what they finished after the run was marked failed, so its files wait for them."""
-    return any(s.state in STOPPING_SHARD_STATES for s in view.shards)
+def shards_stopping(view: RunView, at: float | None = None) -> bool:
+    """Whether a shard's worker may still run: a cancelled run's workers commit what they finished after
+    the run was marked failed, so its files wait for them. A ``running`` shard counts until its progress
+    object goes ``stale`` (:data:`batch_inference.progress.STALE_AFTER_SECONDS` without a write); a
+    ``starting`` one (attempt record, no progress yet) counts for that long after the run ended, then
+    not: its worker was killed while it loaded the model and will never write again (``at``: Unix
+    seconds now, default the clock)."""
+    states = {s.state for s in view.shards}
+    if "running" in states:
+        return True
+    if "starting" not in states:
+        return False
+    ended = _ts(view.record.end_date) if view.record is not None else None
+    return ended is None or (time.time() if at is None else at) - ended < STALE_AFTER_SECONDS
 
 
 def finalize(api: ApiStore, record: BatchRecord, view: RunView | None, status: str) -> BatchRecord:
