@@ -200,7 +200,7 @@ run-azure: venv
 clean:
 	rm -rf build output airflow_home .pytest_cache
 
-# The live-cluster suite (tests/k8s): kube-apiserver built once (scripts/k8s/build_apiserver.sh, ~5 min
+# The live-cluster suite (tests/k8s): kube-apiserver built once (scripts/k8s/build_k8s.sh, ~5 min
 # cold), the backfill DAG with runner=kubernetes on gs:// (one pod preempted), exit 2 / exit 1 /
 # unschedulable through the DAG, kill and triggerer restart around the shard pod task. The last line is
 # one JSON object of the suite's figures (tests/k8s_summary.py); docs/kubernetes.md says what it proves.

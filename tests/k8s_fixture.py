@@ -10,7 +10,7 @@ Use from any test module (``tests`` and the repository root are on pytest's ``py
         api = k8s_cluster.api("airflow-worker")
         kubeconfig = k8s_cluster.kubeconfig("airflow-triggerer")
 
-The fixture builds kube-apiserver when it is not cached (``scripts/k8s/build_apiserver.sh``: about 5
+The fixture builds kube-apiserver when it is not cached (``scripts/k8s/build_k8s.sh``: about 5
 minutes of wall clock on 2 cores, once per machine), and skips with the reason only when apt cannot
 provide the toolchain (:class:`~scripts.k8s.cluster.ToolchainUnavailable`); a build that runs and fails is
 an error, not a skip. Its work dir (certificates, kubeconfigs, ``logs/``, pod dirs) stays under pytest's

@@ -73,6 +73,9 @@ class K8sSettings:
         shm_size: size of the memory-backed ``/dev/shm`` volume (Kubernetes quantity; PyTorch and vLLM
             need more than the container default of 64 MiB); ``""``: none. It counts towards the pod's
             memory limit.
+        host_network: run the pods in the node's network namespace (``hostNetwork``). Only for a test
+            cluster whose services (a storage emulator, the API server) listen on the node's loopback
+            (``scripts/k8s``); production pods keep their own network namespace (the default, False).
         model_uri / model_sha256: when set, an init container (``model-sync``, the worker image's
             ``batch-worker-sync-model``) copies the pinned weights (``gs://``, ``s3://``, ``az://``, ``file://`` or a path;
             sha256 of their ``SHA256SUMS``) to ``model_dir`` (under ``/models/synced``) on an ``emptyDir``
@@ -110,6 +113,7 @@ class K8sSettings:
     model_sha256: str = ""
     model_dir: str = "/models/synced/model"
     model_volume_size: str = "40Gi"
+    host_network: bool = False
 
     def __post_init__(self) -> None:
         if not DIGEST_PATTERN.match(self.image):
@@ -198,11 +202,12 @@ class K8sSettings:
                     kwargs[name] = json.loads(raw)
                 except ValueError as exc:
                     raise ConfigError(f"BATCH_K8S_{name.upper()}: not valid JSON ({exc})") from None
-        raw = env.get("BATCH_K8S_PREFER_SPOT", "").strip().lower()
-        if raw:
-            if raw not in ("1", "true", "yes", "0", "false", "no"):
-                raise ConfigError(f"BATCH_K8S_PREFER_SPOT: {raw!r} is not true/false (1/0, yes/no)")
-            kwargs["prefer_spot"] = raw in ("1", "true", "yes")
+        for name in ("prefer_spot", "host_network"):
+            raw = env.get(f"BATCH_K8S_{name.upper()}", "").strip().lower()
+            if raw:
+                if raw not in ("1", "true", "yes", "0", "false", "no"):
+                    raise ConfigError(f"BATCH_K8S_{name.upper()}: {raw!r} is not true/false (1/0, yes/no)")
+                kwargs[name] = raw in ("1", "true", "yes")
         return cls(**kwargs)
 
 
@@ -372,6 +377,7 @@ def kpo_partial_kwargs(settings: K8sSettings, worker: WorkerSettings | None = No
         "max_active_tis_per_dagrun": settings.max_active_pods,
         "max_preemptions": settings.max_preemptions,
         "quota_wait_seconds": settings.quota_wait_seconds,
+        "hostnetwork": settings.host_network,
         "volumes": volumes,
         "volume_mounts": mounts,
         "init_containers": _init_containers(settings),

@@ -82,6 +82,24 @@ class CertificateAuthority:
         _write_key(key, pair.key)
         return pair
 
+    def issue_client(self, name: str, user: str, groups: list[str]) -> KeyPair:
+        """Sign a client certificate ``<name>.crt``/``<name>.key`` that authenticates as ``user`` (CN) in
+        ``groups`` (O), the way the API server and the kubelet read x509 client identities."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, user),
+                             *(x509.NameAttribute(NameOID.ORGANIZATION_NAME, g) for g in groups)])
+        cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(self._cert.subject)
+                .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                .not_valid_before(dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5))
+                .not_valid_after(dt.datetime.now(dt.UTC) + dt.timedelta(days=VALID_DAYS))
+                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+                .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+                .sign(self._key, hashes.SHA256()))
+        pair = KeyPair(self.directory / f"{name}.crt", self.directory / f"{name}.key")
+        pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        _write_key(key, pair.key)
+        return pair
+
 
 def service_account_keys(directory: Path) -> KeyPair:
     """An RSA-2048 key pair for service-account token signing: ``sa.key`` (private), ``sa.pub`` (public,

@@ -3,7 +3,7 @@
 Start to ready is about 10 s (the API server's post-start hooks). What one cluster holds:
 
 - a throwaway CA and serving certificates (:mod:`.certs`) in a work dir;
-- etcd (Debian ``etcd-server``) and kube-apiserver (``scripts/k8s/build_apiserver.sh``, cached) on free
+- etcd (Debian ``etcd-server``) and kube-apiserver (``scripts/k8s/build_k8s.sh``, cached) on free
   127.0.0.1 ports, ``--authorization-mode=Node,RBAC``, static-token authentication for an ``admin``
   (``system:masters``) and for every service account that ``deploy/k8s/serviceaccounts.yaml`` defines or
   ``deploy/k8s/rbac.yaml`` binds (user ``system:serviceaccount:<ns>:<name>``, groups
@@ -48,9 +48,12 @@ from typing import Any
 
 import yaml
 
+from . import real_node
+from .real_node import ControlPlaneAccess, RealNode
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 APISERVER_VERSION = "v1.20.2"
-BUILD_SCRIPT = REPO_ROOT / "scripts" / "k8s" / "build_apiserver.sh"
+BUILD_SCRIPT = REPO_ROOT / "scripts" / "k8s" / "build_k8s.sh"
 DEPLOY_DIR = REPO_ROOT / "deploy" / "k8s"
 MANIFESTS = ("namespace.yaml", "serviceaccounts.yaml", "rbac.yaml", "quota.yaml")
 """Applied in this order by the admin at start (the order ``docs/kubernetes.md`` documents)."""
@@ -63,6 +66,24 @@ STOP_TIMEOUT_S = 10.0
 ADMIN = "admin"
 
 
+def choose_node(requested: str | None = None) -> str:
+    """Which node runs the pods: ``"kubelet"`` (:mod:`.real_node`: containerd, runc, the kubelet) or
+    ``"agent"`` (:mod:`.node_agent`: pods as host processes, for machines where a kubelet cannot run).
+
+    ``requested`` (else ``$BATCH_K8S_NODE``, else ``auto``): ``kubelet`` and ``agent`` are taken as
+    given; ``auto`` is ``kubelet`` when :func:`.real_node.unavailable_reason` finds nothing missing.
+
+    Raises:
+        ValueError: any other value.
+    """
+    value = (requested or os.environ.get("BATCH_K8S_NODE") or "agent").strip().lower()
+    if value not in ("auto", "kubelet", "agent"):
+        raise ValueError(f"BATCH_K8S_NODE: {value!r} is not auto, kubelet or agent")
+    if value == "auto":
+        return "kubelet" if real_node.unavailable_reason() is None else "agent"
+    return value
+
+
 class ToolchainUnavailable(RuntimeError):
     """kube-apiserver is not built and apt cannot provide what building it needs (no root/sudo or no
     Debian archive): the reason, for a test skip."""
@@ -70,7 +91,7 @@ class ToolchainUnavailable(RuntimeError):
 
 def cache_dir() -> Path:
     """Where the built binary lives: ``$BATCH_K8S_CACHE`` or ``~/.cache/airflow-batch-inference/k8s``
-    (the same rule as ``build_apiserver.sh``)."""
+    (the same rule as ``build_k8s.sh``)."""
     return Path(os.environ.get("BATCH_K8S_CACHE") or Path.home() / ".cache" / "airflow-batch-inference" / "k8s")
 
 
@@ -80,15 +101,16 @@ def apiserver_binary() -> Path:
 
 
 def ensure_built(log: Path | None = None) -> Path:
-    """The kube-apiserver binary, building it first when missing (``build_apiserver.sh``: about 5 minutes
-    wall clock on 2 cores the first time, nothing afterwards); also installs etcd when missing.
+    """The kube-apiserver binary, building it and the node's binaries first when any is missing
+    (``build_k8s.sh``: about 15 minutes wall clock on 2 cores the first time, nothing afterwards); also
+    installs etcd, containerd, runc, the CNI plugins and busybox when missing.
 
     Raises:
         ToolchainUnavailable: no binary and no way to run apt (neither root nor sudo, or no apt-get).
         RuntimeError: the build ran and failed (its output tail in the message).
     """
     binary = apiserver_binary()
-    if binary.exists() and shutil.which("etcd"):
+    if binary.exists() and shutil.which("etcd") and real_node.unavailable_reason() in (None, real_node.NOT_ROOT):
         return binary
     if not shutil.which("apt-get"):
         raise ToolchainUnavailable("kube-apiserver is not built and apt-get is not available to build it")
@@ -202,12 +224,15 @@ class LocalCluster:
     """
 
     def __init__(self, work_dir: Path | None = None, *, gpus: int = 8, node_name: str = "gpu-spot-node-0",
-                 deploy_dir: Path = DEPLOY_DIR, image_env: dict[str, str] | None = None) -> None:
+                 deploy_dir: Path = DEPLOY_DIR, image_env: dict[str, str] | None = None,
+                 node: str | None = None) -> None:
         self._own_dir = work_dir is None
         self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="batch-k8s-"))
         self.logs_dir = self.work_dir / "logs"
         self.gpus, self.deploy_dir, self.image_env = gpus, deploy_dir, dict(image_env or {})
         self.node_agent = NodeAgentHandle(node_name, self.work_dir / "node", self.logs_dir / "node-agent.log")
+        self.node_kind = choose_node(node)
+        self.real_node: RealNode | None = None
         self.identities: dict[str, Identity] = {}
         self.server = ""
         self.ca_file = self.work_dir / "pki" / "ca.crt"
@@ -234,7 +259,7 @@ class LocalCluster:
         try:
             binary = apiserver_binary()
             if not binary.exists():
-                raise RuntimeError(f"{binary} missing: run scripts/k8s/build_apiserver.sh (or ensure_built())")
+                raise RuntimeError(f"{binary} missing: run scripts/k8s/build_k8s.sh (or ensure_built())")
             for d in (self.logs_dir, self.node_agent.work_dir):
                 d.mkdir(parents=True, exist_ok=True)
             self._write_pki_and_tokens()
@@ -243,7 +268,10 @@ class LocalCluster:
             self._wait_ready()
             self._write_kubeconfigs()
             self._apply_manifests()
-            self._start_node_agent()
+            if self.node_kind == "kubelet":
+                self._start_real_node()
+            else:
+                self._start_node_agent()
         except BaseException:
             self.stop()
             raise
@@ -254,6 +282,8 @@ class LocalCluster:
         """Stop the node agent (it kills its pod processes), then the API server, then etcd; remove
         the etcd data and, when this cluster created it, the work dir. Safe to call twice."""
         _stop_process(self.node_agent.proc)
+        if self.real_node is not None:
+            self.real_node.stop()
         _stop_process(self._apiserver)
         _stop_process(self._etcd)
         if self._etcd_dir is not None:
@@ -270,6 +300,12 @@ class LocalCluster:
         self._serving = ca.issue_server("kube-apiserver", ["localhost", "kubernetes", "kubernetes.default",
                                                           "kubernetes.default.svc"], ["127.0.0.1"])
         self._kubelet = ca.issue_server("kubelet", ["localhost", self.node_agent.node_name], ["127.0.0.1"])
+        # The API server's identity towards kubelets (logs, exec) and the kubelet's towards the API server
+        # (the Node authorizer's system:node:<name> in system:nodes).
+        self._apiserver_client = ca.issue_client("apiserver-kubelet-client", "kube-apiserver-kubelet-client",
+                                                 ["system:masters"])
+        self._node_client = ca.issue_client("node-client", f"system:node:{self.node_agent.node_name}",
+                                            ["system:nodes"])
         self._sa = service_account_keys(pki)
         admin = Identity(ADMIN, ADMIN, ("system:masters",), secrets.token_hex(16))
         self.identities = {i.name: i for i in [admin, *service_account_identities(self.deploy_dir)]}
@@ -302,12 +338,14 @@ class LocalCluster:
             str(binary), f"--etcd-servers={self._etcd_url}", "--bind-address=127.0.0.1",
             "--advertise-address=127.0.0.1", f"--secure-port={port}", "--insecure-port=0",
             f"--tls-cert-file={self._serving.cert}", f"--tls-private-key-file={self._serving.key}",
-            f"--token-auth-file={self._tokens}", "--anonymous-auth=false",
+            f"--token-auth-file={self._tokens}", f"--client-ca-file={self.ca_file}", "--anonymous-auth=false",
             "--authorization-mode=Node,RBAC",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={self._sa.cert}", f"--service-account-signing-key-file={self._sa.key}",
             "--service-cluster-ip-range=10.96.0.0/24",
             f"--kubelet-certificate-authority={self.ca_file}", "--kubelet-preferred-address-types=InternalIP",
+            f"--kubelet-client-certificate={self._apiserver_client.cert}",
+            f"--kubelet-client-key={self._apiserver_client.key}",
             "--profiling=false", "--v=1"]
         self._apiserver = self._spawn(self._apiserver_argv, "kube-apiserver.log")
 
@@ -377,6 +415,25 @@ class LocalCluster:
         for ns in ("default", NAMESPACE):
             core.create_namespaced_service_account(ns, {"metadata": {"name": "default"},
                                                         "automountServiceAccountToken": False})
+
+    def _start_real_node(self) -> None:
+        from .node_agent import spot_pool_shape
+
+        node_kubeconfig = self.work_dir / "kubeconfig" / "node.yaml"
+        ca_data = base64.b64encode(self.ca_file.read_bytes()).decode()
+        node_kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "node",
+            "clusters": [{"name": "local", "cluster": {"server": self.server, "certificate-authority-data": ca_data}}],
+            "users": [{"name": "node", "user": {"client-certificate": str(self._node_client.cert),
+                                                "client-key": str(self._node_client.key)}}],
+            "contexts": [{"name": "node", "context": {"cluster": "local", "user": "node"}}]}, sort_keys=False))
+        node_kubeconfig.chmod(0o600)
+        self.real_node = RealNode(self.work_dir / "node", self.logs_dir, self._spawn,
+                                  spot_pool_shape(self.node_agent.node_name, self.gpus))
+        self.real_node.start(ControlPlaneAccess(
+            server=self.server, ca_file=self.ca_file, admin_kubeconfig=self.kubeconfig(ADMIN),
+            node_kubeconfig=node_kubeconfig, serving_cert=self._kubelet.cert, serving_key=self._kubelet.key,
+            sa_key=self._sa.key))
 
     def _start_node_agent(self) -> None:
         agent = self.node_agent

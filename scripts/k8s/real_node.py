@@ -1,0 +1,371 @@
+"""A real node for :class:`~scripts.k8s.cluster.LocalCluster`: containerd + runc run the pods, the
+kubelet (v1.20.2, built from the same Debian source tree as the API server) manages them, and
+kube-scheduler and kube-controller-manager run beside the API server.
+
+What one :class:`RealNode` starts, in order, and stops in reverse:
+
+- **containerd** (Debian 1.6) with its CRI plugin, its own config, state and socket, cgroupfs, the
+  ``runc`` runtime, the sandbox image :data:`~scripts.k8s.images.PAUSE_IMAGE` (compiled here) and a CNI
+  ``bridge`` network whose bridge has no address: pod addresses live only in the pods' network
+  namespaces, so a pod that is not ``hostNetwork`` reaches nothing outside itself and its peers. Pods
+  that need the test's services on 127.0.0.1 (the worker pods) run with ``hostNetwork``.
+- the **kubelet**, registered as ``system:node:<name>`` (x509 client certificate, Node authorizer),
+  serving on 127.0.0.1 with the cluster CA's certificate, authenticating the API server's client
+  certificate and authorizing through the API server (``Webhook``); the GPU spot pool's labels and
+  taints (:func:`scripts.k8s.node_agent.spot_pool_shape`); ``cgroupsPerQOS`` off (no systemd here).
+  ``nvidia.com/gpu`` is advertised as an extended resource by patching the node's status, the way
+  Kubernetes documents for resources without a device plugin.
+- **kube-scheduler** and **kube-controller-manager** as the cluster admin, leader election off, no
+  serving ports.
+
+Images: the pause and busybox images (:mod:`.images`) are imported at start; a worker image is imported
+by the caller (:meth:`RealNode.import_archive`).
+
+What is not real: one node, pods of other namespaces than the test's are not isolated from the host's
+network when ``hostNetwork`` is set, no GPU (``nvidia.com/gpu`` is a counted resource only), no
+graceful node shutdown (it needs systemd's inhibitor locks): a spot reclaim is an eviction or a pod
+deletion with its grace period.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import images
+
+KUBE_VERSION = "v1.20.2"
+NODE_BINARIES = ("kubelet", "kube-scheduler", "kube-controller-manager")
+"""Built with kube-apiserver by ``scripts/k8s/build_k8s.sh`` and cached as ``<name>-v1.20.2``."""
+HOST_TOOLS = ("containerd", "containerd-shim-runc-v2", "runc", "ctr")
+"""From Debian's ``containerd`` and ``runc`` packages."""
+CNI_PLUGINS = Path("/usr/lib/cni")
+"""Debian's ``containernetworking-plugins`` install here."""
+POD_SUBNET = "10.244.0.0/24"
+"""Addresses of non-hostNetwork pods; they exist only inside the pods' network namespaces."""
+READY_TIMEOUT_S = 120.0
+"""How long start waits for the node to be Ready (seconds): containerd, the kubelet's first sync."""
+
+Spawn = Callable[[list[str], str], subprocess.Popen[bytes]]
+
+
+def cache_dir() -> Path:
+    """``$BATCH_K8S_CACHE`` or ``~/.cache/airflow-batch-inference/k8s`` (the build script's rule)."""
+    return Path(os.environ.get("BATCH_K8S_CACHE") or Path.home() / ".cache" / "airflow-batch-inference" / "k8s")
+
+
+def binary(name: str) -> Path:
+    """Path of a cached Kubernetes binary (``kubelet``, ``kube-scheduler``, ...; may not exist yet)."""
+    return cache_dir() / f"{name}-{KUBE_VERSION}"
+
+
+def pause_binary() -> Path:
+    """The static ``pause`` the build script compiles from ``build/pause/linux/pause.c``."""
+    return cache_dir() / f"pause-{KUBE_VERSION}"
+
+
+NOT_ROOT = "the kubelet and containerd need root"
+
+
+def unavailable_reason() -> str | None:
+    """Why a real node cannot run on this machine (a sentence), or None when it can: not root, a
+    missing binary or host tool, no CNI plugins, or the memory cgroup controller not mounted."""
+    if os.geteuid() != 0:
+        return NOT_ROOT
+    missing = [str(binary(n)) for n in NODE_BINARIES if not binary(n).exists()]
+    missing += [str(pause_binary())] if not pause_binary().exists() else []
+    missing += [t for t in HOST_TOOLS if not shutil.which(t)]
+    if missing:
+        return f"missing: {', '.join(missing)} (scripts/k8s/build_k8s.sh builds and installs them)"
+    if not (CNI_PLUGINS / "bridge").exists():
+        return f"no CNI bridge plugin in {CNI_PLUGINS} (Debian: containernetworking-plugins)"
+    if not Path("/sys/fs/cgroup/memory").is_dir() and not Path("/sys/fs/cgroup/cgroup.controllers").exists():
+        return "no memory cgroup controller mounted under /sys/fs/cgroup"
+    return None
+
+
+def containerd_config(root: Path, state: Path, address: str, cni_conf_dir: Path) -> str:
+    """containerd's ``config.toml`` (version 2) for the node: CRI with runc on cgroupfs, overlayfs,
+    the local sandbox image, CNI from Debian's plugins, the stream server on 127.0.0.1, OOM score
+    adjustments no lower than containerd's own (``restrict_oom_score_adj``)."""
+    cri = 'plugins."io.containerd.grpc.v1.cri"'
+    return f"""version = 2
+root = "{root}"
+state = "{state}"
+[grpc]
+  address = "{address}"
+[{cri}]
+  sandbox_image = "{images.PAUSE_IMAGE}"
+  # This machine's root cannot lower oom_score_adj below its own (runc: "failed to update
+  # /proc/self/oom_score_adj: Permission denied" for the sandbox's -998): clamp to containerd's.
+  restrict_oom_score_adj = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  enable_tls_streaming = false
+  [{cri}.containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [{cri}.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [{cri}.containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [{cri}.cni]
+    bin_dir = "{CNI_PLUGINS}"
+    conf_dir = "{cni_conf_dir}"
+"""
+
+
+def cni_conflist(bridge: str) -> dict[str, Any]:
+    """A ``bridge`` network with no gateway address on the host and no masquerade: pods get addresses
+    in :data:`POD_SUBNET` inside their own namespaces, and nothing routes out of the bridge."""
+    return {"cniVersion": "0.4.0", "name": "batch-pods", "plugins": [
+        {"type": "bridge", "bridge": bridge, "isGateway": False, "isDefaultGateway": False, "ipMasq": False,
+         "hairpinMode": False, "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_SUBNET}]]}},
+        {"type": "loopback"}]}
+
+
+def kubelet_config(*, port: int, healthz_port: int, ca_file: Path, cert: Path, key: Path) -> dict[str, Any]:
+    """The ``KubeletConfiguration`` (v1beta1): loopback serving, x509 + webhook authentication, webhook
+    authorization, cgroupfs without QoS cgroups, quick status updates, and eviction thresholds that a
+    shared test machine's disk does not trip (the memory threshold stays, 100 MiB)."""
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+        "address": "127.0.0.1", "port": port, "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1", "healthzPort": healthz_port,
+        "tlsCertFile": str(cert), "tlsPrivateKeyFile": str(key),
+        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
+                           "x509": {"clientCAFile": str(ca_file)}},
+        "authorization": {"mode": "Webhook"},
+        "cgroupDriver": "cgroupfs", "cgroupsPerQOS": False, "enforceNodeAllocatable": [],
+        "failSwapOn": False, "syncFrequency": "2s", "fileCheckFrequency": "20s",
+        "nodeStatusUpdateFrequency": "4s", "nodeStatusReportFrequency": "10s",
+        "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%",
+                         "nodefs.inodesFree": "1%"},
+        "serializeImagePulls": False, "resolvConf": "/etc/resolv.conf", "maxPods": 64,
+    }
+
+
+def free_port() -> int:
+    """A TCP port that was free on 127.0.0.1 a moment ago."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class ControlPlaneAccess:
+    """What the node's processes need from the cluster: the API server URL, the CA, the admin and node
+    kubeconfigs, the kubelet's serving pair, the service-account signing key pair (the controller
+    manager's token controller)."""
+
+    server: str
+    ca_file: Path
+    admin_kubeconfig: Path
+    node_kubeconfig: Path
+    serving_cert: Path
+    serving_key: Path
+    sa_key: Path
+
+
+class RealNode:
+    """containerd, kubelet, kube-scheduler and kube-controller-manager for one cluster (see the module
+    docstring).
+
+    Args:
+        work_dir: kubelet root, containerd root/config, CNI config (the caller owns it).
+        logs_dir: ``containerd.log``, ``kubelet.log``, ``kube-scheduler.log``, ``kube-controller-manager.log``.
+        spawn: starts one process with its output appended to a log in ``logs_dir`` (the cluster's).
+        shape: the node's name, labels, taints and GPU count (:class:`scripts.k8s.scheduling.NodeShape`).
+    """
+
+    def __init__(self, work_dir: Path, logs_dir: Path, spawn: Spawn, shape: Any) -> None:
+        self.work_dir, self.logs_dir, self.spawn, self.shape = work_dir, logs_dir, spawn, shape
+        # Unix sockets are limited to 108 bytes: containerd's lives under /run with a short random name.
+        self.run_dir = Path("/run") / f"batch-k8s-{secrets.token_hex(4)}"
+        self.address = str(self.run_dir / "containerd.sock")
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.kubelet_port = 0
+        self.bridge = f"bk8s{secrets.token_hex(3)}"
+
+    @property
+    def name(self) -> str:
+        """The node's name."""
+        return self.shape.name
+
+    # ---- lifecycle --------------------------------------------------------------------------------
+    def start(self, access: ControlPlaneAccess) -> None:
+        """Start containerd, import the small images, start the control-plane helpers and the kubelet,
+        advertise the GPUs and wait for the node to be Ready.
+
+        Raises:
+            RuntimeError: a process died or the node was not Ready in :data:`READY_TIMEOUT_S` (log tails
+                included). The caller stops what was started.
+        """
+        self._start_containerd()
+        self._import_small_images()
+        self._start_control_plane_helpers(access)
+        self._start_kubelet(access)
+        self._wait_ready(access)
+
+    def stop(self) -> None:
+        """Stop the kubelet and the control-plane helpers, remove every pod sandbox containerd still
+        runs (their processes and network namespaces), stop containerd, delete the bridge. Safe twice."""
+        for name in ("kubelet", "kube-scheduler", "kube-controller-manager"):
+            _stop(self.procs.pop(name, None))
+        if "containerd" in self.procs:
+            self._remove_all_pods()
+        _stop(self.procs.pop("containerd", None))
+        subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True)
+        self._unmount_under(self.work_dir)
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    # ---- containerd -------------------------------------------------------------------------------
+    def _start_containerd(self) -> None:
+        root, state = self.work_dir / "containerd", self.run_dir / "state"
+        cni = self.work_dir / "cni"
+        for d in (root, state, cni):
+            d.mkdir(parents=True, exist_ok=True)
+        (cni / "10-batch-pods.conflist").write_text(json.dumps(cni_conflist(self.bridge), indent=1))
+        config = self.work_dir / "containerd.toml"
+        config.write_text(containerd_config(root, state, self.address, cni))
+        self.procs["containerd"] = self.spawn(["containerd", "--config", str(config)], "containerd.log")
+        self._wait(lambda: Path(self.address).exists() and self.ctr("version").returncode == 0,
+                   "containerd", 30.0)
+
+    def ctr(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """Run ``ctr -a <socket> -n k8s.io ARGS`` against this node's containerd."""
+        return subprocess.run(["ctr", "-a", self.address, "-n", "k8s.io", *args], capture_output=True, text=True)
+
+    def _import_small_images(self) -> None:
+        out = self.work_dir / "images"
+        out.mkdir(exist_ok=True)
+        images.pause_archive(pause_binary(), out / "pause.tar")
+        images.busybox_archive(Path(shutil.which("busybox") or "/bin/busybox"), out / "busybox.tar")
+        for archive in ("pause.tar", "busybox.tar"):
+            self.import_archive(out / archive)
+
+    def import_archive(self, archive: Path) -> None:
+        """Import an OCI or docker archive into this node's containerd (namespace ``k8s.io``).
+
+        Raises:
+            RuntimeError: ``ctr images import`` failed.
+        """
+        images.ctr_import(archive, self.address)
+
+    def _remove_all_pods(self) -> None:
+        # What kubelet started and never stopped (it was stopped first): kill the tasks, so no container
+        # process outlives the cluster.
+        for cid in self.ctr("containers", "list", "-q").stdout.split():
+            self.ctr("tasks", "kill", "-s", "SIGKILL", cid)
+            for _ in range(50):
+                if self.ctr("tasks", "delete", cid).returncode == 0 or "not found" in self.ctr(
+                        "tasks", "list").stdout or cid not in self.ctr("tasks", "list").stdout:
+                    break
+                time.sleep(0.1)
+            self.ctr("containers", "delete", cid)
+
+    @staticmethod
+    def _unmount_under(path: Path) -> None:
+        mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+        for mount in sorted((m for m in mounts if m.startswith(str(path) + "/")), key=len, reverse=True):
+            subprocess.run(["umount", "-l", mount], capture_output=True)
+
+    # ---- control plane helpers and kubelet --------------------------------------------------------
+    def _start_control_plane_helpers(self, access: ControlPlaneAccess) -> None:
+        kubeconfig = f"--kubeconfig={access.admin_kubeconfig}"
+        self.procs["kube-scheduler"] = self.spawn([
+            str(binary("kube-scheduler")), kubeconfig, "--leader-elect=false", "--port=0",
+            "--bind-address=127.0.0.1", f"--secure-port={free_port()}", "--v=1"], "kube-scheduler.log")
+        self.procs["kube-controller-manager"] = self.spawn([
+            str(binary("kube-controller-manager")), kubeconfig, "--leader-elect=false", "--port=0",
+            "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
+            f"--service-account-private-key-file={access.sa_key}", f"--root-ca-file={access.ca_file}",
+            "--use-service-account-credentials=false", "--controllers=*,-nodeipam,-cloud-node-lifecycle",
+            "--v=1"], "kube-controller-manager.log")
+
+    def _start_kubelet(self, access: ControlPlaneAccess) -> None:
+        root = self.work_dir / "kubelet"
+        root.mkdir(parents=True, exist_ok=True)
+        self.kubelet_port = free_port()
+        config = self.work_dir / "kubelet-config.yaml"
+        config.write_text(yaml.safe_dump(kubelet_config(
+            port=self.kubelet_port, healthz_port=free_port(), ca_file=access.ca_file,
+            cert=access.serving_cert, key=access.serving_key), sort_keys=False))
+        labels = ",".join(f"{k}={v}" for k, v in self.shape.labels.items() if not k.startswith("kubernetes.io/"))
+        taints = ",".join(f"{t['key']}={t['value']}:{t['effect']}" for t in self.shape.taints)
+        self.procs["kubelet"] = self.spawn([
+            str(binary("kubelet")), f"--config={config}", f"--kubeconfig={access.node_kubeconfig}",
+            "--container-runtime=remote", f"--container-runtime-endpoint=unix://{self.address}",
+            "--image-service-endpoint=" + f"unix://{self.address}", f"--root-dir={root}",
+            f"--hostname-override={self.name}", "--node-ip=127.0.0.1", f"--node-labels={labels}",
+            f"--register-with-taints={taints}", f"--cert-dir={root / 'pki'}", "--v=1"], "kubelet.log")
+
+    def _wait_ready(self, access: ControlPlaneAccess) -> None:
+        from kubernetes import client, config
+
+        api = client.CoreV1Api(config.new_client_from_config(str(access.admin_kubeconfig)))
+
+        def ready() -> bool:
+            try:
+                node = api.read_node(self.name)
+            except client.ApiException:
+                return False
+            return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+
+        def registered() -> bool:
+            try:
+                return api.read_node(self.name) is not None
+            except client.ApiException:
+                return False
+
+        self._wait(registered, "kubelet", READY_TIMEOUT_S)
+        # The kubelet refuses a loopback --node-ip ("nodeIP can't be loopback address") and leaves the
+        # addresses alone after that; the API server reaches it (logs, exec) at the address given here,
+        # where it listens. The GPUs: an extended resource advertised through the status.
+        gpus = str(self.shape.gpus)
+        api.patch_node_status(self.name, [
+            {"op": "add", "path": "/status/addresses", "value": [
+                {"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": self.name}]},
+            {"op": "add", "path": "/status/capacity/nvidia.com~1gpu", "value": gpus}])
+        self._wait(ready, "kubelet", READY_TIMEOUT_S)
+        self._wait(lambda: (api.read_node(self.name).status.allocatable or {}).get("nvidia.com/gpu") == gpus,
+                   "kubelet (nvidia.com/gpu allocatable)", 30.0)
+
+    def _wait(self, done: Callable[[], bool], what: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not done():
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited ({proc.returncode}): {self.tail(name + '.log')}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{what} not ready in {timeout:.0f} s: {self.tail(what.split()[0] + '.log')}")
+            time.sleep(0.25)
+
+    def tail(self, log_name: str, chars: int = 3000) -> str:
+        """The last ``chars`` characters of one of this node's logs ("(no log)" when absent)."""
+        path = self.logs_dir / log_name
+        return path.read_text(errors="replace")[-chars:] if path.exists() else "(no log)"
+
+
+def _stop(proc: subprocess.Popen[bytes] | None, timeout: float = 10.0) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
