@@ -509,41 +509,64 @@ class LocalCluster:
                 raise TimeoutError(f"{namespace}/{name}: condition not met in {timeout} s (phase {phase})")
             time.sleep(0.2)
 
-    def preempt(self, namespace: str, pod: str, wait: float | None = None, how: str = "shutdown") -> Any:
-        """Simulate losing a spot node under a running pod.
+    SPOT_GRACE_S = 15
+    """What GKE gives a spot pod when its node is reclaimed (seconds): the eviction's grace period."""
 
-        ``how="shutdown"`` (default; a GKE spot reclaim, graceful node shutdown): the agent sends SIGTERM
-        to the pod's processes, SIGKILL after ``terminationGracePeriodSeconds``, then sets phase
-        ``Failed``, reason ``Terminated`` and a ``DisruptionTarget`` condition, keeping the container's
-        exit code (the worker's 75) and the pod object. ``how="drain"`` (``kubectl drain``): the pod is
-        evicted through the Eviction API, i.e. deleted with its grace period: SIGTERM, SIGKILL after the
-        grace, then the object is removed.
+    def preempt(self, namespace: str, pod: str, wait: float | None = None, how: str | None = None,
+                grace_seconds: int = SPOT_GRACE_S) -> Any:
+        """Take a running pod away as a spot reclaim or a drain does.
 
-        Args:
-            wait: seconds to wait for the outcome (shutdown: the pod Failed, returned; drain: the object
-                gone, None returned); None returns at once.
+        ``how``:
+
+        - ``"evict"`` (``kubectl drain``; the default on the ``kubelet`` node): the Eviction API with a
+          ``grace_seconds`` grace period. The kubelet sends SIGTERM to each container's PID 1, SIGKILL
+          when the grace ends, and the object is removed. ``wait`` waits for it to be gone (None returned).
+        - ``"shutdown"`` (the node's OS shutting down; the default on the agent node): on the kubelet node
+          the runtime sends SIGTERM to the containers' PID 1 (``ctr tasks kill``) and SIGKILL after
+          ``grace_seconds``; the pod ends ``Failed`` with the container's exit code (the worker's 75).
+          On the agent node it simulates GKE's graceful node shutdown: phase ``Failed``, reason
+          ``Terminated``, a ``DisruptionTarget`` condition, the exit code kept. ``wait`` waits for
+          ``Failed`` (the pod returned).
 
         Raises:
             kubernetes.client.ApiException: no such pod.
             ValueError: unknown ``how``.
             TimeoutError: ``wait`` given and the outcome did not come in time.
         """
-        from .node_agent import PREEMPT_ANNOTATION
+        how = how or ("evict" if self.real_node is not None else "shutdown")
+        failed: Callable[[Any], bool] = lambda p: p is not None and p.status.phase == "Failed"  # noqa: E731
+        if how == "shutdown" and self.real_node is not None:
+            self.real_node.shutdown_pod(self.api().read_namespaced_pod(pod, namespace), grace_seconds)
+            done = failed
+        elif how == "shutdown":
+            from .node_agent import PREEMPT_ANNOTATION
 
-        if how == "shutdown":
             self.api().patch_namespaced_pod(pod, namespace, {"metadata": {"annotations": {
                 PREEMPT_ANNOTATION: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}})
-            done: Callable[[Any], bool] = lambda p: p is not None and p.status.phase == "Failed"  # noqa: E731
-        elif how == "drain":
+            done = failed
+        elif how in ("evict", "drain"):
             eviction = {"apiVersion": "policy/v1beta1", "kind": "Eviction",
-                        "metadata": {"name": pod, "namespace": namespace}}
+                        "metadata": {"name": pod, "namespace": namespace},
+                        "deleteOptions": {"gracePeriodSeconds": grace_seconds}}
             self.api().create_namespaced_pod_eviction(pod, namespace, eviction)
             done = lambda p: p is None  # noqa: E731
         else:
-            raise ValueError(f"how: {how!r} is not 'shutdown' or 'drain'")
+            raise ValueError(f"how: {how!r} is not 'evict', 'drain' or 'shutdown'")
         if wait is None:
             return None
         return self.wait_for_pod(namespace, pod, done, wait)
+
+    def container_pid(self, container_id: str) -> int:
+        """The host PID of a container's PID 1, from its status ``containerID``
+        (``containerd://<id>`` on the kubelet node, ``agent://<pid>`` style on the agent node).
+
+        Raises:
+            LookupError: no such running container.
+        """
+        cid = container_id.rsplit("/", 1)[1]
+        if self.real_node is None:
+            return int(cid)
+        return self.real_node.task_pid(cid)
 
     def env(self) -> dict[str, str]:
         """What ``cluster up --env-file`` writes: ``KUBECONFIG`` (admin), ``BATCH_K8S_KUBECONFIG_<NAME>``

@@ -265,6 +265,35 @@ class RealNode:
         """
         images.ctr_import(archive, self.address)
 
+    def task_pid(self, container_id: str) -> int:
+        """Host PID of the running task (the container's PID 1) of ``container_id``.
+
+        Raises:
+            LookupError: no running task with that id.
+        """
+        for line in self.ctr("tasks", "list").stdout.splitlines()[1:]:
+            fields = line.split()
+            if len(fields) >= 3 and fields[0] == container_id and fields[2] == "RUNNING":
+                return int(fields[1])
+        raise LookupError(f"no running task {container_id}")
+
+    def shutdown_pod(self, pod: Any, grace_seconds: int) -> None:
+        """What the node's OS shutting down does to one pod's containers: SIGTERM to each container's
+        PID 1 through the runtime, SIGKILL to those still running after ``grace_seconds`` (from a
+        background thread; this returns at once)."""
+        import threading
+
+        ids = [c.container_id.rsplit("/", 1)[1] for c in pod.status.container_statuses or [] if c.container_id]
+        for cid in ids:
+            self.ctr("tasks", "kill", "--signal", "SIGTERM", cid)
+
+        def kill_later() -> None:
+            time.sleep(grace_seconds)
+            for cid in ids:
+                self.ctr("tasks", "kill", "--signal", "SIGKILL", cid)
+
+        threading.Thread(target=kill_later, daemon=True, name=f"shutdown-{pod.metadata.name}").start()
+
     def _remove_all_pods(self) -> None:
         # What kubelet started and never stopped (it was stopped first): kill the tasks, so no container
         # process outlives the cluster.

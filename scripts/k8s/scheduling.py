@@ -2,8 +2,9 @@
 
 Pure functions over ``kubernetes`` client models (``V1Pod``) and a :class:`NodeShape`, checked in
 kube-scheduler's default filter order (TaintToleration, NodeAffinity, NodeResourcesFit for
-``nvidia.com/gpu``). A misfit returns the scheduler's message, e.g.
-``0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector.``, which the agent puts on
+``nvidia.com/gpu``). A misfit returns kube-scheduler v1.20.2's message (the version the live cluster runs,
+measured against it by ``tests/k8s/test_k8s_cluster_smoke.py``), e.g.
+``0/1 nodes are available: 1 node(s) didn't match Pod's node affinity.``, which the agent puts on
 the pod's ``PodScheduled=False, reason=Unschedulable`` condition (what KubernetesPodOperator reports).
 """
 
@@ -121,9 +122,9 @@ def unschedulable_message(pod: Any, node: NodeShape, gpus_in_use: int) -> str | 
     else the scheduler's message for the first failing filter."""
     taint = untolerated_taint(pod, node)
     if taint is not None:
-        reason = f"node(s) had untolerated taint {{{taint.get('key')}: {taint.get('value') or ''}}}"
+        reason = f"node(s) had taint {{{taint.get('key')}: {taint.get('value') or ''}}}, that the pod didn't tolerate"
     elif not matches_node_affinity(pod, node):
-        reason = "node(s) didn't match Pod's node affinity/selector"
+        reason = "node(s) didn't match Pod's node affinity"
     elif pod_gpus(pod) > node.gpus - gpus_in_use:
         return f"0/1 nodes are available: 1 Insufficient {GPU_RESOURCE}."
     else:

@@ -51,15 +51,15 @@ def test_the_runners_default_pod_fits():
 
 @pytest.mark.parametrize(("pod", "in_use", "message"), [
     (make_pod(selector={"cloud.google.com/gke-accelerator": "nvidia-h100"}), 0,
-     "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector."),
+     "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity."),
     (make_pod(tolerations=None), 0,
-     "0/1 nodes are available: 1 node(s) had untolerated taint {nvidia.com/gpu: present}."),
+     "0/1 nodes are available: 1 node(s) had taint {nvidia.com/gpu: present}, that the pod didn't tolerate."),
     (make_pod(tolerations=SPOT_TOLERATIONS[:1]), 0,
-     "0/1 nodes are available: 1 node(s) had untolerated taint {cloud.google.com/gke-spot: true}."),
+     "0/1 nodes are available: 1 node(s) had taint {cloud.google.com/gke-spot: true}, that the pod didn't tolerate."),
     (make_pod(gpus=1), 2, "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."),
     (make_pod(gpus=0, init_gpus=3), 0, "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."),
     (make_pod(affinity=required({"key": "cloud.google.com/gke-spot", "operator": "NotIn", "values": ["true"]})), 0,
-     "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector."),
+     "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity."),
 ])
 def test_unfit_pods_get_the_schedulers_message(pod, in_use, message):
     assert unschedulable_message(pod, NODE, gpus_in_use=in_use) == message
