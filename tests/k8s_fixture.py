@@ -40,15 +40,17 @@ def k8s_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClust
         yield cluster
 
 
-def shard_pod_manifest(ref: dict, run_id: str, name: str, env: dict[str, str] | None = None) -> dict:
+def shard_pod_manifest(cluster: LocalCluster, ref: dict, run_id: str, name: str,
+                       env: dict[str, str] | None = None) -> dict:
     """The pod the ``kubernetes`` runner submits for one shard (``shard_pod.build_pod`` with
-    ``K8sSettings`` defaults, serialized by the provider), renamed ``name``, with ``env`` added to the
-    worker container (e.g. ``STORAGE_EMULATOR_HOST``)."""
+    ``K8sSettings`` defaults and ``cluster``'s image and pod network, serialized by the provider), renamed
+    ``name``, with ``env`` added to the worker container (e.g. ``STORAGE_EMULATOR_HOST``)."""
     from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
     from batch_inference.pod_spec import K8sSettings
     from batch_inference.shard_pod import build_pod
 
-    manifest = PodGenerator.serialize_pod(build_pod(ref, run_id, K8sSettings()))
+    settings = K8sSettings(image=cluster.worker_image, host_network=cluster.real_node is not None)
+    manifest = PodGenerator.serialize_pod(build_pod(ref, run_id, settings))
     manifest["metadata"]["name"] = name
     container = manifest["spec"]["containers"][0]
     container["env"] = [*container.get("env", []), *({"name": k, "value": v} for k, v in (env or {}).items())]

@@ -5,7 +5,8 @@ local cluster, a pod ledger, the run's task instances, and the figures ``make te
   ``kubernetes_default`` connection (``AIRFLOW_CONN_KUBERNETES_DEFAULT``) holds the ``airflow-worker``
   service account's kubeconfig, so every API call Airflow makes (create, watch, logs, delete) is checked
   by the RBAC of ``deploy/k8s/rbac.yaml``; pods get the GCS emulator's address through
-  ``BATCH_K8S_ENV``; the image is a digest the node agent ignores (it runs the venv's ``batch-worker``).
+  ``BATCH_K8S_ENV``; the image and the pod network are the cluster's (``LocalCluster.pod_settings_env``:
+  the built worker image by digest and ``hostNetwork`` on the kubelet node).
 * :class:`PodLedger` - every pod the API server ever held in the namespace during a test (a watch as
   admin), with its labels, annotations and last status: pods created, exit codes, pods left.
 * :func:`task_instances` - ``(task_id, map_index) -> (try_number, state)`` of a run, from the metadata DB.
@@ -56,21 +57,21 @@ def connection_uri(kubeconfig: Path, namespace: str = NAMESPACE) -> str:
                        "extra": {"kube_config_path": str(kubeconfig), "namespace": namespace}})
 
 
-def airflow_k8s_env(base_env: dict[str, str], kubeconfig: Path, gcs_url: str,
+def airflow_k8s_env(base_env: dict[str, str], cluster: Any, gcs_url: str,
                     **k8s: str) -> dict[str, str]:
     """``base_env`` (``batch_inference.cli.airflow_env``) plus the ``kubernetes`` runner's settings.
 
     Args:
         base_env: the Airflow CLI environment.
-        kubeconfig: the kubeconfig of the identity Airflow uses (``airflow-worker``).
+        cluster: the started ``LocalCluster`` (Airflow uses its ``airflow-worker`` kubeconfig).
         gcs_url: the GCS emulator URL the pods get as ``STORAGE_EMULATOR_HOST``.
         **k8s: ``BATCH_K8S_<NAME>`` overrides (lower-case names, e.g. ``retries="2"``).
     """
     env = dict(base_env)
     env.update({
-        "AIRFLOW_CONN_KUBERNETES_DEFAULT": connection_uri(kubeconfig),
+        "AIRFLOW_CONN_KUBERNETES_DEFAULT": connection_uri(cluster.kubeconfig("airflow-worker")),
         "BATCH_INFERENCE_RUNNERS": "local,kubernetes",
-        "BATCH_K8S_IMAGE": PLACEHOLDER_IMAGE,
+        **cluster.pod_settings_env(),
         "BATCH_K8S_ENV": json.dumps({"STORAGE_EMULATOR_HOST": gcs_url, "OMP_NUM_THREADS": "1",
                                      "MKL_NUM_THREADS": "1", "BATCH_WORKER_THREADS": "1"}),
         "BATCH_K8S_CPU": "1", "BATCH_K8S_MEMORY": "2Gi",

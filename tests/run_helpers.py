@@ -9,6 +9,7 @@ Kept out of ``conftest.py`` because several directories have a ``conftest.py`` a
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 from pathlib import Path
@@ -53,6 +54,7 @@ def write_run(
     run_id: str = "test_run",
     id_column: str = "id",
     text_column: str = "text",
+    input_uri: str | None = None,
 ) -> str:
     """Write ``<root>/runs/<run_id>/manifest.json`` for one input file and return the run dir.
 
@@ -64,15 +66,19 @@ def write_run(
         fmt: ``parquet`` or ``jsonl``.
         engine: engine config dict (default: the encoder with defaults, i.e. MiniLM embeddings).
         worker: ``WorkerSettings`` fields (default: defaults).
+        input_uri: where the workers read ``input_path`` from when that is not the local file (a copy of it
+            in a bucket, for pods that do not share this machine's file system).
     """
     from batch_contract.engine_config import WorkerSettings
 
     f = _input_file(Path(input_path), fmt)
+    if input_uri is not None:
+        f = dataclasses.replace(f, uri=input_uri)
     n = f.rows if rows is None else min(rows, f.rows)
     bounds = [round(i * n / shards) for i in range(shards + 1)]
     manifest = Manifest(
         run_id=run_id,
-        input=InputSpec(uri=str(input_path), format=fmt, id_column=id_column, text_column=text_column, files=[f]),
+        input=InputSpec(uri=input_uri or str(input_path), format=fmt, id_column=id_column, text_column=text_column, files=[f]),
         shards=[
             ShardSpec(shard_id=shard_id_for(i), segments=[Segment(0, bounds[i], bounds[i + 1])])
             for i in range(shards)

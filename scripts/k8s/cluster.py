@@ -64,6 +64,8 @@ READY_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 10.0
 """SIGTERM to SIGKILL for each cluster process at stop (seconds)."""
 ADMIN = "admin"
+PLACEHOLDER_IMAGE = "local.invalid/batch-worker@sha256:" + "0" * 64
+"""The pod image on the agent node: a valid digest reference; the agent runs the venv's ``batch-worker``."""
 
 
 def choose_node(requested: str | None = None) -> str:
@@ -225,7 +227,7 @@ class LocalCluster:
 
     def __init__(self, work_dir: Path | None = None, *, gpus: int = 8, node_name: str = "gpu-spot-node-0",
                  deploy_dir: Path = DEPLOY_DIR, image_env: dict[str, str] | None = None,
-                 node: str | None = None) -> None:
+                 node: str | None = None, worker_image: bool = True) -> None:
         self._own_dir = work_dir is None
         self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="batch-k8s-"))
         self.logs_dir = self.work_dir / "logs"
@@ -233,6 +235,8 @@ class LocalCluster:
         self.node_agent = NodeAgentHandle(node_name, self.work_dir / "node", self.logs_dir / "node-agent.log")
         self.node_kind = choose_node(node)
         self.real_node: RealNode | None = None
+        self.with_worker_image = worker_image
+        self.worker_image = PLACEHOLDER_IMAGE
         self.identities: dict[str, Identity] = {}
         self.server = ""
         self.ca_file = self.work_dir / "pki" / "ca.crt"
@@ -434,6 +438,19 @@ class LocalCluster:
             server=self.server, ca_file=self.ca_file, admin_kubeconfig=self.kubeconfig(ADMIN),
             node_kubeconfig=node_kubeconfig, serving_cert=self._kubelet.cert, serving_key=self._kubelet.key,
             sa_key=self._sa.key))
+        if self.with_worker_image:
+            from .worker_image import ensure_image
+
+            self.worker_image = ensure_image(self.real_node.address).pinned
+
+    def pod_settings_env(self) -> dict[str, str]:
+        """``BATCH_K8S_*`` settings the ``kubernetes`` runner needs for this cluster's node: the worker
+        image (the imported image's digest on the kubelet node; a placeholder digest the agent ignores)
+        and, on the kubelet node, ``hostNetwork`` (the test's services listen on 127.0.0.1)."""
+        env = {"BATCH_K8S_IMAGE": self.worker_image}
+        if self.real_node is not None:
+            env["BATCH_K8S_HOST_NETWORK"] = "true"
+        return env
 
     def _start_node_agent(self) -> None:
         agent = self.node_agent

@@ -185,7 +185,9 @@ class RealNode:
     docstring).
 
     Args:
-        work_dir: kubelet root, containerd root/config, CNI config (the caller owns it).
+        work_dir: kubelet root, containerd config, CNI config (the caller owns it). containerd's image
+            store is ``<cache>/containerd`` (held with a lock while a cluster runs), or ``work_dir`` when
+            another cluster holds it.
         logs_dir: ``containerd.log``, ``kubelet.log``, ``kube-scheduler.log``, ``kube-controller-manager.log``.
         spawn: starts one process with its output appended to a log in ``logs_dir`` (the cluster's).
         shape: the node's name, labels, taints and GPU count (:class:`scripts.k8s.scheduling.NodeShape`).
@@ -199,6 +201,7 @@ class RealNode:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.kubelet_port = 0
         self.bridge = f"bk8s{secrets.token_hex(3)}"
+        self._root_lock: Any = None
 
     @property
     def name(self) -> str:
@@ -231,10 +234,29 @@ class RealNode:
         subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True)
         self._unmount_under(self.work_dir)
         shutil.rmtree(self.run_dir, ignore_errors=True)
+        if self._root_lock is not None:
+            self._root_lock.close()
+            self._root_lock = None
 
     # ---- containerd -------------------------------------------------------------------------------
+    def _containerd_root(self) -> Path:
+        """The image store: the cache's (images imported once stay for the next cluster) when no other
+        cluster holds it, else a private one under the work dir."""
+        import fcntl
+
+        cache = cache_dir()
+        cache.mkdir(parents=True, exist_ok=True)
+        self._root_lock = open(cache / "containerd.lock", "w")  # noqa: SIM115 - held until stop
+        try:
+            fcntl.flock(self._root_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._root_lock.close()
+            self._root_lock = None
+            return self.work_dir / "containerd"
+        return cache / "containerd"
+
     def _start_containerd(self) -> None:
-        root, state = self.work_dir / "containerd", self.run_dir / "state"
+        root, state = self._containerd_root(), self.run_dir / "state"
         cni = self.work_dir / "cni"
         for d in (root, state, cni):
             d.mkdir(parents=True, exist_ok=True)
@@ -244,6 +266,7 @@ class RealNode:
         self.procs["containerd"] = self.spawn(["containerd", "--config", str(config)], "containerd.log")
         self._wait(lambda: Path(self.address).exists() and self.ctr("version").returncode == 0,
                    "containerd", 30.0)
+        self._remove_all_pods()  # a shared image store may hold the containers of a killed earlier run
 
     def ctr(self, *args: str) -> subprocess.CompletedProcess[str]:
         """Run ``ctr -a <socket> -n k8s.io ARGS`` against this node's containerd."""

@@ -63,7 +63,7 @@ def _run(setup, k8s_cluster, fake_gcs, name: str, conf: dict) -> dict:
     (ledger), run label and run dir."""
     tmp, bucket = setup["tmp"], setup["bucket"]
     input_uri = upload_rows(SAMPLE, ROWS, f"{bucket}/{name}/in.parquet", tmp)
-    env = airflow_k8s_env(setup["env"], k8s_cluster.kubeconfig("airflow-worker"), fake_gcs.url)
+    env = airflow_k8s_env(setup["env"], k8s_cluster, fake_gcs.url)
     full = {"input_uri": input_uri, "output_root": f"{bucket}/{name}/out", "runner": "kubernetes", "reuse": "off",
             "rows_per_shard": ROWS_PER_SHARD, "shard_by": "rows", "token_budget": 256,
             "canary_min_rows": CANARY_ROWS, "duckdb_path": str(tmp / f"{name}.duckdb"),

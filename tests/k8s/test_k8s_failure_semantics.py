@@ -56,7 +56,7 @@ def _run(setup, k8s_cluster, fake_gcs, name: str, conf: dict, during=None, **k8s
     input_uri = upload_rows(Path(__file__).resolve().parents[2] / "data" / "sample" /
                             "debian_descriptions_sample.parquet", ROWS, f"{bucket}/{name}/in.parquet", tmp)
     output_root = f"{bucket}/{name}/out"
-    env = airflow_k8s_env(setup["env"], k8s_cluster.kubeconfig("airflow-worker"), fake_gcs.url, **k8s_env)
+    env = airflow_k8s_env(setup["env"], k8s_cluster, fake_gcs.url, **k8s_env)
     full = {"input_uri": input_uri, "output_root": output_root, "runner": "kubernetes", "reuse": "off",
             "rows_per_shard": 1000, "duckdb_path": str(tmp / f"{name}.duckdb"), "output_table": f"{name}_emb",
             # the gate waits for straggler pods until the deadline with runner=kubernetes: keep it short

@@ -24,7 +24,7 @@ from unittest import mock
 import gcs_fixture
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
-from k8s_live import PLACEHOLDER_IMAGE, PodLedger, live_pods, make_bucket, record, upload_rows, wait_gone
+from k8s_live import PodLedger, live_pods, make_bucket, record, upload_rows, wait_gone
 from run_helpers import write_run
 
 fake_gcs = gcs_fixture.fake_gcs
@@ -41,14 +41,15 @@ def run_dir(fake_gcs, tmp_path_factory: pytest.TempPathFactory) -> str:
     bucket = make_bucket(fake_gcs, "k8s-life")
     upload_rows(SAMPLE, 60, f"{bucket}/in.parquet", tmp)
     return write_run(f"{bucket}/out", tmp / "input-60.parquet", shards=3, run_id="lifecycle",
-                     worker={"reuse": "off"})
+                     worker={"reuse": "off"}, input_uri=f"{bucket}/in.parquet")
 
 
 def operator(cluster, run_dir: str, shard: str, gcs_url: str, run_id: str = "lifecycle"):
     from batch_inference.pod_spec import K8sSettings, kpo_expand_kwargs, kpo_partial_kwargs
     from batch_inference.shard_pod import ShardPodOperator
 
-    settings = K8sSettings(image=PLACEHOLDER_IMAGE, cpu="1", memory="2Gi", termination_grace_seconds=30,
+    settings = K8sSettings(image=cluster.worker_image, host_network=cluster.real_node is not None, cpu="1",
+                           memory="2Gi", termination_grace_seconds=30,
                            env={"STORAGE_EMULATOR_HOST": gcs_url, "OMP_NUM_THREADS": "1"})
     kw = {**kpo_partial_kwargs(settings), **kpo_expand_kwargs({"run_dir": run_dir, "shard_id": shard, "rows": 20},
                                                               run_id)}
@@ -161,7 +162,7 @@ def test_preempted_mid_shard_resumes_from_its_committed_chunks(k8s_cluster, fake
     bucket = make_bucket(fake_gcs, "k8s-resume")
     upload_rows(SAMPLE, 240, f"{bucket}/in.parquet", tmp_path)
     run_dir = write_run(f"{bucket}/out", tmp_path / "input-240.parquet", run_id="resume",
-                        worker={"reuse": "off", "chunk_rows": 20})
+                        worker={"reuse": "off", "chunk_rows": 20}, input_uri=f"{bucket}/in.parquet")
     layout = RunLayout.from_run_dir(run_dir)
     ledger = PodLedger(k8s_cluster.api()).start()
     op = operator(k8s_cluster, run_dir, "00000", fake_gcs.url, run_id="resume")

@@ -67,7 +67,7 @@ def services(k8s_cluster, fake_gcs, tmp_path_factory: pytest.TempPathFactory):
     dsn, pg_dir = pg_fixture.start_cluster()
     try:
         create_database(dsn, "airflow")
-        env = airflow_k8s_env(airflow_env(tmp / "airflow_home"), k8s_cluster.kubeconfig("airflow-worker"),
+        env = airflow_k8s_env(airflow_env(tmp / "airflow_home"), k8s_cluster,
                               fake_gcs.url, max_active_pods=str(MAX_ACTIVE_PODS))
         svc = AirflowServices(tmp / "airflow_home", env, sqlalchemy_url(dsn, "airflow"))
         svc.start((DAG_ID, SMOKE_DAG_ID))
