@@ -144,7 +144,8 @@ def test_worker_dockerfile_pins_runs_non_root_and_enters_batch_worker() -> None:
     users = [args for instr, args in runtime if instr == "USER"]
     assert users and users[-1].split(":")[0] not in {"0", "root"}, users
     entry = [args for instr, args in runtime if instr == "ENTRYPOINT"]
-    assert entry and json.loads(entry[-1]) == ["batch-worker"]
+    # tini as PID 1 forwards the runtime's SIGTERM to the worker (tests/integration/test_worker_image.py).
+    assert entry and json.loads(entry[-1]) == ["tini", "--", "batch-worker"]
     labels = " ".join(args for instr, args in runtime if instr == "LABEL")
     assert 'org.opencontainers.image.revision="${REVISION}"' in labels
     assert "org.opencontainers.image.source" in labels
