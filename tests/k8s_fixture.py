@@ -49,7 +49,9 @@ def shard_pod_manifest(cluster: LocalCluster, ref: dict, run_id: str, name: str,
     from batch_inference.pod_spec import K8sSettings
     from batch_inference.shard_pod import build_pod
 
-    settings = K8sSettings(image=cluster.worker_image, host_network=cluster.real_node is not None)
+    # requests that fit the 2-CPU test node (the defaults ask for a GPU machine's 4 CPUs and 16 GiB)
+    settings = K8sSettings(image=cluster.worker_image, host_network=cluster.real_node is not None,
+                           cpu="1", memory="2Gi")
     manifest = PodGenerator.serialize_pod(build_pod(ref, run_id, settings))
     manifest["metadata"]["name"] = name
     container = manifest["spec"]["containers"][0]

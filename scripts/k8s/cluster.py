@@ -441,7 +441,8 @@ class LocalCluster:
         if self.with_worker_image:
             from .worker_image import ensure_image
 
-            self.worker_image = ensure_image(self.real_node.address).pinned
+            ref = ensure_image(self.real_node.address)
+            self.worker_image = self.real_node.name_by_digest(ref.name, ref.pinned)
 
     def pod_settings_env(self) -> dict[str, str]:
         """``BATCH_K8S_*`` settings the ``kubernetes`` runner needs for this cluster's node: the worker

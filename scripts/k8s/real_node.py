@@ -288,6 +288,20 @@ class RealNode:
         """
         images.ctr_import(archive, self.address)
 
+    def name_by_digest(self, name: str, pinned: str) -> str:
+        """Give the imported image ``name`` its digest reference ``pinned`` (``repo@sha256:...``) as an
+        image record, and return ``pinned``. The CRI plugin resolves a pod's image by the records' names;
+        ``ctr images import`` records only the tag, where a registry pull would record both.
+
+        Raises:
+            RuntimeError: ``ctr images tag`` failed.
+        """
+        if pinned not in self.ctr("images", "list", "-q").stdout.split():
+            out = self.ctr("images", "tag", name, pinned)
+            if out.returncode != 0:
+                raise RuntimeError(f"ctr images tag {name} {pinned} failed: {out.stdout}{out.stderr}")
+        return pinned
+
     def task_pid(self, container_id: str) -> int:
         """Host PID of the running task (the container's PID 1) of ``container_id``.
 
