@@ -319,18 +319,29 @@ def build(base: str | None = None) -> str:
     volumes = [f for m in mounts for f in ("-v", f"{m}:{m}:ro")]
     _run(["buildah", "build", "--isolation", "chroot", "--network", "host", "--layers", *volumes, *flags,
           str(REPO)], log=True)
+    _prune(tag)
     return tag
 
 
+def _prune(keep: str) -> None:
+    """Remove the other ``localhost/batch-worker:*`` tags and their archives (each holds ~2 GB of layers);
+    images already imported into a containerd stay there."""
+    names = _run(["buildah", "images", "--format", "{{.Name}}:{{.Tag}}", "--noheading"]).stdout.split()
+    for name in names:
+        if name.startswith(f"{IMAGE_REPO}:") and name != keep:
+            subprocess.run(["buildah", "rmi", name], capture_output=True)
+            (cache_dir() / f"batch-worker-{name.rsplit(':', 1)[1]}.oci.tar").unlink(missing_ok=True)
+
+
 def _archive(tag: str) -> Path:
-    """The image as an OCI archive with uncompressed layers in the cache (written once per tag)."""
+    """The image as an OCI archive (gzip layers) in the cache, written once per tag: the push compresses
+    ~2 GB (about 2 minutes on 2 cores); every later import (a new containerd) reuses the archive."""
     path = cache_dir() / f"batch-worker-{tag.rsplit(':', 1)[1]}.oci.tar"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
             partial = Path(tmp) / path.name
-            # Uncompressed layers: gzip of ~2 GB costs minutes on 2 cores, and the archive never leaves the machine.
-            _run(["buildah", "push", "--quiet", "--disable-compression", tag, f"oci-archive:{partial}:{tag}"])
+            _run(["buildah", "push", "--quiet", tag, f"oci-archive:{partial}:{tag}"])
             partial.rename(path)
     return path
 
