@@ -3,6 +3,7 @@ every file the Dockerfile copies, the Dockerfile, the build arguments and the ba
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -68,3 +69,22 @@ def test_inputs_hash_changes_with_each_input_and_only_with_them(tree: Path) -> N
 def test_image_ref_pins_the_repository_by_digest() -> None:
     ref = worker_image.ImageRef(name="localhost/batch-worker:0123456789abcdef", digest="sha256:" + "a" * 64)
     assert ref.pinned == "localhost/batch-worker@sha256:" + "a" * 64
+
+
+def test_pip_sources_become_build_args_and_read_only_mounts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    """The host's find-links / index settings reach the build, and their local directories are mounted
+    (a ``file://`` index by the folder above ``simple/``, whose pages link to ``../../files/``)."""
+    wheels, index = tmp_path / "wheels", tmp_path / "pypi"
+    wheels.mkdir()
+    (index / "simple").mkdir(parents=True)
+    for name in [k for k in os.environ if k.startswith("PIP_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)  # no configuration file: the environment only
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", f"file://{index}/simple https://example.org/simple")
+    args, mounts = worker_image.pip_sources()
+    assert args["PIP_FIND_LINKS"] == str(wheels)
+    assert args["PIP_EXTRA_INDEX_URL"] == f"file://{index}/simple https://example.org/simple"
+    assert "PIP_INDEX_URL" not in args
+    assert sorted(mounts) == sorted([str(wheels), str(index)])
