@@ -20,7 +20,8 @@ What it does, in order (each step skipped when its result already exists):
    shape the image and the base's identity (the base tar's sha256, or the ``BASE_IMAGE`` reference); the
    same hash is the label ``io.batch-inference.inputs``. An image with that tag is reused: no build. The
    OCI labels ``revision`` / ``created`` are those of the build that first made the image.
-4. **Import.** ``buildah push <tag> oci-archive:<cache>/batch-worker-<inputs>.tar`` (kept in the cache), then
+4. **Import.** ``buildah push <tag> oci-archive:<cache>/batch-worker-<inputs>.oci.tar`` (zstd layers, kept
+   in the cache; a new build removes the older tags and archives), then
    ``ctr --address <socket> -n <namespace> images import``; the manifest digest containerd reports is
    returned. A pod references the image as ``localhost/batch-worker@sha256:<digest>``.
 
@@ -390,12 +391,6 @@ def ensure_image(containerd_address: str, namespace: str = "k8s.io", base: str |
         ImageBuildError: a build or import step failed (the message holds the command and its output).
     """
     return import_image(build(base), containerd_address, namespace)
-
-
-def image_size(tag: str) -> int:
-    """Uncompressed size in bytes of the built image (buildah's storage)."""
-    out = _run(["buildah", "images", "--format", "{{.Size}}", "--noheading", tag]).stdout
-    return int(float(out.split()[0])) if out.strip() else 0
 
 
 def main(argv: list[str] | None = None) -> int:
