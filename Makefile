@@ -200,10 +200,13 @@ run-azure: venv
 clean:
 	rm -rf build output airflow_home .pytest_cache
 
-# The live-cluster suite (tests/k8s): kube-apiserver built once (scripts/k8s/build_k8s.sh, ~5 min
-# cold), the backfill DAG with runner=kubernetes on gs:// (one pod preempted), exit 2 / exit 1 /
-# unschedulable through the DAG, kill and triggerer restart around the shard pod task. The last line is
-# one JSON object of the suite's figures (tests/k8s_summary.py); docs/kubernetes.md says what it proves.
+# The live-cluster suite (tests/k8s) on a real node: kube-apiserver, kubelet, kube-scheduler and
+# kube-controller-manager built once (scripts/k8s/build_k8s.sh, ~15 min cold on 2 cores), containerd +
+# runc running the worker image built by buildah (make worker-image, ~8 min cold); the node agent when a
+# kubelet cannot run here (BATCH_K8S_NODE=agent forces it). The backfill DAG with runner=kubernetes on
+# gs:// (one pod evicted), exit 2 / exit 1 / OOMKilled / unschedulable through the DAG, kill and
+# triggerer restart around the shard pod task. The last line is one JSON object of the suite's figures
+# (tests/k8s_summary.py; "node" says which node ran); docs/kubernetes.md says what it proves.
 K8S_FIGURES ?= build/k8s/test-k8s-figures.json
 .PHONY: test-k8s
 test-k8s: venv

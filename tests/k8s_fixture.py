@@ -23,7 +23,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from scripts.k8s.cluster import NAMESPACE, LocalCluster, ToolchainUnavailable, ensure_built
+from scripts.k8s.cluster import (
+    NAMESPACE,
+    POD_CPU,
+    POD_MEMORY,
+    LocalCluster,
+    ToolchainUnavailable,
+    ensure_built,
+)
 
 __all__ = ["NAMESPACE", "k8s_cluster", "shard_pod_manifest"]
 
@@ -37,6 +44,11 @@ def k8s_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClust
     except ToolchainUnavailable as exc:
         pytest.skip(f"live Kubernetes cluster unavailable: {exc}")
     with LocalCluster(work) as cluster:
+        from k8s_live import record
+
+        record(node=cluster.node_kind, image=cluster.worker_image,
+               image_digest=cluster.worker_image.rsplit("@", 1)[1] if cluster.real_node is not None else None,
+               cluster_start_s=round(cluster.started_in_s, 1))
         yield cluster
 
 
@@ -51,7 +63,7 @@ def shard_pod_manifest(cluster: LocalCluster, ref: dict, run_id: str, name: str,
 
     # requests that fit the 2-CPU test node (the defaults ask for a GPU machine's 4 CPUs and 16 GiB)
     settings = K8sSettings(image=cluster.worker_image, host_network=cluster.real_node is not None,
-                           cpu="1", memory="2Gi")
+                           cpu=POD_CPU, memory=POD_MEMORY)
     manifest = PodGenerator.serialize_pod(build_pod(ref, run_id, settings))
     manifest["metadata"]["name"] = name
     container = manifest["spec"]["containers"][0]

@@ -74,7 +74,6 @@ def airflow_k8s_env(base_env: dict[str, str], cluster: Any, gcs_url: str,
         **cluster.pod_settings_env(),
         "BATCH_K8S_ENV": json.dumps({"STORAGE_EMULATOR_HOST": gcs_url, "OMP_NUM_THREADS": "1",
                                      "MKL_NUM_THREADS": "1", "BATCH_WORKER_THREADS": "1"}),
-        "BATCH_K8S_CPU": "1", "BATCH_K8S_MEMORY": "2Gi",
         "BATCH_K8S_RETRY_DELAY_SECONDS": "1", "BATCH_K8S_MAX_RETRY_DELAY_SECONDS": "4",
         "BATCH_K8S_TERMINATION_GRACE_SECONDS": "30",
         "STORAGE_EMULATOR_HOST": gcs_url,
@@ -90,7 +89,8 @@ def airflow_k8s_env(base_env: dict[str, str], cluster: Any, gcs_url: str,
 @dataclass
 class PodRecord:
     """One pod as last seen: ``labels``, ``annotations``, the first container's ``args``, ``phase``,
-    ``exit_code``, ``reason``, ``scheduled_reason`` (``PodScheduled=False``), ``deleted`` (the object is
+    ``exit_code``, ``reason`` (the pod's), ``exit_reason`` (the container's ``terminated.reason``, e.g.
+    ``OOMKilled``), ``scheduled_reason`` (``PodScheduled=False``), ``deleted`` (the object is
     gone), ``first_seen`` / ``last_seen`` (monotonic seconds), and the API server's own timestamps
     (``created_at``: ``metadata.creationTimestamp``; ``started_at`` / ``finished_at``: the first
     container's ``startedAt`` / ``finishedAt``; aware datetimes, whole seconds)."""
@@ -102,6 +102,7 @@ class PodRecord:
     phase: str | None = None
     exit_code: int | None = None
     reason: str | None = None
+    exit_reason: str | None = None
     scheduled_reason: str | None = None
     deleted: bool = False
     first_seen: float = 0.0
@@ -189,6 +190,7 @@ class PodLedger:
                         rec.started_at = cs.state.running.started_at or rec.started_at
                     if cs.state and cs.state.terminated is not None:
                         rec.exit_code = cs.state.terminated.exit_code
+                        rec.exit_reason = cs.state.terminated.reason
                         rec.started_at = cs.state.terminated.started_at or rec.started_at
                         rec.finished_at = cs.state.terminated.finished_at or rec.finished_at
                 for cond in status.conditions or []:

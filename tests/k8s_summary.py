@@ -13,11 +13,11 @@ import argparse
 import json
 from pathlib import Path
 
-KEYS = ("shards", "shards_complete", "pods_created", "rows_input", "rows_published", "rows_dead_letter",
+KEYS = ("node", "image_digest", "shards", "shards_complete", "pods_created", "rows_input", "rows_published", "rows_dead_letter",
         "equal_to_local", "preemptions", "preemption_retries_consumed", "exit2_pods", "orphan_pods",
         "reattach_duplicate_pods", "unschedulable_failed_in_s", "max_concurrent_pods", "triggerer_restarts",
-        "scheduler_restarts", "duplicate_pods", "budget_stop_pods_after_stop")
-"""The keys issues 14 and 28 ask for, in their order."""
+        "scheduler_restarts", "duplicate_pods", "budget_stop_pods_after_stop", "oom_killed", "oom_classified")
+"""The keys issues 14, 27 and 28 ask for, in their order."""
 
 
 def summary(figures: dict, seconds: float | None = None) -> dict:

@@ -13,9 +13,12 @@ pod vanished (deleted by the node / GC), or the pod                       same t
 ended with condition ``DisruptionTarget`` or a node-                      to ``max_preemptions`` per try
 shutdown status reason (spot reclaim, any exit code)
 exit 2 (bad config or input)                            ``bad_input``     fails now, no retries
+the container was ``OOMKilled`` (its memory limit is    ``out_of_memory`` fails now, no retries (the same
+below what the worker needs)                                              limit is hit again), naming the
+                                                                          limit and what to change
 not scheduled when the startup timeout ran out          ``unschedulable`` fails this try naming the
                                                                           ``PodScheduled`` reason; retries
-any other exit (1, 137 OOM kill, ...) or a start         ``failed``       fails this try; retries with
+any other exit (1, 137 killed, ...) or a start          ``failed``       fails this try; retries with
 timeout after scheduling                                                  exponential backoff
 still running / pending (an ``error`` event)            ``running``       the provider re-defers
 ======================================================  ================  ===============================
@@ -49,6 +52,7 @@ class PodOutcome(str, Enum):
     SUCCEEDED = "succeeded"
     PREEMPTED = "preempted"
     BAD_INPUT = "bad_input"
+    OUT_OF_MEMORY = "out_of_memory"
     UNSCHEDULABLE = "unschedulable"
     FAILED = "failed"
     RUNNING = "running"
@@ -119,6 +123,8 @@ def classify(event_status: str, pod: Any | None, container: str) -> PodOutcome:
         return PodOutcome.PREEMPTED  # a reclaimed pod still running is waited for: one writer per shard
     if code == ExitCode.BAD_INPUT:
         return PodOutcome.BAD_INPUT
+    if oom_killed(pod, container):
+        return PodOutcome.OUT_OF_MEMORY
     if event_status == "timeout":
         return PodOutcome.FAILED if is_scheduled(pod) else PodOutcome.UNSCHEDULABLE
     if getattr(pod.status, "phase", None) == "Succeeded":
@@ -126,6 +132,36 @@ def classify(event_status: str, pod: Any | None, container: str) -> PodOutcome:
     if not _is_finished(pod, container):
         return PodOutcome.RUNNING if event_status != "failed" else PodOutcome.FAILED
     return PodOutcome.FAILED
+
+
+OOM_KILLED = "OOMKilled"
+"""``state.terminated.reason`` the kubelet reports for a container the kernel killed at its cgroup's memory
+limit (exit code 137)."""
+
+
+def oom_killed(pod: Any, container: str) -> bool:
+    """True when ``container`` last terminated because it reached its memory limit (:data:`OOM_KILLED`)."""
+    cs = _container_status(pod, container)
+    terminated = getattr(getattr(cs, "state", None), "terminated", None)
+    return getattr(terminated, "reason", None) == OOM_KILLED
+
+
+def _memory_limit(pod: Any, container: str) -> str | None:
+    for c in getattr(getattr(pod, "spec", None), "containers", None) or []:
+        if c.name == container:
+            limits = getattr(getattr(c, "resources", None), "limits", None) or {}
+            return limits.get("memory")
+    return None
+
+
+def oom_failure(pod: Any, container: str, role: str = "shard") -> str:
+    """Why an ``OOMKilled`` pod failed, for the task log and the exception: the pod, its memory limit and
+    what to change (``BATCH_K8S_MEMORY``, or a smaller ``token_budget`` so batches need less memory)."""
+    name = getattr(getattr(pod, "metadata", None), "name", "?")
+    limit = _memory_limit(pod, container) or "(no limit set)"
+    return (f"{role} pod {name} was OOMKilled: the worker needed more than its memory limit {limit}. "
+            "Failing without retries (the same limit would be hit again); raise BATCH_K8S_MEMORY or lower "
+            "the token_budget Param.")
 
 
 def scheduling_failure(pod: Any, timeout_s: float, role: str = "shard") -> str:

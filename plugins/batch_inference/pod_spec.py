@@ -315,6 +315,11 @@ def _snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
+WORKER_COMMAND = ("tini", "--", "batch-worker")
+"""The worker container's command, the worker image's ``ENTRYPOINT``: ``tini`` as PID 1 forwards SIGTERM
+(a deletion, an eviction) to the worker and reaps its children; a process that is PID 1 itself gets no
+signal it has no handler for. Set explicitly so a pod runs it whatever the image's entrypoint."""
+
 WORKER_UID = 10001
 """Numeric uid/gid of the ``worker`` user in ``worker_image/Dockerfile`` (``USER 10001:10001``)."""
 
@@ -354,7 +359,7 @@ def kpo_partial_kwargs(settings: K8sSettings, worker: WorkerSettings | None = No
         "namespace": settings.namespace,
         "image": settings.image,
         "image_pull_policy": "IfNotPresent",
-        "cmds": ["batch-worker"],
+        "cmds": list(WORKER_COMMAND),
         "service_account_name": settings.service_account,
         "container_resources": _resources(settings),
         "node_selector": dict(settings.node_selector),

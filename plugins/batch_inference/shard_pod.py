@@ -57,6 +57,7 @@ from batch_inference.pod_outcome import (
     PodOutcome,
     classify,
     exit_code,
+    oom_failure,
     preemption_cause,
     preemptions_of,
     scheduling_failure,
@@ -163,6 +164,9 @@ class ShardPodOperator(KubernetesPodOperator):
                       outcome.value)
         if outcome is PodOutcome.PREEMPTED:
             return self._relaunch(context, pod)
+        if outcome is PodOutcome.OUT_OF_MEMORY:
+            self._copy_logs(pod)
+            raise AirflowFailException(oom_failure(pod, self.base_container_name, self.pod_role))
         if event["status"] == "timeout":
             self._fail_timeout(pod, outcome, event)
         if outcome is PodOutcome.SUCCEEDED and pod is None:

@@ -4,10 +4,12 @@
 #     `kubernetes` source package (the full upstream tree with vendor/), built with Debian's Go 1.19 in
 #     one `make` (the code generators run once): about 25 CPU-minutes cold for the four;
 #   - the pod sandbox's `pause` from the same tree (build/pause/linux/pause.c), compiled statically;
-#   - from Debian: etcd (`etcd-server`), containerd, runc, the CNI plugins and a static busybox (the
-#     tests' shell image).
+#   - from Debian: etcd (`etcd-server`), containerd, runc, the CNI plugins, a static busybox (the
+#     tests' shell image) and tini (the pods' PID 1; the node agent runs it from the host).
+#   - the worker image's builders from Debian: buildah and mmdebstrap (scripts/k8s/worker_image.py).
 # Idempotent: cached binaries of the right version are reused (a second run builds nothing); only the
-# missing ones are built. Cache: $BATCH_K8S_CACHE (default ~/.cache/airflow-batch-inference/k8s).
+# missing ones are built. `--packages-only`: install the Debian packages and stop (so the image build
+# can run beside the compile). Cache: $BATCH_K8S_CACHE (default ~/.cache/airflow-batch-inference/k8s).
 # Needs apt (root or sudo). Facts behind this recipe: ../shared/notes/k8s-live-apiserver/README.md and
 # ../shared/notes/real-node/README.md.
 set -euo pipefail
@@ -24,12 +26,14 @@ mkdir -p "$CACHE"
 exec 9>"$CACHE/.build.lock"
 flock 9
 need=()
-for tool in etcd:etcd-server containerd:containerd runc:runc busybox:busybox-static gcc:gcc; do
+for tool in etcd:etcd-server containerd:containerd runc:runc busybox:busybox-static gcc:gcc tini:tini \
+            buildah:buildah mmdebstrap:mmdebstrap; do
   command -v "${tool%%:*}" >/dev/null || need+=("${tool#*:}")
 done
 [ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
 command -v openssl >/dev/null || need+=(openssl)
 if [ ${#need[@]} -gt 0 ]; then $SUDO apt-get update -qq; apt_install "${need[@]}"; fi
+[ "${1:-}" = --packages-only ] && exit 0
 
 missing=()
 for b in "${BINARIES[@]}"; do

@@ -64,6 +64,11 @@ READY_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 10.0
 """SIGTERM to SIGKILL for each cluster process at stop (seconds)."""
 ADMIN = "admin"
+POD_CPU = "250m"
+"""CPU request of a worker pod on the test node: its 2 cores hold 8 such pods (the production default, 4
+cores, fits no pod here; kube-scheduler counts requests, not use)."""
+POD_MEMORY = "2Gi"
+"""Memory request and limit of a worker pod on the test node (the worker with MiniLM uses about 0.7 GiB)."""
 PLACEHOLDER_IMAGE = "local.invalid/batch-worker@sha256:" + "0" * 64
 """The pod image on the agent node: a valid digest reference; the agent runs the venv's ``batch-worker``."""
 
@@ -78,7 +83,7 @@ def choose_node(requested: str | None = None) -> str:
     Raises:
         ValueError: any other value.
     """
-    value = (requested or os.environ.get("BATCH_K8S_NODE") or "agent").strip().lower()
+    value = (requested or os.environ.get("BATCH_K8S_NODE") or "auto").strip().lower()
     if value not in ("auto", "kubelet", "agent"):
         raise ValueError(f"BATCH_K8S_NODE: {value!r} is not auto, kubelet or agent")
     if value == "auto":
@@ -124,6 +129,35 @@ def ensure_built(log: Path | None = None) -> Path:
     if out.returncode != 0 or not binary.exists():
         raise RuntimeError(f"{BUILD_SCRIPT.name} failed (rc {out.returncode}): {(out.stdout + out.stderr)[-3000:]}")
     return binary
+
+
+def build_all() -> None:
+    """What ``cluster build`` does: the Debian packages first, then the Kubernetes binaries
+    (``build_k8s.sh``, CPU-bound compile) and, when the kubelet node can run here, the worker image
+    (``worker_image.build``: mostly downloads and disk) side by side, so a cold machine waits for the
+    longer of the two, not their sum.
+
+    Raises:
+        RuntimeError: a build failed (its output tail in the message).
+        scripts.k8s.worker_image.ImageBuildError: the image build failed.
+    """
+    if os.geteuid() == 0 or shutil.which("sudo"):
+        subprocess.run(["bash", str(BUILD_SCRIPT), "--packages-only"], check=True)
+    forced = (os.environ.get("BATCH_K8S_NODE") or "auto").strip().lower()
+    if forced == "agent" or (forced == "auto" and real_node.unavailable_reason(built=False) is not None):
+        print(ensure_built())
+        return
+    from .worker_image import build
+
+    binaries = subprocess.Popen(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+    try:
+        print(build())
+    finally:
+        out, _ = binaries.communicate()
+    if binaries.returncode != 0:
+        raise RuntimeError(f"{BUILD_SCRIPT.name} failed (rc {binaries.returncode}): {out[-3000:]}")
+    print(ensure_built())
 
 
 def free_port() -> int:
@@ -446,9 +480,10 @@ class LocalCluster:
 
     def pod_settings_env(self) -> dict[str, str]:
         """``BATCH_K8S_*`` settings the ``kubernetes`` runner needs for this cluster's node: the worker
-        image (the imported image's digest on the kubelet node; a placeholder digest the agent ignores)
-        and, on the kubelet node, ``hostNetwork`` (the test's services listen on 127.0.0.1)."""
-        env = {"BATCH_K8S_IMAGE": self.worker_image}
+        image (the imported image's digest on the kubelet node; a placeholder digest the agent ignores),
+        requests the node can hold (:data:`POD_CPU`, :data:`POD_MEMORY`) and, on the kubelet node,
+        ``hostNetwork`` (the test's services listen on 127.0.0.1)."""
+        env = {"BATCH_K8S_IMAGE": self.worker_image, "BATCH_K8S_CPU": POD_CPU, "BATCH_K8S_MEMORY": POD_MEMORY}
         if self.real_node is not None:
             env["BATCH_K8S_HOST_NETWORK"] = "true"
         return env
@@ -620,12 +655,12 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--work-dir", type=Path, help="keep certificates, logs and pod dirs here (default: temp, removed)")
     up.add_argument("--gpus", type=int, default=8)
     up.add_argument("--image-env", action="append", default=[], metavar="NAME=VALUE")
-    sub.add_parser("build", help="build kube-apiserver if missing")
+    sub.add_parser("build", help="build the Kubernetes binaries and (kubelet node) the worker image if missing")
     args = ap.parse_args(argv)
-    ensure_built()
     if args.cmd == "build":
-        print(apiserver_binary())
+        build_all()
         return 0
+    ensure_built()
     with _signals_stop() as got:
         cluster = LocalCluster(args.work_dir, gpus=args.gpus,
                                image_env=dict(kv.split("=", 1) for kv in args.image_env))

@@ -47,8 +47,9 @@ from . import images
 KUBE_VERSION = "v1.20.2"
 NODE_BINARIES = ("kubelet", "kube-scheduler", "kube-controller-manager")
 """Built with kube-apiserver by ``scripts/k8s/build_k8s.sh`` and cached as ``<name>-v1.20.2``."""
-HOST_TOOLS = ("containerd", "containerd-shim-runc-v2", "runc", "ctr")
-"""From Debian's ``containerd`` and ``runc`` packages."""
+HOST_TOOLS = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "tini", "buildah", "mmdebstrap")
+"""From Debian's ``containerd``, ``runc``, ``tini`` (the node agent's pods run it from the host too) and
+the worker image's builders, ``buildah`` and ``mmdebstrap``."""
 CNI_PLUGINS = Path("/usr/lib/cni")
 """Debian's ``containernetworking-plugins`` install here."""
 POD_SUBNET = "10.244.0.0/24"
@@ -77,13 +78,15 @@ def pause_binary() -> Path:
 NOT_ROOT = "the kubelet and containerd need root"
 
 
-def unavailable_reason() -> str | None:
+def unavailable_reason(built: bool = True) -> str | None:
     """Why a real node cannot run on this machine (a sentence), or None when it can: not root, a
-    missing binary or host tool, no CNI plugins, or the memory cgroup controller not mounted."""
+    missing binary or host tool, no CNI plugins, or the memory cgroup controller not mounted.
+    ``built=False`` leaves out what ``build_k8s.sh`` builds (the binaries and ``pause``): can it run here
+    once they are built?"""
     if os.geteuid() != 0:
         return NOT_ROOT
-    missing = [str(binary(n)) for n in NODE_BINARIES if not binary(n).exists()]
-    missing += [str(pause_binary())] if not pause_binary().exists() else []
+    missing = [str(binary(n)) for n in NODE_BINARIES if built and not binary(n).exists()]
+    missing += [str(pause_binary())] if built and not pause_binary().exists() else []
     missing += [t for t in HOST_TOOLS if not shutil.which(t)]
     if missing:
         return f"missing: {', '.join(missing)} (scripts/k8s/build_k8s.sh builds and installs them)"

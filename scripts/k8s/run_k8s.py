@@ -4,7 +4,8 @@ Starts fake-gcs-server and the local live cluster (:class:`scripts.k8s.cluster.L
 the input to ``gs://<bucket>/input/``, then runs ``batch_inference.cli run --runner kubernetes`` with
 output on ``gs://<bucket>/output``: the backfill DAG's mapped, deferrable KubernetesPodOperator creates
 one pod per shard through the API server (as the ``airflow-worker`` service account, via the
-``kubernetes_default`` connection), the node agent runs ``batch-worker`` in each, and the gate, publish
+``kubernetes_default`` connection), the node (the kubelet with the built worker image, or the fallback
+node agent) runs ``batch-worker`` in each, and the gate, publish
 and report steps read the markers from the emulator. The pods get the emulator's address through
 their pod spec (``BATCH_K8S_SECRET_ENV``: a Secret key, as a real deployment injects settings). At the
 end the report is copied to ``<output>/k8s/<run id>/`` and its local path is printed LAST; everything
@@ -75,6 +76,7 @@ def airflow_k8s_env(cluster: LocalCluster, emulator_url: str, airflow_home: Path
             "BATCH_INFERENCE_RUNNERS": "local,kubernetes",
             "AIRFLOW_CONN_KUBERNETES_DEFAULT": json.dumps(conn),
             "BATCH_K8S_SECRET_ENV": json.dumps({"STORAGE_EMULATOR_HOST": f"{EMULATOR_SECRET}:host"}),
+            **cluster.pod_settings_env(),
             "STORAGE_EMULATOR_HOST": emulator_url}
 
 
@@ -86,7 +88,7 @@ def _last_line(text: str) -> str:
 def run(args: argparse.Namespace) -> int:
     """Start, run, copy the report, stop. Returns the CLI's exit code."""
     if not apiserver_binary().exists():
-        print("building kube-apiserver v1.20.2 once (about 5 minutes on 2 cores) ...", flush=True)
+        print("building the Kubernetes v1.20.2 binaries once (about 15 minutes on 2 cores) ...", flush=True)
     ensure_built()
     work = STATE_DIR / "cluster"
     shutil.rmtree(work, ignore_errors=True)
@@ -99,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
         _upload(src, input_uri)
         with LocalCluster(work) as cluster:
             print(f"cluster: kube-apiserver {cluster.server} ready in {cluster.started_in_s:.1f} s; "
-                  f"node {cluster.node_agent.node_name}; logs {cluster.logs_dir}; gcs {gcs.url} {bucket}", flush=True)
+                  f"node {cluster.node_agent.node_name} ({cluster.node_kind}, image {cluster.worker_image}); "
+                  f"logs {cluster.logs_dir}; gcs {gcs.url} {bucket}", flush=True)
             cluster.api().create_namespaced_secret(NAMESPACE, {
                 "metadata": {"name": EMULATOR_SECRET}, "stringData": {"host": gcs.url}})
             env = airflow_k8s_env(cluster, gcs.url, STATE_DIR / "airflow_home")
@@ -114,10 +117,10 @@ def run(args: argparse.Namespace) -> int:
                 print(line, end="", flush=True)
                 out.append(line)
             code = proc.wait()
-            pods = len(list((cluster.node_agent.work_dir / "pods").glob(f"{NAMESPACE}_*")))
+            scheduled = cluster.api().list_namespaced_event(NAMESPACE, field_selector="reason=Scheduled").items
             left = len(cluster.pods())
-            print(f"kubernetes: {pods} pod(s) ran on the node agent, {left} left in {NAMESPACE} "
-                  f"(run {time.monotonic() - t0:.0f} s)", flush=True)
+            print(f"kubernetes: {len(scheduled)} pod(s) scheduled onto the {cluster.node_kind} node, {left} left in "
+                  f"{NAMESPACE} (run {time.monotonic() - t0:.0f} s)", flush=True)
             report_uri = _last_line("".join(out))
             if code != 0 or not report_uri.startswith("gs://"):
                 print(f"run-k8s failed (exit {code}); cluster logs were in {cluster.logs_dir}", file=sys.stderr)

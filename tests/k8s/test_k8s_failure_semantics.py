@@ -7,7 +7,10 @@ gs:// in and out), with the pods watched from the API server:
 * exit 1 (a crash: the input object vanished after planning; put back once the pod failed) -> the
   normal retry, a second pod, the shard completes in try 2;
 * a pod no node can take (a node selector for another GPU type) -> each try fails when the startup
-  timeout runs out, naming the scheduler's reason, and its pod is deleted.
+  timeout runs out, naming the scheduler's reason, and its pod is deleted;
+* a memory limit below what the worker needs (kubelet node only: the agent does not enforce limits) ->
+  the kernel kills the worker at its cgroup's limit, the kubelet reports ``OOMKilled``, and the task
+  fails at once naming the limit.
 """
 
 from __future__ import annotations
@@ -89,12 +92,12 @@ def test_exit_2_fails_the_task_at_once_with_one_pod(setup, k8s_cluster, fake_gcs
     code, run_id, log, ledger, run_label = _run(setup, k8s_cluster, fake_gcs, "exit2",
                                                {"model": "/models/not-in-this-image"})
     pods = ledger.matching(run=run_label)
-    assert [p.exit_code for p in pods] == [2], [(p.name, p.exit_code) for p in pods]
     tis = task_instances(setup["home"], run_id)
+    record(exit2_pods=len(pods), exit2_tries=tis.get(0, (None,))[0])
+    assert [p.exit_code for p in pods] == [2], [(p.name, p.exit_code) for p in pods]
     assert tis == {0: (1, "failed")}, tis                       # try 1, failed, no retry left pending
     assert "exited 2 (bad config or input" in log and "engine.model_path" in log
     assert code != 0
-    record(exit2_pods=len(pods), exit2_tries=tis[0][0])
     _cleanup(k8s_cluster, run_label)
 
 
@@ -140,3 +143,25 @@ def test_unschedulable_pod_fails_within_the_startup_timeout(setup, k8s_cluster, 
     assert live_pods(k8s_cluster.api(), f"batch-inference/run-id={run_label}") == []
     assert code != 0
     record(unschedulable_failed_in_s=round(failed_in, 1), unschedulable_pods_left=0)
+
+
+OOM_LIMIT = "300Mi"
+"""Below what the worker needs to load torch and MiniLM (about 600 MB resident)."""
+
+
+def test_a_memory_limit_below_the_workers_need_is_oom_killed_and_fails_at_once(setup, k8s_cluster,
+                                                                               fake_gcs) -> None:
+    if k8s_cluster.real_node is None:
+        pytest.skip("the agent node runs pods as host processes without memory limits; the kubelet node enforces them")
+    code, run_id, log, ledger, run_label = _run(setup, k8s_cluster, fake_gcs, "oom", {}, memory=OOM_LIMIT)
+    pods = ledger.matching(run=run_label)
+    tis = task_instances(setup["home"], run_id)
+    classified = f"was OOMKilled: the worker needed more than its memory limit {OOM_LIMIT}" in log
+    record(oom_killed=sum(p.exit_reason == "OOMKilled" for p in pods), oom_classified=classified,
+           oom_tries=tis.get(0, (None,))[0])
+    assert [(p.exit_code, p.exit_reason) for p in pods] == [(137, "OOMKilled")], [
+        (p.name, p.exit_code, p.exit_reason) for p in pods]
+    assert tis == {0: (1, "failed")}, tis
+    assert classified, log[-3000:]
+    assert code != 0
+    _cleanup(k8s_cluster, run_label)

@@ -27,6 +27,8 @@ from airflow.sdk.exceptions import TaskDeferred
 from k8s_live import PodLedger, live_pods, make_bucket, record, upload_rows, wait_gone
 from run_helpers import write_run
 
+from scripts.k8s.cluster import POD_CPU, POD_MEMORY
+
 fake_gcs = gcs_fixture.fake_gcs
 
 pytestmark = [pytest.mark.k8s, pytest.mark.integration]
@@ -48,8 +50,8 @@ def operator(cluster, run_dir: str, shard: str, gcs_url: str, run_id: str = "lif
     from batch_inference.pod_spec import K8sSettings, kpo_expand_kwargs, kpo_partial_kwargs
     from batch_inference.shard_pod import ShardPodOperator
 
-    settings = K8sSettings(image=cluster.worker_image, host_network=cluster.real_node is not None, cpu="1",
-                           memory="2Gi", termination_grace_seconds=30,
+    settings = K8sSettings(image=cluster.worker_image, host_network=cluster.real_node is not None,
+                           cpu=POD_CPU, memory=POD_MEMORY, termination_grace_seconds=30,
                            env={"STORAGE_EMULATOR_HOST": gcs_url, "OMP_NUM_THREADS": "1"})
     kw = {**kpo_partial_kwargs(settings), **kpo_expand_kwargs({"run_dir": run_dir, "shard_id": shard, "rows": 20},
                                                               run_id)}

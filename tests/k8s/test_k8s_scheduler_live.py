@@ -195,8 +195,8 @@ def test_the_disruptions_happened_while_pods_ran(main_run) -> None:
 
 def test_shard_pods_ran_at_the_same_time_within_the_cap(main_run) -> None:
     peak = max_concurrent(_shard_pods(main_run["ledger"]))
-    assert 3 <= peak <= MAX_ACTIVE_PODS, peak
     record(max_concurrent_pods=peak)
+    assert 3 <= peak <= MAX_ACTIVE_PODS, peak
 
 
 def test_no_shard_lost_and_no_duplicate_pod(main_run) -> None:
@@ -215,32 +215,33 @@ def test_no_shard_lost_and_no_duplicate_pod(main_run) -> None:
            scheduler_restarts=main_run["chaos"].svc.starts["scheduler"] - 1,
            rows_input=ROWS, rows_published=report["publish"]["rows_published"],
            rows_dead_letter=report["publish"]["rows_dead_letter"], backfill_seconds=round(main_run["seconds"], 1))
+    left = live_pods(main_run["chaos"].cluster.api(), f"batch-inference/run-id={pods[0].labels['batch-inference/run-id']}")
+    record(orphan_pods=len(left))
     assert len(shards) == SHARDS and sorted(complete) == sorted(shards), (shards, complete)
     assert duplicates == 0, sorted(per_try.items())
     assert {p.labels["batch-inference/shard-id"] for p in pods} == set(shards)
-    left = live_pods(main_run["chaos"].cluster.api(), f"batch-inference/run-id={pods[0].labels['batch-inference/run-id']}")
     assert left == [], [p.metadata.name for p in left]
-    record(orphan_pods=len(left))
 
 
 def test_the_preempted_pod_was_relaunched_without_a_retry(main_run) -> None:
     shard, first_pod = main_run["chaos"].preempted[0]
     pods = main_run["ledger"].matching(shard=shard)
     first = next(p for p in pods if p.name == first_pod)
+    report = _report(main_run)
+    attempts = [a for a in report["attempts"]["list"] if a["shard_id"] == shard]
+    ti = main_run["tis"][int(first.labels["map_index"])]
+    record(preemptions=report["attempts"]["preemptions"], preemption_retries_consumed=int(ti["try_number"]) - 1,
+           preempted_pod_exit_code=first.exit_code,
+           task_retries=sum(int(t["try_number"]) - 1 for t in main_run["tis"].values()),
+           mid_shard_rows_committed_before_preemption=attempts[0]["rows_committed"] if attempts else None,
+           rows_redone=report["attempts"]["rows_redone"])
     assert first.exit_code == 75, first
     later = [p for p in pods if p.first_seen > first.first_seen]
     assert later and later[-1].exit_code == 0, pods
     assert later[0].labels["try_number"] == first.labels["try_number"], pods
     assert later[0].annotations["batch-inference/preemptions"] == "1", later[0]
-    report = _report(main_run)
-    attempts = [a for a in report["attempts"]["list"] if a["shard_id"] == shard]
     assert [a["outcome"] for a in attempts][:1] == ["preempted"] and attempts[-1]["outcome"] == "ok", attempts
     assert sum(a["rows_committed"] for a in attempts) == ROWS_PER_SHARD, attempts
-    ti = main_run["tis"][int(first.labels["map_index"])]
-    record(preemptions=report["attempts"]["preemptions"], preemption_retries_consumed=int(ti["try_number"]) - 1,
-           task_retries=sum(int(t["try_number"]) - 1 for t in main_run["tis"].values()),
-           mid_shard_rows_committed_before_preemption=attempts[0]["rows_committed"],
-           rows_redone=report["attempts"]["rows_redone"])
     assert int(ti["try_number"]) == 1, ti
 
 

@@ -32,7 +32,7 @@ def test_worker_pod_commits_its_shard(k8s_cluster, fake_gcs, tmp_path):
     manifest = shard_pod_manifest(k8s_cluster, ref, "manual__2026-12-01T00:00:00+00:00", POD,
                                   env={"STORAGE_EMULATOR_HOST": fake_gcs.url})
     container = manifest["spec"]["containers"][0]
-    assert container["command"] == ["batch-worker"]
+    assert container["command"] == ["tini", "--", "batch-worker"]
     assert container["args"] == ["run", "--run-dir", run_dir, "--shard", "00001"]
     api = k8s_cluster.api("airflow-worker")
     api.create_namespaced_pod(NAMESPACE, manifest)

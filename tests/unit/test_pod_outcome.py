@@ -11,11 +11,14 @@ from batch_inference.pod_outcome import (
     PREEMPTIONS_EVENT_KEY,
     PodOutcome,
     classify,
+    oom_failure,
     preemption_cause,
     preemptions_of,
     scheduling_failure,
     start_failure,
 )
+from hypothesis import given
+from hypothesis import strategies as st
 from kubernetes.client import models as k8s
 
 C = "base"
@@ -23,17 +26,20 @@ C = "base"
 
 def pod(*, phase: str = "Failed", code: int | None = None, reason: str | None = None,
         conditions: list[tuple[str, str, str | None, str | None]] | None = None, node: str | None = "n1",
-        waiting: tuple[str, str] | None = None, annotations: dict[str, str] | None = None) -> k8s.V1Pod:
+        waiting: tuple[str, str] | None = None, annotations: dict[str, str] | None = None,
+        term_reason: str | None = None, memory: str | None = None) -> k8s.V1Pod:
     state = k8s.V1ContainerState()
     if code is not None:
-        state.terminated = k8s.V1ContainerStateTerminated(exit_code=code)
+        state.terminated = k8s.V1ContainerStateTerminated(exit_code=code, reason=term_reason)
     elif waiting is not None:
         state.waiting = k8s.V1ContainerStateWaiting(reason=waiting[0], message=waiting[1])
     statuses = [k8s.V1ContainerStatus(name=C, image="i", image_id="", ready=False, restart_count=0, state=state)]
     conds = [k8s.V1PodCondition(type=t, status=s, reason=r, message=m) for t, s, r, m in (conditions or [])]
     return k8s.V1Pod(
         metadata=k8s.V1ObjectMeta(name="batch-worker-abc", annotations=annotations),
-        spec=k8s.V1PodSpec(containers=[k8s.V1Container(name=C)], node_name=node),
+        spec=k8s.V1PodSpec(containers=[k8s.V1Container(
+            name=C, resources=k8s.V1ResourceRequirements(limits={"memory": memory} if memory else None))],
+            node_name=node),
         status=k8s.V1PodStatus(phase=phase, reason=reason, conditions=conds,
                                container_statuses=statuses if (code is not None or waiting) else None),
     )
@@ -54,7 +60,9 @@ UNSCHEDULED = [("PodScheduled", "False", "Unschedulable",
      PodOutcome.PREEMPTED),
     ("failed", pod(code=int(ExitCode.BAD_INPUT)), PodOutcome.BAD_INPUT),
     ("failed", pod(code=int(ExitCode.FAILURE)), PodOutcome.FAILED),
-    ("failed", pod(code=137, reason="OOMKilled"), PodOutcome.FAILED),
+    ("failed", pod(code=137, reason="OOMKilled"), PodOutcome.FAILED),   # not a pod-level reason
+    ("failed", pod(code=137, term_reason="OOMKilled"), PodOutcome.OUT_OF_MEMORY),
+    ("failed", pod(code=137, term_reason="Error"), PodOutcome.FAILED),
     ("timeout", pod(phase="Pending", node=None, conditions=UNSCHEDULED), PodOutcome.UNSCHEDULABLE),
     ("timeout", pod(phase="Pending", node=None), PodOutcome.UNSCHEDULABLE),
     ("timeout", pod(phase="Pending", waiting=("ImagePullBackOff", "no such image")), PodOutcome.FAILED),
@@ -91,3 +99,19 @@ def test_preemption_cause_says_which_kind() -> None:
     assert "vanished" in preemption_cause(None, C)
     assert "exited 75" in preemption_cause(pod(code=75), C)
     assert "Terminated" in preemption_cause(pod(code=137, reason="Terminated"), C)
+
+
+@given(code=st.integers(min_value=1, max_value=255).filter(
+    lambda c: c not in (int(ExitCode.INTERRUPTED), int(ExitCode.BAD_INPUT))),
+       status=st.sampled_from(["failed", "error", "success"]))
+def test_an_oom_killed_container_is_its_own_outcome_whatever_the_exit_code(code: int, status: str) -> None:
+    """The kubelet's ``OOMKilled`` decides, not the exit code (137 from the kernel's SIGKILL, or what an
+    init process makes of it); a worker that committed and exited 75 or refused its input (2) keeps its
+    meaning."""
+    assert classify(status, pod(code=code, term_reason="OOMKilled"), C) is PodOutcome.OUT_OF_MEMORY
+
+
+def test_oom_failure_names_the_limit_and_what_to_change() -> None:
+    message = oom_failure(pod(code=137, term_reason="OOMKilled", memory="300Mi"), C)
+    assert "batch-worker-abc was OOMKilled" in message and "memory limit 300Mi" in message
+    assert "BATCH_K8S_MEMORY" in message and "without retries" in message

@@ -44,7 +44,7 @@ def test_manifest_carries_gpu_spot_identity_and_command(rendered: list[dict]) ->
     for i, pod in enumerate(rendered):
         spec, container = pod["spec"], pod["spec"]["containers"][0]
         assert container["image"] == IMAGE
-        assert container["command"] == ["batch-worker"]
+        assert container["command"] == ["tini", "--", "batch-worker"]
         assert container["args"] == ["run", "--run-dir", f"gs://bucket/out/runs/{RUN_ID}", "--shard", f"{i:05d}"]
         assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
         assert spec["nodeSelector"]["cloud.google.com/gke-spot"] == "true"
