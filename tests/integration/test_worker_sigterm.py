@@ -80,12 +80,7 @@ class Worker:
 
     def handles_sigterm(self) -> bool:
         """Whether the process has a SIGTERM handler installed (``SigCgt`` bit)."""
-        try:
-            status = Path(f"/proc/{self.pid}/status").read_text()
-        except (FileNotFoundError, ProcessLookupError):
-            return False
-        caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
-        return bool(caught >> (signal.SIGTERM - 1) & 1)
+        return chaos_lib.handles_sigterm(self.pid) is True
 
     def wait_until(self, predicate, what: str, timeout: float = TIMEOUT) -> None:
         deadline = time.monotonic() + timeout
