@@ -55,7 +55,8 @@ def test_killed_repeatedly_until_complete_is_exactly_once(reference, sig: signal
     assert verdict.max_rework_chunks <= 1 and verdict.resume_mismatches == 0 and verdict.marker_ok, verdict
     assert verdict.exact
     killed_codes = {o.exit_code for o in outcomes if o.signal}
-    assert killed_codes <= ({-9} if sig == signal.SIGKILL else {75}), killed_codes
+    # 0 after SIGTERM only when the signal came after the last commit (the shard completed first)
+    assert killed_codes <= ({-9} if sig == signal.SIGKILL else {75, 0}), killed_codes
     assert verdict.wrong_exits == 0 and all(o.exit_ok for o in outcomes)
 
 

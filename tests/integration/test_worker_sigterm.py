@@ -159,12 +159,19 @@ def test_sigterm_at_any_point_exits_75_and_resumes_exactly_once(chaos_input, tmp
     assert len(out.part_chunks) == len(set(out.part_chunks)), "no chunk committed twice"
 
 
-def test_canary_sigterm_exits_75_keeps_committed_slices_and_a_rerun_completes(chaos_input, tmp_path: Path) -> None:
-    src, good_ids = chaos_input
+CANARY_ROWS = 150
+"""Rows of the canary test's shard, all sampled: after the first small slice, seconds of work are left,
+so the mid-sample signal lands inside the sample even when this process is descheduled for a while."""
+
+
+def test_canary_sigterm_exits_75_keeps_committed_slices_and_a_rerun_completes(tmp_path: Path) -> None:
+    src = tmp_path / "canary-input.parquet"
+    table = chaos_lib.make_chaos_input(src, CANARY_ROWS, seed=12)
+    good_ids = set(table.column("id").to_pylist()) - {r[0] for r in chaos_lib.BAD_ROWS}
     layout = chaos_lib.write_manifest(tmp_path, "canary", src, chunk_rows=CHUNK_ROWS)
     shard_dir = layout.shard_dir(chaos_lib.SHARD)
     # small candidates: a warm-up slice and several trial slices, each committed into the shard
-    args = ["canary", "--run-dir", layout.run_dir, "--min-rows", str(ROWS), "--search", "candidates",
+    args = ["canary", "--run-dir", layout.run_dir, "--min-rows", str(CANARY_ROWS), "--search", "candidates",
             "--candidates", "256,512,1024", "--no-profile"]
     canary_json = Path(layout.canary_uri)
 

@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None, stop: StopSignal | None = None) -> int:
         log.error("bad config or input (exit %d): %s", int(ExitCode.BAD_INPUT), exc)
         return int(ExitCode.BAD_INPUT)
     except (KeyboardInterrupt, InterruptedBySignal) as exc:
-        log.warning("%s (exit %d)", exc or "interrupted", int(ExitCode.INTERRUPTED))
+        log.warning("%s (exit %d)", str(exc) or "interrupted by a signal", int(ExitCode.INTERRUPTED))
         return int(ExitCode.INTERRUPTED)
     except Exception:
         log.exception("%s failed (exit %d)", f"shard {getattr(args, 'shard', '')}".strip()
