@@ -6,17 +6,25 @@ in fresh run directories, each killed 1..``--max-kills`` times (SIGKILL in even 
 ones) and restarted until an attempt exits 0. Every trial is checked against the reference: every id
 exactly once, every bad row exactly once as a dead letter, vectors within ``COSINE_TOLERANCE`` (fp32),
 re-done work per kill at most one chunk, each restart's ledger skipping exactly the committed rows, and a
-marker whose counts match. One line per trial on stderr; the LAST stdout line is one JSON object:
-``trials, exact_trials, lost_rows, duplicate_rows, max_rework_chunks`` plus kill counts, the worst cosine
-and ``time_ratio_vs_uninterrupted`` (mean trial wall time / reference wall time, same process).
+marker whose counts match. Every attempt's exit code is recorded and checked against the worker's
+contract (``chaos_lib.EXPECTED_EXIT_CODES``: after SIGTERM 75, or 0 when the shard was already complete;
+after SIGKILL -9; unsignalled 0): a wrong one makes the trial inexact and the shard is restarted, as an
+orchestrator would; a hung attempt, or ``chaos_lib.MAX_WRONG_EXITS`` wrong ones, gives the trial up
+(``incomplete_trials``). No trial outcome stops the bench. One line per trial on stderr; the LAST stdout
+line is one JSON object: ``trials, exact_trials, lost_rows, duplicate_rows, max_rework_chunks`` plus kill
+counts, the worst cosine, ``sigterm_exit_codes`` / ``sigkill_exit_codes`` / ``unkilled_exit_codes`` (exit
+code -> attempts), ``wrong_exit_attempts``, ``wrong_exit_trials``, ``incomplete_trials``,
+``sigterm_before_handler`` (SIGTERMs sent before the process had installed its handler: the
+interpreter's own start-up) and
+``time_ratio_vs_uninterrupted`` (mean trial wall time / reference wall time, same process).
 
 ``--steal`` (``make chaos``'s second step): the same rows in ``--shards`` shards with work stealing on
 (``bench/chaos_steal.py``): every shard's worker at once, random ones killed and restarted while they take
 each other's units, in every fourth trial one shard's worker never started; each trial is checked over
 the union of the shards (every id once, every bad row one dead letter, vectors within tolerance, a marker
 per shard matching its rows). Its JSON line: the same totals (``trials``, ``exact_trials``,
-``lost_rows``, ``duplicate_rows``, ...) plus ``units_stolen``, ``trials_absent_owner`` and
-``time_ratio_vs_uninterrupted``.
+``lost_rows``, ``duplicate_rows``, ..., the exit-code counts of the signalled workers and the wrong and
+incomplete counts) plus ``units_stolen``, ``trials_absent_owner`` and ``time_ratio_vs_uninterrupted``.
 """
 
 from __future__ import annotations
@@ -94,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         verdicts.append(verdict)
         print(f"trial {trial:3d} {sig.name:7s} kills={verdict.kills} attempts={verdict.attempts} "
               f"lost={verdict.lost_rows} dup={verdict.duplicate_rows} rework_chunks={verdict.max_rework_chunks} "
-              f"cos={verdict.min_cosine:.7f} exact={verdict.exact} ({verdict.seconds:.1f} s)", file=sys.stderr)
+              f"cos={verdict.min_cosine:.7f} exits={[o['exit_code'] for o in verdict.outcomes]} "
+              f"wrong_exits={verdict.wrong_exits} exact={verdict.exact} ({verdict.seconds:.1f} s)", file=sys.stderr)
         if args.work_dir is None:
             shutil.rmtree(root, ignore_errors=True)
     if args.details:
@@ -121,15 +130,15 @@ def steal_trials(args: argparse.Namespace, work: Path, input_path: Path, referen
         root = work / f"steal-{trial:03d}"
         layout = chaos_lib.write_manifest(root, "chaos", input_path, chunk_rows=args.chunk_rows, dtype=args.dtype,
                                           shards=args.shards, worker=chaos_steal.STEAL_WORKER)
-        kills, starts, codes, seconds = chaos_steal.run_steal_trial(
+        run = chaos_steal.run_steal_trial(
             layout, args.shards, sig, rng, max_kills=args.max_kills, window_seconds=startup_seconds + ref_seconds / 2,
             absent_owner=absent)
-        v = chaos_steal.check_steal_trial(trial, sig.name, layout, args.shards, reference, kills, starts, codes,
-                                          seconds, absent)
+        v = chaos_steal.check_steal_trial(trial, sig.name, layout, args.shards, reference, run, absent)
         verdicts.append(v)
         print(f"steal trial {trial:3d} {sig.name:7s} kills={v.kills} starts={v.starts} absent_owner={absent} "
               f"lost={v.lost_rows} dup={v.duplicate_rows} stolen_units={v.units_stolen} cos={v.min_cosine:.7f} "
-              f"markers_ok={v.markers_ok} exact={v.exact} ({v.seconds:.1f} s)", file=sys.stderr)
+              f"markers_ok={v.markers_ok} killed_exits={v.killed_exit_codes} wrong_exits={v.wrong_exits} "
+              f"exact={v.exact} ({v.seconds:.1f} s)", file=sys.stderr)
         if args.work_dir is None:
             shutil.rmtree(root, ignore_errors=True)
     if args.details:

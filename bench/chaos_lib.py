@@ -279,6 +279,11 @@ class AttemptOutcome:
             part of the lost work is bounded by one chunk by construction (one commit per chunk).
         skipped_resume: rows its ledger skipped as already committed (from its attempt record).
         kill_phase: ``startup`` (armed before any commit) or ``mid-shard``.
+        exit_ok: the exit code is the contract's for what was sent (:func:`exit_code_ok`).
+        hung: the attempt ran past the loop's timeout and was SIGKILLed by the loop (``exit_ok`` false).
+        handler_installed: for a SIGTERM, whether the process had a SIGTERM handler when it was sent
+            (:func:`handles_sigterm`; ``None``: no SIGTERM sent, or not readable), which tells a wrong exit
+            in the interpreter's own start-up from one after.
     """
 
     signal: str | None
@@ -290,6 +295,37 @@ class AttemptOutcome:
     rework_rows: int
     skipped_resume: int | None
     kill_phase: str | None = None
+    exit_ok: bool = True
+    hung: bool = False
+    handler_installed: bool | None = None
+
+
+def handles_sigterm(pid: int) -> bool | None:
+    """Whether process ``pid`` has a SIGTERM handler installed (the ``SigCgt`` mask of
+    ``/proc/<pid>/status``, Linux); ``None`` when it cannot be read (gone, or no ``/proc``)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+    return None
+
+
+EXPECTED_EXIT_CODES = {None: {0}, "SIGTERM": {75, 0}, "SIGKILL": {-9, 0}}
+"""The exit codes the worker's contract allows an attempt, by the signal the loop sent it (``None``: none):
+SIGTERM -> 75 (finished chunks committed), or 0 when the shard was complete before the signal was
+handled; SIGKILL -> -9, or 0 when it exited on its own first; no signal -> 0. Anything else (-15: the
+signal's default action, i.e. no handler; -6: an abort at exit; 1: a failure) is a wrong exit."""
+
+MAX_WRONG_EXITS = 3
+"""Wrong exits after which :func:`run_with_kills` gives the trial up (counted as incomplete, not raised)."""
+
+
+def exit_code_ok(code: int, sig: str | None) -> bool:
+    """Whether exit code ``code`` is allowed after sending ``sig`` (:data:`EXPECTED_EXIT_CODES`)."""
+    return code in EXPECTED_EXIT_CODES[sig]
 
 
 def _attempt_records(layout: RunLayout) -> dict[str, AttemptRecord]:
@@ -343,14 +379,14 @@ def run_with_kills(layout: RunLayout, sig: signal.Signals, rng: random.Random, *
         chunk_seconds: typical seconds per chunk (the mid-chunk delay is drawn from ``[0, chunk_seconds)``).
         startup_kill_prob: probability that a kill is armed at a random moment of start-up instead.
         startup_seconds: the start-up window for such kills, seconds.
-        timeout: seconds an attempt may run before the loop gives up (``RuntimeError``).
+        timeout: seconds an attempt may run before the loop SIGKILLs it and gives the trial up.
         log_dir: where attempt stderr logs go (default: the run dir).
 
     Returns:
-        One :class:`AttemptOutcome` per start, the last one the completing attempt.
-
-    Raises:
-        RuntimeError: an attempt exited with a code other than 0/75 without being SIGKILLed, or hung.
+        One :class:`AttemptOutcome` per start, every exit code recorded. The last one exited 0 (the shard
+        completed) unless the trial was given up: an attempt hung, or :data:`MAX_WRONG_EXITS` attempts
+        exited with a code the contract does not allow (a wrong exit is recorded and the shard
+        restarted, as an orchestrator would retry it).
     """
     shard_dir = layout.shard_dir(SHARD)
     storage.makedirs(shard_dir)
@@ -367,27 +403,34 @@ def run_with_kills(layout: RunLayout, sig: signal.Signals, rng: random.Random, *
                 [sys.executable, "-m", "batch_worker", "run", "--run-dir", layout.run_dir, "--shard", SHARD],
                 env=worker_env(), stdout=log_fh, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
             )
-            killed, phase = False, None
+            killed, phase, handler = False, None, None
             if kills_left > 0:
                 startup = rng.uniform(0.0, startup_seconds) if rng.random() < startup_kill_prob else None
                 killed, phase = _wait_or_kill(proc, shard_dir, len(before), rng.randint(1, 2),
                                               rng.uniform(0.0, chunk_seconds), startup)
                 if killed:
+                    handler = handles_sigterm(proc.pid) if sig == signal.SIGTERM else None
                     proc.send_signal(sig)
                     kills_left -= 1
+            hung = False
             try:
                 code = proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 proc.kill()
-                proc.wait()
-                raise RuntimeError(f"worker attempt {len(outcomes)} hung for {timeout} s; log {log_path}") from None
+                code, hung = proc.wait(), True
             seconds = time.monotonic() - t0
-        outcomes.append(_outcome(layout, shard_dir, before, known, sig if killed else None, code, seconds, phase))
-        if code == 0:
+        outcome = _outcome(layout, shard_dir, before, known, sig if killed else None, code, seconds, phase)
+        outcome.exit_ok = not hung and exit_code_ok(code, outcome.signal)
+        outcome.hung = hung
+        outcome.handler_installed = handler
+        outcomes.append(outcome)
+        if not outcome.exit_ok:
+            print(f"  attempt {len(outcomes) - 1}: wrong exit {code} after {outcome.signal or 'no signal'}"
+                  f"{' (hung, killed by the loop)' if hung else ''}; log {log_path}", file=sys.stderr)
+        if code == 0 and not hung:
             return outcomes
-        # 75: SIGTERM handled; -9: SIGKILL; -15: SIGTERM before the handler was installed (start-up)
-        if not (killed and code in (75, -int(sig))):
-            raise RuntimeError(f"worker attempt {len(outcomes) - 1} exited {code} (killed={killed}); log {log_path}")
+        if hung or sum(not o.exit_ok for o in outcomes) >= MAX_WRONG_EXITS:
+            return outcomes
 
 
 def _outcome(layout: RunLayout, shard_dir: str, before: dict[str, int], known: set[str],
@@ -432,6 +475,8 @@ class TrialVerdict:
         max_rework_chunks: most chunks of re-done work caused by one kill (ceil(rework_rows / chunk_rows)).
         resume_mismatches: attempts whose ledger skipped a different number of rows than were committed.
         marker_ok: the marker exists and its counts equal the committed rows.
+        wrong_exits: attempts whose exit code the contract does not allow (``AttemptOutcome.exit_ok``).
+        completed: an attempt exited 0 (false: the loop gave the trial up).
         exact: all of the above clean and ``min_cosine >= COSINE_TOLERANCE``.
     """
 
@@ -452,6 +497,8 @@ class TrialVerdict:
     exact: bool
     seconds: float
     outcomes: list[dict[str, Any]] = field(default_factory=list)
+    wrong_exits: int = 0
+    completed: bool = True
 
 
 def check_trial(trial: int, sig: str, outputs: ShardOutputs, reference: ShardOutputs,
@@ -469,8 +516,10 @@ def check_trial(trial: int, sig: str, outputs: ShardOutputs, reference: ShardOut
                      and o.skipped_resume != o.committed_before)
     m = outputs.marker
     marker_ok = m is not None and m.rows_ok == len(outputs.id_counts) and m.rows_dead_letter == len(outputs.dead_counts)
+    wrong = sum(1 for o in outcomes if not o.exit_ok)
+    completed = bool(outcomes) and outcomes[-1].exit_code == 0 and not outcomes[-1].hung
     exact = (lost == 0 and dup == 0 and unexpected == 0 and cos >= COSINE_TOLERANCE and rework_chunks <= 1
-             and mismatches == 0 and marker_ok)
+             and mismatches == 0 and marker_ok and wrong == 0 and completed)
     return TrialVerdict(
         trial=trial, signal=sig, kills=sum(1 for o in outcomes if o.signal),
         kills_mid_shard=sum(1 for o in outcomes if o.kill_phase == "mid-shard" and o.committed_before + o.committed_rows < outputs.rows),
@@ -479,6 +528,7 @@ def check_trial(trial: int, sig: str, outputs: ShardOutputs, reference: ShardOut
         max_rework_chunks=rework_chunks, rework_rows=sum(o.rework_rows for o in outcomes),
         resume_mismatches=mismatches, marker_ok=marker_ok, exact=exact,
         seconds=round(sum(o.seconds for o in outcomes), 2), outcomes=[asdict(o) for o in outcomes],
+        wrong_exits=wrong, completed=completed,
     )
 
 
@@ -496,6 +546,13 @@ def run_reference(root: Path, input_path: Path, chunk_rows: int, run_id: str = "
     if proc.returncode != 0:
         raise RuntimeError(f"reference run exited {proc.returncode}: {proc.stderr[-2000:]}")
     return read_shard(layout.shard_dir(SHARD)), seconds
+
+
+def exit_code_counts(verdicts: list[TrialVerdict], sig: str | None) -> dict[str, int]:
+    """Exit code (as a string, JSON keys) -> attempts that exited with it, over the attempts the loop sent
+    ``sig`` (``None``: attempts it sent nothing), every attempt of every trial."""
+    counts = Counter(str(o["exit_code"]) for v in verdicts for o in v.outcomes if o["signal"] == sig)
+    return dict(sorted(counts.items()))
 
 
 def summary_json(verdicts: list[TrialVerdict], reference_seconds: float, extra: dict[str, Any]) -> str:
@@ -517,6 +574,14 @@ def summary_json(verdicts: list[TrialVerdict], reference_seconds: float, extra: 
         "min_cosine": min((v.min_cosine for v in verdicts), default=1.0),
         "max_abs_diff": max((v.max_abs_diff for v in verdicts), default=0.0),
         "cosine_tolerance": COSINE_TOLERANCE,
+        "sigterm_exit_codes": exit_code_counts(verdicts, "SIGTERM"),
+        "sigkill_exit_codes": exit_code_counts(verdicts, "SIGKILL"),
+        "unkilled_exit_codes": exit_code_counts(verdicts, None),
+        "wrong_exit_attempts": sum(v.wrong_exits for v in verdicts),
+        "wrong_exit_trials": sum(1 for v in verdicts if v.wrong_exits),
+        "sigterm_before_handler": sum(1 for v in verdicts for o in v.outcomes
+                                      if o["signal"] == "SIGTERM" and o.get("handler_installed") is False),
+        "incomplete_trials": sum(1 for v in verdicts if not v.completed),
         "time_ratio_vs_uninterrupted": round(float(np.mean(chaos_seconds)) / reference_seconds, 3) if verdicts else None,
         **extra,
     })

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,10 @@ class StealVerdict:
         markers_ok: every shard has a marker whose counts equal that shard's committed rows.
         units_stolen: units computed by workers of other shards (the markers' ``steal.units_stolen``).
         absent_owner: one shard's worker never started.
-        exact: all clean and ``min_cosine >= COSINE_TOLERANCE``.
+        exit_codes: every process's exit code; ``killed_exit_codes``: those of the processes sent ``signal``.
+        wrong_exits: processes whose exit code the contract does not allow (``chaos_lib.exit_code_ok``).
+        completed: every started shard's worker exited 0 (false: the trial was given up).
+        exact: all clean, no wrong exit, completed and ``min_cosine >= COSINE_TOLERANCE``.
     """
 
     trial: int
@@ -58,6 +62,9 @@ class StealVerdict:
     exact: bool
     seconds: float
     exit_codes: list[int] = field(default_factory=list)
+    killed_exit_codes: list[int] = field(default_factory=list)
+    wrong_exits: int = 0
+    completed: bool = True
 
 
 def _start(layout, shard_id: str, log_dir: Path, n: int) -> subprocess.Popen:
@@ -69,7 +76,7 @@ def _start(layout, shard_id: str, log_dir: Path, n: int) -> subprocess.Popen:
 
 def run_steal_trial(layout, shards: int, sig: signal.Signals, rng: random.Random, *, max_kills: int = 2,
                     window_seconds: float = 10.0, absent_owner: bool = False, timeout: float = 600.0,
-                    log_dir: Path | None = None) -> tuple[int, int, list[int], float]:
+                    log_dir: Path | None = None) -> StealRun:
     """Run every shard's worker at once, kill random ones with ``sig``, restart them, until all exit 0.
 
     Args:
@@ -81,14 +88,13 @@ def run_steal_trial(layout, shards: int, sig: signal.Signals, rng: random.Random
         window_seconds: each kill lands uniformly within this many seconds after the previous one
             (or the start).
         absent_owner: the last shard's worker is never started.
-        timeout: seconds before the trial is given up (``RuntimeError``).
+        timeout: seconds before the trial is given up (its workers SIGKILLed; not completed).
         log_dir: where worker logs go (default: the run dir).
 
     Returns:
-        ``(kills, starts, exit codes of every process, wall seconds)``.
-
-    Raises:
-        RuntimeError: a worker exited with a code other than 0, or 75/-sig after a kill, or the trial hung.
+        The trial's :class:`StealRun`: every process's exit code is recorded; a wrong one
+        (``chaos_lib.exit_code_ok``) is counted and that shard's worker restarted, up to
+        ``chaos_lib.MAX_WRONG_EXITS`` per trial, after which the trial is given up.
     """
     log_dir = log_dir or Path(layout.run_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -99,11 +105,16 @@ def run_steal_trial(layout, shards: int, sig: signal.Signals, rng: random.Random
     kills_left = rng.randint(1, max_kills)
     next_kill = t0 + rng.uniform(0.5, window_seconds)
     killed: set[int] = set()
+    killed_codes: list[int] = []
+    wrong = 0
     while running:
-        if time.monotonic() - t0 > timeout:
+        if time.monotonic() - t0 > timeout or wrong >= chaos_lib.MAX_WRONG_EXITS:
             for p in running.values():
                 p.kill()
-            raise RuntimeError(f"steal trial hung for {timeout} s; logs in {log_dir}")
+                p.wait()
+            print(f"  steal trial given up ({wrong} wrong exits, {time.monotonic() - t0:.0f} s); logs in {log_dir}",
+                  file=sys.stderr)
+            return StealRun(kills, starts, codes, killed_codes, wrong, False, time.monotonic() - t0)
         if kills_left and time.monotonic() >= next_kill:
             sid = rng.choice(sorted(running))
             running[sid].send_signal(sig)
@@ -115,18 +126,34 @@ def run_steal_trial(layout, shards: int, sig: signal.Signals, rng: random.Random
             if code is None:
                 continue
             codes.append(code)
+            sent = sig.name if proc.pid in killed else None
+            if sent:
+                killed_codes.append(code)
+            if not chaos_lib.exit_code_ok(code, sent):
+                wrong += 1
+                print(f"  shard {sid}: wrong exit {code} after {sent or 'no signal'}; logs in {log_dir}",
+                      file=sys.stderr)
             if code == 0:
                 del running[sid]
-            elif proc.pid in killed and code in (75, -int(sig)):
+            else:
                 running[sid] = _start(layout, sid, log_dir, starts)
                 starts += 1
-            else:
-                for p in running.values():
-                    if p.poll() is None:
-                        p.kill()
-                raise RuntimeError(f"shard {sid} worker exited {code}; logs in {log_dir}")
         time.sleep(0.05)
-    return kills, starts, codes, time.monotonic() - t0
+    return StealRun(kills, starts, codes, killed_codes, wrong, True, time.monotonic() - t0)
+
+
+@dataclass
+class StealRun:
+    """What :func:`run_steal_trial` saw: kills sent, processes started, every exit code (and those of the
+    processes it signalled), wrong exits, whether every worker exited 0, wall seconds."""
+
+    kills: int
+    starts: int
+    codes: list[int]
+    killed_codes: list[int]
+    wrong_exits: int
+    completed: bool
+    seconds: float
 
 
 def union_outputs(layout, shards: int) -> tuple[ShardOutputs, list[ShardOutputs]]:
@@ -143,8 +170,8 @@ def union_outputs(layout, shards: int) -> tuple[ShardOutputs, list[ShardOutputs]
     return union, per
 
 
-def check_steal_trial(trial: int, sig: str, layout, shards: int, reference: ShardOutputs, kills: int,
-                      starts: int, codes: list[int], seconds: float, absent_owner: bool) -> StealVerdict:
+def check_steal_trial(trial: int, sig: str, layout, shards: int, reference: ShardOutputs, run: StealRun,
+                      absent_owner: bool) -> StealVerdict:
     """Compare one steal trial's committed outputs with the reference (see :class:`StealVerdict`)."""
     union, per = union_outputs(layout, shards)
     # dead letters by (file name, row): the trial may read the reference's file from another place (gs://)
@@ -160,11 +187,13 @@ def check_steal_trial(trial: int, sig: str, layout, shards: int, reference: Shar
     markers_ok = all(o.marker is not None and o.marker.rows_ok == len(o.id_counts)
                      and o.marker.rows_dead_letter == len(o.dead_counts) for o in per)
     stolen = sum(int((o.marker.steal or {}).get("units_stolen", 0)) for o in per if o.marker is not None)
-    exact = (lost == 0 and dup == 0 and unexpected == 0 and cos >= chaos_lib.COSINE_TOLERANCE and markers_ok)
-    return StealVerdict(trial=trial, signal=sig, kills=kills, starts=starts, lost_rows=lost, duplicate_rows=dup,
-                        unexpected_rows=unexpected, min_cosine=round(cos, 7), markers_ok=markers_ok,
-                        units_stolen=stolen, absent_owner=absent_owner, exact=exact, seconds=round(seconds, 2),
-                        exit_codes=codes)
+    exact = (lost == 0 and dup == 0 and unexpected == 0 and cos >= chaos_lib.COSINE_TOLERANCE and markers_ok
+             and run.wrong_exits == 0 and run.completed)
+    return StealVerdict(trial=trial, signal=sig, kills=run.kills, starts=run.starts, lost_rows=lost,
+                        duplicate_rows=dup, unexpected_rows=unexpected, min_cosine=round(cos, 7),
+                        markers_ok=markers_ok, units_stolen=stolen, absent_owner=absent_owner, exact=exact,
+                        seconds=round(run.seconds, 2), exit_codes=run.codes, killed_exit_codes=run.killed_codes,
+                        wrong_exits=run.wrong_exits, completed=run.completed)
 
 
 def steal_summary(verdicts: list[StealVerdict]) -> dict[str, Any]:
@@ -182,4 +211,13 @@ def steal_summary(verdicts: list[StealVerdict]) -> dict[str, Any]:
         "units_stolen": sum(v.units_stolen for v in verdicts),
         "trials_with_stolen_units": sum(1 for v in verdicts if v.units_stolen),
         "min_cosine": min((v.min_cosine for v in verdicts), default=1.0),
+        "sigterm_exit_codes": _code_counts(c for v in verdicts if v.signal == "SIGTERM" for c in v.killed_exit_codes),
+        "sigkill_exit_codes": _code_counts(c for v in verdicts if v.signal == "SIGKILL" for c in v.killed_exit_codes),
+        "wrong_exit_attempts": sum(v.wrong_exits for v in verdicts),
+        "wrong_exit_trials": sum(1 for v in verdicts if v.wrong_exits),
+        "incomplete_trials": sum(1 for v in verdicts if not v.completed),
     }
+
+
+def _code_counts(codes: Iterable[int]) -> dict[str, int]:
+    return dict(sorted(Counter(str(c) for c in codes).items()))

@@ -9,6 +9,7 @@ skipping exactly the committed rows, marker counts equal to the committed rows).
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import sys
@@ -54,7 +55,9 @@ def test_killed_repeatedly_until_complete_is_exactly_once(reference, sig: signal
     assert verdict.max_rework_chunks <= 1 and verdict.resume_mismatches == 0 and verdict.marker_ok, verdict
     assert verdict.exact
     killed_codes = {o.exit_code for o in outcomes if o.signal}
-    assert killed_codes <= ({-9} if sig == signal.SIGKILL else {75, -15}), killed_codes
+    # 0 after SIGTERM only when the signal came after the last commit (the shard completed first)
+    assert killed_codes <= ({-9} if sig == signal.SIGKILL else {75, 0}), killed_codes
+    assert verdict.wrong_exits == 0 and all(o.exit_ok for o in outcomes)
 
 
 def test_checker_catches_a_lost_and_a_duplicated_row(reference) -> None:
@@ -73,3 +76,23 @@ def test_checker_catches_a_lost_and_a_duplicated_row(reference) -> None:
     rid = sorted(off.vectors)[0]
     off.vectors[rid] = -off.vectors[rid]
     assert chaos_lib.check_trial(0, "SIGKILL", off, ref, [], CHUNK_ROWS).exact is False
+
+
+def test_a_wrong_exit_code_is_a_failed_trial_counted_in_the_summary(reference) -> None:
+    """A SIGTERM attempt that dies of an abort (-6) after committing everything is not exact, and the
+    summary counts it per exit code instead of stopping (``bench/chaos.py``)."""
+    _, ref, ref_seconds = reference
+    attempts = [chaos_lib.AttemptOutcome("SIGTERM", -6, 1.0, 0, 10, 10, 0, 0, "mid-shard"),
+                chaos_lib.AttemptOutcome(None, 0, 1.0, 10, ref.rows - 10, ref.rows - 10, 0, 10)]
+    for o in attempts:
+        o.exit_ok = chaos_lib.exit_code_ok(o.exit_code, o.signal)
+    verdict = chaos_lib.check_trial(0, "SIGTERM", ref, ref, attempts, CHUNK_ROWS)
+    assert (verdict.lost_rows, verdict.duplicate_rows, verdict.wrong_exits, verdict.exact) == (0, 0, 1, False)
+    good = chaos_lib.check_trial(1, "SIGTERM", ref, ref, [
+        chaos_lib.AttemptOutcome("SIGTERM", 75, 1.0, 0, 10, 10, 0, 0, "mid-shard"), attempts[1]], CHUNK_ROWS)
+    assert good.exact and good.wrong_exits == 0
+    summary = json.loads(chaos_lib.summary_json([verdict, good], ref_seconds, {}))
+    assert summary["sigterm_exit_codes"] == {"-6": 1, "75": 1} and summary["unkilled_exit_codes"] == {"0": 2}
+    assert (summary["wrong_exit_attempts"], summary["wrong_exit_trials"], summary["exact_trials"]) == (1, 1, 1)
+    assert summary["incomplete_trials"] == 0 and summary["sigterm_before_handler"] == 0
+    assert not chaos_lib.exit_code_ok(-15, "SIGTERM") and chaos_lib.exit_code_ok(0, "SIGTERM")

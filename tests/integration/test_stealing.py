@@ -53,7 +53,8 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, chaos_lib
 
 
 def _verdict(layout, shards: int, ref: chaos_lib.ShardOutputs, absent: bool = False) -> chaos_steal.StealVerdict:
-    return chaos_steal.check_steal_trial(0, "-", layout, shards, ref, 0, 0, [], 0.0, absent)
+    return chaos_steal.check_steal_trial(0, "-", layout, shards, ref, chaos_steal.StealRun(0, 0, [], [], 0, True, 0.0),
+                                         absent)
 
 
 def _worker(layout, shard: str, log: Path) -> subprocess.Popen:
@@ -66,10 +67,11 @@ def test_workers_killed_while_stealing_stay_exactly_once(reference, tmp_path: Pa
     src, ref = reference
     layout = chaos_lib.write_manifest(tmp_path, "chaos", src, chunk_rows=CHUNK_ROWS, shards=3,
                                       worker=chaos_steal.STEAL_WORKER)
-    kills, starts, codes, seconds = chaos_steal.run_steal_trial(layout, 3, signal.SIGKILL, random.Random(3),
-                                                                max_kills=2, window_seconds=6.0, absent_owner=True)
-    v = chaos_steal.check_steal_trial(0, "SIGKILL", layout, 3, ref, kills, starts, codes, seconds, True)
-    assert kills >= 1 and -9 in codes and codes.count(0) == 2
+    run = chaos_steal.run_steal_trial(layout, 3, signal.SIGKILL, random.Random(3), max_kills=2, window_seconds=6.0,
+                                      absent_owner=True)
+    v = chaos_steal.check_steal_trial(0, "SIGKILL", layout, 3, ref, run, True)
+    assert run.kills >= 1 and -9 in run.codes and run.codes.count(0) == 2 and run.completed
+    assert run.wrong_exits == 0 and set(run.killed_codes) <= {-9, 0}, run
     assert (v.lost_rows, v.duplicate_rows, v.unexpected_rows) == (0, 0, 0), v
     assert v.markers_ok and v.exact and v.units_stolen >= 1, v
 

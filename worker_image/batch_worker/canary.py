@@ -25,6 +25,11 @@
    the search.
 
 Rerunning the canary of a run that already has ``canary.json`` returns that record and computes nothing.
+
+On SIGTERM/SIGINT (the process's handler, ``batch_worker.signals``): the slice in flight stops at the
+engine's next check, what it finished is committed into its shards like any slice, no ``canary.json`` is
+written, and :func:`run_canary` raises ``InterruptedBySignal`` (the CLI exits 75). The committed rows
+stay: the shards' ledgers skip them, and a rerun of the canary leaves them out of its sample.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import math
 import resource
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,13 +57,14 @@ from batch_contract.runstore import RunStore
 from batch_worker.autotune import MIN_GAIN, BudgetSearch, llm_batched_tokens, search_space, stratified_order
 from batch_worker.dedupe import append_part, with_winners
 from batch_worker.engines.base import ChunkRows, Engine, LoadedModel, check_chunk_output, engine_class
-from batch_worker.errors import BadInputError
+from batch_worker.errors import BadInputError, InterruptedBySignal
 from batch_worker.ledger import build_ledger
 from batch_worker.preprocess import DocumentPool, apply_extraction
 from batch_worker.progress import utc_now
 from batch_worker.reader import iter_shard_blocks
 from batch_worker.reuse import reuse_enabled
 from batch_worker.runtime import adopt_pin
+from batch_worker.signals import StopSignal
 from batch_worker.stats import StageClock, apply_thread_cap
 from batch_worker.validate import DeadLetter, Validator, concat_rows
 from batch_worker.writer import assemble_part, commit_table, dead_letter_table
@@ -230,9 +237,11 @@ class Sample:
 class Canary:
     """One canary run (see the module docstring); use :func:`run_canary`."""
 
-    def __init__(self, store: RunStore, options: CanaryOptions) -> None:
+    def __init__(self, store: RunStore, options: CanaryOptions, stop: Callable[[], bool] | None = None) -> None:
         self.store = store
         self.options = options
+        self.stop: Callable[[], bool] = stop or (lambda: False)
+        """Stop request (the process's SIGTERM handler): checked before the load and around every slice."""
         self.manifest = store.manifest
         config = self.manifest.engine_config
         self.settings = self.manifest.worker
@@ -348,6 +357,7 @@ class Canary:
     def run_slice(self, sample: Sample, indices: np.ndarray, value: int, warmup: bool = False) -> AutotuneTrial:
         """Run rows ``indices`` of the sample at search value ``value`` (:meth:`settings_for`), commit them
         into their shards, return the trial."""
+        self._check_stop()
         rows = sample.rows.take([int(i) for i in indices])
         owners = [sample.owners[int(i)] for i in indices]
         budget, max_rows = self.settings_for(value)
@@ -357,10 +367,14 @@ class Canary:
             prepared = self.engine.prepare(rows)
         events = self._memory_events()
         start = time.perf_counter()
-        out = self.engine.process(prepared, lambda: False)
+        out = self.engine.process(prepared, self.stop)
         seconds = time.perf_counter() - start
         self.clock.add("inference", seconds)
         check_chunk_output(rows, out)
+        if out.interrupted:  # a stop request: commit the rows the engine finished (as the shard worker does)
+            with self.clock.stage("write"):
+                self._commit(sample, rows, owners, out, seconds)
+            self._check_stop()
         if warmup:
             self.llm_speed.warmup(seconds, out.tokens)
         else:
@@ -376,6 +390,14 @@ class Canary:
                              seconds=round(seconds, 6), batches=int(out.batches),
                              oom=self._memory_events() > events, warmup=warmup,
                              output_tokens=int(out.tokens.output))
+
+    def _check_stop(self) -> None:
+        """Raise ``InterruptedBySignal`` when a stop was requested (slices committed so far stay)."""
+        if self.stop():
+            rows = sum(self.shard_rows.values())
+            log.warning("canary: stop requested: %d sampled rows committed into %d shard(s) stay (their shards "
+                        "skip them); no canary.json", rows, len(self.shard_rows))
+            raise InterruptedBySignal(f"canary stopped by a signal after committing {rows} rows")
 
     def _commit(self, sample: Sample, rows: ChunkRows, owners: list[str], out: Any, seconds: float) -> None:
         """Commit the slice's results and engine dead letters into each owning shard's directory. With the
@@ -436,6 +458,7 @@ class Canary:
             first = self._first_value(search, profile)
             if first is not None:
                 self.engine.apply_tuning(*self.settings_for(first))
+        self._check_stop()
         with self.clock.stage("model_load"):
             self.loaded: LoadedModel = self.engine.load()
         threads = apply_thread_cap()
@@ -615,10 +638,12 @@ class Canary:
         """Run the last measured slice's rows (at most :data:`PROBE_ROWS`) again, uncommitted: their
         prompts are now in the prefix cache, so the probe's time is nearly all decode, which separates
         decode speed from prefill speed (:class:`LLMSpeed`). Not counted in the stage clock."""
+        self._check_stop()
         rows = sample.rows.take(self.last_slice[:PROBE_ROWS])
         prepared = self.engine.prepare(rows)
         start = time.perf_counter()
-        out = self.engine.process(prepared, lambda: False)
+        out = self.engine.process(prepared, self.stop)
+        self._check_stop()
         self.llm_speed.probe(time.perf_counter() - start, out.tokens)
 
     def _llm_figures(self) -> dict[str, Any] | None:
@@ -785,12 +810,14 @@ def _peak_device_bytes(device: str) -> int | None:
     return int(torch.cuda.max_memory_allocated())
 
 
-def run_canary(run_dir: str, options: CanaryOptions | None = None) -> CanaryResult:
+def run_canary(run_dir: str, options: CanaryOptions | None = None, stop: StopSignal | None = None) -> CanaryResult:
     """Run the canary of the planned run at ``run_dir`` once and write ``canary.json``.
 
     Args:
         run_dir: ``<output_root>/runs/<run_id>`` (local path, ``file://`` or ``gs://``).
         options: sample size and search (default :class:`CanaryOptions`).
+        stop: the process's installed SIGTERM/SIGINT handler (``batch_worker.signals``); it gets the
+            manifest's ``worker.grace_seconds``. ``None``: no stop request is ever seen.
 
     Returns:
         The run's :class:`CanaryResult` (the existing one when ``canary.json`` is already there).
@@ -798,6 +825,8 @@ def run_canary(run_dir: str, options: CanaryOptions | None = None) -> CanaryResu
     Raises:
         BadInputError: the run has no manifest.
         ConfigError: invalid engine config or model path.
+        InterruptedBySignal: ``stop`` was requested; the slices finished so far are committed, no
+            ``canary.json`` is written.
     """
     store = RunStore.open(run_dir)
     existing = store.canary()
@@ -808,7 +837,9 @@ def run_canary(run_dir: str, options: CanaryOptions | None = None) -> CanaryResu
         store.manifest  # noqa: B018 - read (and validate) it before anything is loaded
     except FileNotFoundError:
         raise BadInputError(f"run_dir: no manifest at {store.layout.manifest_uri}") from None
-    canary = Canary(store, options or CanaryOptions())
+    if stop is not None:
+        stop.configure(store.manifest.worker.grace_seconds)
+    canary = Canary(store, options or CanaryOptions(), stop)
     try:
         result = canary.run()
     finally:

@@ -10,7 +10,8 @@ from batch_contract.engine_config import ConfigError
 from batch_contract.enums import ExitCode
 
 from batch_worker import quality_gate, smoke
-from batch_worker.errors import BadInputError
+from batch_worker.errors import BadInputError, InterruptedBySignal
+from batch_worker.signals import StopSignal
 from batch_worker.stats import limit_malloc_arenas
 
 EPILOG = f"""exit codes:
@@ -63,8 +64,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns (and as a console script exits with) an ``ExitCode`` value."""
+def main(argv: list[str] | None = None, stop: StopSignal | None = None) -> int:
+    """Run one command; returns an ``ExitCode`` value (the process entry, ``batch_worker.__main__.run``,
+    exits with it).
+
+    Args:
+        argv: the arguments (default ``sys.argv[1:]``).
+        stop: the process's installed SIGTERM/SIGINT handler (``batch_worker.__main__.run``): ``run`` and
+            ``canary`` stop on it and return 75; ``quality-gate`` and ``smoke`` restore the default
+            handlers first (a signal ends them at once). ``None``: ``run`` installs its own for the run.
+    """
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
@@ -72,21 +81,24 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     log = logging.getLogger("batch_worker")
-    if args.command == "quality-gate":
-        return quality_gate.cli_main(args)
-    if args.command == "smoke":
-        return smoke.cli_main(args)
+    if args.command in ("quality-gate", "smoke"):
+        if stop is not None:
+            stop.uninstall()
+            if stop.requested:
+                return int(ExitCode.INTERRUPTED)
+        return (quality_gate.cli_main if args.command == "quality-gate" else smoke.cli_main)(args)
     limit_malloc_arenas()  # before torch starts its threads
     from batch_worker.runtime import run_shard  # after logging is set up
 
     try:
         if args.command == "canary":
-            return _canary(args)
-        return run_shard(args.run_dir, args.shard)
+            return _canary(args, stop)
+        return run_shard(args.run_dir, args.shard, stop=stop)
     except (ConfigError, BadInputError) as exc:
         log.error("bad config or input (exit %d): %s", int(ExitCode.BAD_INPUT), exc)
         return int(ExitCode.BAD_INPUT)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, InterruptedBySignal) as exc:
+        log.warning("%s (exit %d)", str(exc) or "interrupted by a signal", int(ExitCode.INTERRUPTED))
         return int(ExitCode.INTERRUPTED)
     except Exception:
         log.exception("%s failed (exit %d)", f"shard {getattr(args, 'shard', '')}".strip()
@@ -94,8 +106,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(ExitCode.FAILURE)
 
 
-def _canary(args: argparse.Namespace) -> int:
-    """``batch-worker canary``: run :func:`batch_worker.canary.run_canary`; exit 0 when it wrote canary.json."""
+def _canary(args: argparse.Namespace, stop: StopSignal | None) -> int:
+    """``batch-worker canary``: run :func:`batch_worker.canary.run_canary`; exit 0 when it wrote canary.json
+    (a signal: ``InterruptedBySignal`` after the slices finished so far are committed, exit 75)."""
     from batch_worker.canary import CanaryOptions, run_canary
 
     try:
@@ -104,9 +117,11 @@ def _canary(args: argparse.Namespace) -> int:
                                 grow_start=args.grow_start, candidates=args.candidates)
     except ValueError as exc:
         raise ConfigError(f"canary: {exc}") from None
-    run_canary(args.run_dir, options)
+    run_canary(args.run_dir, options, stop=stop)
     return int(ExitCode.OK)
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    from batch_worker.__main__ import run
+
+    run()

@@ -8,3 +8,8 @@ class BadInputError(ValueError):
 
     The message names the file and column.
     """
+
+
+class InterruptedBySignal(Exception):
+    """A SIGTERM/SIGINT stopped the work after what was finished had been committed: exit code 75
+    (``ExitCode.INTERRUPTED``); a retry resumes from the committed files."""

@@ -60,6 +60,10 @@ class ChunkSizer:
 
 _DONE = object()
 
+PRODUCER_JOIN_SECONDS = 30.0
+"""Longest wait (seconds) for the producer thread to end in :meth:`Producer.close`; a signal's own
+deadline is the grace watchdog's (``batch_worker.signals``)."""
+
 
 class Producer:
     """Background thread producing :class:`ChunkWork` items.
@@ -92,7 +96,8 @@ class Producer:
         self.validator = validator
         self.sizer = sizer
         self.clock = clock
-        self.should_stop = should_stop
+        self._closed = threading.Event()
+        self.should_stop: Callable[[], bool] = lambda: self._closed.is_set() or should_stop()
         self.documents = documents
         self.rows_skipped = 0
         self.exhausted = False
@@ -105,6 +110,26 @@ class Producer:
     def start(self) -> Producer:
         self._thread.start()
         return self
+
+    def close(self, timeout: float = PRODUCER_JOIN_SECONDS) -> bool:
+        """Stop the thread and wait for it: it stops at its next check (between blocks, before a hand-over,
+        while waiting for documents), so at most the chunk it is reading or tokenizing is finished first.
+        Called by the consumer whenever it stops taking chunks (end of shard, a signal, a lost lease, an
+        error), so no producer thread is left inside the reader or the tokenizer when the process exits.
+
+        Args:
+            timeout: seconds to wait for the thread.
+
+        Returns:
+            True when the thread has ended (False: still running after ``timeout``; it is a daemon thread).
+        """
+        self._closed.set()
+        with self._queue.mutex:  # a hand-over waiting for room sees the close at its next try
+            self._queue.queue.clear()
+            self._queue.not_full.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     def get(self) -> ChunkWork | None:
         """Next chunk, or ``None`` when the shard is exhausted (or the producer stopped on a signal).

@@ -52,7 +52,7 @@ from batch_worker.engines.base import (
 )
 from batch_worker.errors import BadInputError
 from batch_worker.ledger import Ledger, build_ledger, read_parquet_columns
-from batch_worker.pipeline import ChunkSizer, ChunkWork, Producer
+from batch_worker.pipeline import PRODUCER_JOIN_SECONDS, ChunkSizer, ChunkWork, Producer
 from batch_worker.preprocess import DocumentPool
 from batch_worker.progress import Counters, ProgressReporter, utc_now
 from batch_worker.reader import iter_shard_blocks
@@ -360,6 +360,8 @@ class ShardRun:
                 self.documents = DocumentPool(spec.documents, spec.roots).start()
                 log.info("shard %s: documents (%s): %d extraction process(es), window %d", self.ctx.shard_id,
                          spec.documents.preprocess, self.documents.workers, self.documents.depth)
+            if self.stop.requested:  # a signal before the load: nothing to compute, the record says why
+                return self._interrupted(None)
             with self.clock.stage("model_load"):
                 loaded = self.ctx.engine.load()
             self.gpu.start(loaded.info.get("device_uuid"))  # after the load: the device this process uses
@@ -701,6 +703,15 @@ class ShardRun:
             self.settings, validator, sizer, self.clock, lambda: self.stop.requested or abandon.is_set(),
             self.deduper, documents=self.documents,
         ).start()
+        try:
+            return self._consume(producer, loaded, ledger, sizer)
+        finally:
+            if not producer.close():
+                log.warning("shard %s: the producer thread did not end within %.0f s", self.ctx.shard_id,
+                            PRODUCER_JOIN_SECONDS)
+
+    def _consume(self, producer: Producer, loaded: LoadedModel, ledger: Ledger, sizer: ChunkSizer) -> bool:
+        """The engine/commit side of :meth:`_loop`: take chunks until the producer is done or a stop."""
         chunk_no = ledger.next_chunk if self._chunk_no is None else self._chunk_no
         chunks_done = 0
         self._last_chunk_complete = True
@@ -918,13 +929,17 @@ def _sum_stages(attempts: list[dict]) -> dict[str, float]:
     return total
 
 
-def run_shard(run_dir: str, shard_id: str, install_signals: bool = True) -> int:
+def run_shard(run_dir: str, shard_id: str, install_signals: bool = True, stop: StopSignal | None = None) -> int:
     """Run shard ``shard_id`` of the run at ``run_dir``; returns an ``ExitCode`` value.
 
     Args:
         run_dir: ``<output_root>/runs/<run_id>`` (local path, ``file://`` or ``gs://``).
         shard_id: five-digit shard id.
-        install_signals: install SIGTERM/SIGINT handlers (main thread only).
+        install_signals: install SIGTERM/SIGINT handlers for the run (main thread only); ignored with
+            ``stop``.
+        stop: the process's installed handler (``batch_worker.__main__.run``): it stays installed, gets
+            the manifest's ``worker.grace_seconds`` and the attempt's hard-exit hook; a signal received
+            before the attempt starts returns 75 with nothing written.
 
     Returns:
         0 complete (also: already complete under the same fingerprint, nothing written),
@@ -945,4 +960,19 @@ def run_shard(run_dir: str, shard_id: str, install_signals: bool = True) -> int:
         log.info("shard %s: already complete (fingerprint %s, %d rows): nothing to do",
                  shard_id, ctx.fingerprint, marker.rows_input)
         return int(ExitCode.OK)
-    return ShardRun(ctx).run(install_signals=install_signals)
+    if stop is None:
+        return ShardRun(ctx).run(install_signals=install_signals)
+    if stop.requested:
+        log.warning("shard %s: %s received before the attempt started: nothing written, exiting %d",
+                    shard_id, stop.signal_name, int(ExitCode.INTERRUPTED))
+        return int(ExitCode.INTERRUPTED)
+    attempt = ShardRun(ctx, stop=stop)
+    stop.configure(ctx.manifest.worker.grace_seconds, attempt._on_hard_exit)
+    try:
+        return attempt.run(install_signals=False)
+    finally:
+        if stop.requested:  # end the engine's own workers (vLLM's engine core) before the hard exit
+            try:
+                ctx.engine.close()
+            except Exception:
+                log.exception("shard %s: closing the engine after the stop request failed", shard_id)
