@@ -86,7 +86,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="shards, one worker each (default 2: one worker a core on a 2-core machine, so the "
                              "duty cycle is the only slowdown; a third worker would share a core)")
     parser.add_argument("--rows-per-shard", type=int, default=600, help="rows a shard (default 600)")
-    parser.add_argument("--unit-rows", type=int, default=20, help="worker.steal_unit_rows (default 20)")
+    parser.add_argument("--unit-rows", type=int, default=10,
+                        help="worker.steal_unit_rows (default 10: a claim takes many units while a shard has many left, "
+                             "so small units cost little, and the last claim, one unit, is short)")
     parser.add_argument("--pairs", type=int, default=2,
                         help="baseline/steal pairs, run in ABBA order (default 2: baseline, steal, steal, baseline)")
     parser.add_argument("--work-dir", type=Path, default=None, help="keep the runs here (default: a temp dir)")

@@ -3,7 +3,8 @@ the GCS emulator, each run checked exactly once against an uninterrupted one-sha
 (``bench/chaos_steal.py``'s checker: every id once over the union of the shards, every bad row one dead
 letter, vectors within tolerance, a marker per shard matching its committed rows).
 
-* chaos: workers SIGKILLed at random while they steal, one shard's worker never started;
+* chaos: workers SIGKILLed at random while they steal, one shard's worker never started (1-row units:
+  claims of several units, chunks holding rows of several units);
 * two workers of the same shard at once (a zombie pod beside its retry) racing for the same units;
 * a lease expiring under a worker stalled with SIGSTOP: another worker takes the unit over, and the
   stalled one, resumed, commits nothing more of it and still exits 0;
@@ -72,6 +73,9 @@ def test_workers_killed_while_stealing_stay_exactly_once(reference, tmp_path: Pa
     assert kills >= 1 and -9 in codes and codes.count(0) == 2
     assert (v.lost_rows, v.duplicate_rows, v.unexpected_rows) == (0, 0, 0), v
     assert v.markers_ok and v.exact and v.units_stolen >= 1, v
+    # 1-row units: claims of several units (claim_units), so fewer result parts than units
+    parts = [n for sid in chaos_lib.shard_ids(3) for n in storage.list_names(layout.shard_dir(sid)) if n.startswith("part-")]
+    assert len(parts) < ROWS, parts
 
 
 def test_two_workers_of_one_shard_race_for_its_units(reference, tmp_path: Path) -> None:

@@ -137,3 +137,12 @@ def test_a_claim_stops_at_a_unit_another_worker_holds(tmp_path: Path) -> None:
     got = claim_adjacent(book, list(reversed(book.states())), 5, "thief", False)
     assert [lease.unit for lease in got] == [3, 4, 5]
     assert claim_adjacent(book, book.states(), 5, "late", False) == []
+
+
+def test_a_claim_stops_at_a_gap_of_done_units(tmp_path: Path) -> None:
+    book = ClaimBook(str(tmp_path / "shard"), 6, LEASE)
+    book.mark_done(1)
+    pending = [s for s in book.states() if not s.done]
+    assert [lease.unit for lease in claim_adjacent(book, pending, 5, "owner", True)] == [0]
+    pending = [s for s in book.states() if not s.done]
+    assert [lease.unit for lease in claim_adjacent(book, pending, 5, "owner", True)] == [2, 3, 4, 5]

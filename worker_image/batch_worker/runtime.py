@@ -484,6 +484,8 @@ class ShardRun:
         poll = min(1.0, self.settings.lease_seconds / 10)
         waited = 0.0
         while not self.stop.requested:
+            if not unfinished_shards(self.ctx.store, self.ctx.shard_id, self._steal_failed):
+                break  # one listing of the markers: a last worker exits without listing every claim
             took = self._steal_once(loaded)
             if took is False:
                 break
