@@ -42,6 +42,8 @@ fake_gcs, gcs_bucket = gcs_fixture.fake_gcs, gcs_fixture.gcs_bucket
 
 ROWS = 40
 CHUNK_ROWS = 5
+GCS_WORKER = {**chaos_steal.STEAL_WORKER, "steal_unit_rows": 7}
+"""On the GCS emulator 7-row units (each unit's lease and done object are requests to the emulator)."""
 
 
 @pytest.fixture(scope="module")
@@ -128,11 +130,11 @@ def test_a_shard_whose_worker_never_starts_is_computed_by_the_other_on_gcs(refer
     input_uri = f"{gcs_bucket}/in/input.parquet"
     storage.write_create_only(input_uri, src.read_bytes())
     layout = chaos_lib.write_manifest(f"{gcs_bucket}/out", "absent", src, chunk_rows=CHUNK_ROWS, shards=2,
-                                      worker=chaos_steal.STEAL_WORKER, input_uri=input_uri)
+                                      worker=GCS_WORKER, input_uri=input_uri)
     assert _worker(layout, "00000", tmp_path / "w0.log").wait(timeout=300) == 0
     v = _verdict(layout, 2, ref, absent=True)
     rows = sum(seg.rows for seg in RunStore.open(layout.run_dir).manifest.shard("00001").segments)
-    assert v.exact and v.units_stolen == -(-rows // chaos_steal.STEAL_WORKER["steal_unit_rows"]), v
+    assert v.exact and v.units_stolen == -(-rows // GCS_WORKER["steal_unit_rows"]), v
     marker_before = storage.read_bytes(layout.marker_uri("00001"))
     attempts_before = storage.list_names(layout.attempts_dir("00001"))
     late = subprocess.run([sys.executable, "-m", "batch_worker", "run", "--run-dir", layout.run_dir, "--shard", "00001"],
@@ -145,7 +147,7 @@ def test_a_shard_whose_worker_never_starts_is_computed_by_the_other_on_gcs(refer
     validate_report(report)
     st = report["stealing"]
     assert st["chunks_stolen"] == v.units_stolen and st["shards_with_stolen_chunks"] == 1
-    unit = chaos_steal.STEAL_WORKER["steal_unit_rows"]
+    unit = GCS_WORKER["steal_unit_rows"]
     assert st["chunks"] == sum(-(-s.rows // unit) for s in RunStore.open(layout.run_dir).manifest.shards)
     assert st["idle_seconds_saved"] > 0
     by_shard = {row["shard_id"]: row["chunks_stolen"] for row in report["shards"]}
