@@ -202,7 +202,7 @@ def test_worker_package_in_image_layout_holds_only_worker_and_contract(tmp_path:
         top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
         entry_points = next(zf.read(n).decode() for n in names if n.endswith("entry_points.txt"))
     assert top == {"batch_contract", "batch_worker"}, top
-    assert "batch-worker = batch_worker.cli:main" in entry_points
+    assert "batch-worker = batch_worker.cli:entry" in entry_points
 
 
 def test_worker_pyproject_dependencies_match_the_root_extras() -> None:

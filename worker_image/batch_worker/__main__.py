@@ -1,9 +1,7 @@
-"""``python -m batch_worker run --run-dir URI --shard ID``."""
+"""``python -m batch_worker run --run-dir URI --shard ID`` (:func:`batch_worker.cli.entry`)."""
 
 from __future__ import annotations
 
-import sys
+from batch_worker.cli import entry
 
-from batch_worker.cli import main
-
-sys.exit(main())
+entry()

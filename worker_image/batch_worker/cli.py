@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+from typing import NoReturn
 
 from batch_contract.engine_config import ConfigError
 from batch_contract.enums import ExitCode
@@ -92,6 +94,27 @@ def main(argv: list[str] | None = None) -> int:
         log.exception("%s failed (exit %d)", f"shard {getattr(args, 'shard', '')}".strip()
                       if args.command == "run" else "canary", int(ExitCode.FAILURE))
         return int(ExitCode.FAILURE)
+
+
+def entry(argv: list[str] | None = None) -> NoReturn:
+    """``python -m batch_worker`` and the ``batch-worker`` console script: :func:`main`, then flush the
+    logs and standard streams and leave with ``os._exit`` (no interpreter finalization).
+
+    Everything a command writes (parts, dead letters, attempt records, markers, progress) is committed
+    synchronously before :func:`main` returns, so nothing is left for finalization to do but tear down
+    modules: with torch imported that took 5.2 s here (a bare ``import torch`` process, 2-core machine at
+    load average 9; 0.4 s for the worker's modules without torch), and a pod or subprocess that ends later
+    is a slot, on a GPU node a GPU, held for nothing, and the mapped task ends that much later. The exit
+    code is :func:`main`'s (an ``ExitCode`` value); ``SystemExit`` from argument parsing exits as usual.
+    """
+    code = main(argv)
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken pipe: nothing more can be written anyway
+            pass
+    os._exit(code)
 
 
 def _canary(args: argparse.Namespace) -> int:
