@@ -115,9 +115,10 @@ class CpuPacer:
     """Keeps one worker at ``1 / slowdown`` of the others' speed, measured in CPU seconds.
 
     Every :data:`PACE_INTERVAL_S` the reference advances by the mean CPU seconds the other workers spent
-    since the last check (once all of them have exited: by their last measured mean rate, CPU seconds
-    per second, over the last :attr:`RATE_WINDOW_S` seconds); the slow worker is stopped (SIGSTOP) while
-    its own CPU seconds exceed ``reference / slowdown`` and continued (SIGCONT) otherwise. Its compute
+    since the last check (once all of them have exited: by their mean rate over their lives, CPU seconds
+    per second; their last seconds, spent writing a marker and exiting, would understate it); the slow
+    worker is stopped (SIGSTOP) while its own CPU seconds exceed ``reference / slowdown`` and continued
+    (SIGCONT) otherwise. Its compute
     thus progresses at a third of the others' whatever the machine's load, as on a slower GPU; a worker
     that cannot get the CPU it is allowed (a loaded machine after the others exited) is slower still,
     which ``measured_slowdown`` in the JSON shows.
@@ -128,16 +129,19 @@ class CpuPacer:
         slowdown: the factor, > 1.
     """
 
-    RATE_WINDOW_S = 5.0
-
     def __init__(self, slow: subprocess.Popen, others: list[subprocess.Popen], slowdown: float = SLOWDOWN) -> None:
         self.slow, self.others, self.slowdown = slow, others, slowdown
         self.reference = 0.0
         self._last = {p.pid: 0.0 for p in others}
-        self._history: list[tuple[float, float]] = [(time.monotonic(), 0.0)]
+        self._t0 = time.monotonic()
+        self._rate: float | None = None
         self._stopped = False
 
     def _advance(self, now: float) -> None:
+        if self._rate is not None:  # the others exited: their mean rate over their lives
+            self.reference += self._rate * (now - self._t_last)
+            self._t_last = now
+            return
         alive, spent = 0, 0.0
         for p in self.others:
             cpu = cpu_seconds_of(p.pid) if p.poll() is None else None
@@ -148,12 +152,9 @@ class CpuPacer:
             self._last[p.pid] = cpu
         if alive:
             self.reference += spent / alive
-            recent = [(t, r) for t, r in self._history if now - t <= self.RATE_WINDOW_S]
-            self._history = [*recent, (now, self.reference)]
-        else:  # the others exited: their last measured rate
-            (t0, r0), (t1, r1) = self._history[0], self._history[-1]
-            rate = (r1 - r0) / (t1 - t0) if t1 > t0 else 1.0
-            self.reference = r1 + rate * (now - t1)
+        else:
+            self._rate = self.reference / max(now - self._t0, 1e-9)
+        self._t_last = now
 
     def run(self) -> None:
         """Pace until the slow worker exits (it is left continued)."""
