@@ -28,9 +28,11 @@ from typing import Any
 import chaos_lib
 from chaos_lib import ShardOutputs
 
-STEAL_WORKER = {"steal": True, "steal_unit_rows": 7, "lease_seconds": 4.0}
-"""Worker settings of the steal trials: 7-row units (several per shard, none aligned with the 6-row
-chunks) and 4 s leases, so a SIGKILLed holder's unit is taken over within seconds."""
+STEAL_WORKER = {"steal": True, "steal_unit_rows": 1, "lease_seconds": 4.0}
+"""Worker settings of the steal trials: 1-row units, so with 3 shards of 21 rows a claim takes up to 3
+adjacent units (``claims.claim_units(21, 3)``), then 2, then 1 near a shard's end: chunks hold rows of
+several units of one claim, and a kill can leave a claim's leases to expire together. 4 s leases, so a
+SIGKILLed holder's units are taken over within seconds."""
 
 
 @dataclass

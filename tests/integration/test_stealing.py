@@ -3,7 +3,8 @@ the GCS emulator, each run checked exactly once against an uninterrupted one-sha
 (``bench/chaos_steal.py``'s checker: every id once over the union of the shards, every bad row one dead
 letter, vectors within tolerance, a marker per shard matching its committed rows).
 
-* chaos: workers SIGKILLed at random while they steal, one shard's worker never started;
+* chaos: workers SIGKILLed at random while they steal, one shard's worker never started (1-row units:
+  claims of several units, chunks holding rows of several units);
 * two workers of the same shard at once (a zombie pod beside its retry) racing for the same units;
 * a lease expiring under a worker stalled with SIGSTOP: another worker takes the unit over, and the
   stalled one, resumed, commits nothing more of it and still exits 0;
@@ -41,6 +42,8 @@ fake_gcs, gcs_bucket = gcs_fixture.fake_gcs, gcs_fixture.gcs_bucket
 
 ROWS = 40
 CHUNK_ROWS = 5
+GCS_WORKER = {**chaos_steal.STEAL_WORKER, "steal_unit_rows": 7}
+"""On the GCS emulator 7-row units (each unit's lease and done object are requests to the emulator)."""
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +77,9 @@ def test_workers_killed_while_stealing_stay_exactly_once(reference, tmp_path: Pa
     assert run.wrong_exits == 0 and set(run.killed_codes) <= {-9, 0}, run
     assert (v.lost_rows, v.duplicate_rows, v.unexpected_rows) == (0, 0, 0), v
     assert v.markers_ok and v.exact and v.units_stolen >= 1, v
+    # 1-row units: claims of several units (claim_units), so fewer result parts than units
+    parts = [n for sid in chaos_lib.shard_ids(3) for n in storage.list_names(layout.shard_dir(sid)) if n.startswith("part-")]
+    assert len(parts) < ROWS, parts
 
 
 def test_two_workers_of_one_shard_race_for_its_units(reference, tmp_path: Path) -> None:
@@ -126,11 +132,11 @@ def test_a_shard_whose_worker_never_starts_is_computed_by_the_other_on_gcs(refer
     input_uri = f"{gcs_bucket}/in/input.parquet"
     storage.write_create_only(input_uri, src.read_bytes())
     layout = chaos_lib.write_manifest(f"{gcs_bucket}/out", "absent", src, chunk_rows=CHUNK_ROWS, shards=2,
-                                      worker=chaos_steal.STEAL_WORKER, input_uri=input_uri)
+                                      worker=GCS_WORKER, input_uri=input_uri)
     assert _worker(layout, "00000", tmp_path / "w0.log").wait(timeout=300) == 0
     v = _verdict(layout, 2, ref, absent=True)
     rows = sum(seg.rows for seg in RunStore.open(layout.run_dir).manifest.shard("00001").segments)
-    assert v.exact and v.units_stolen == -(-rows // chaos_steal.STEAL_WORKER["steal_unit_rows"]), v
+    assert v.exact and v.units_stolen == -(-rows // GCS_WORKER["steal_unit_rows"]), v
     marker_before = storage.read_bytes(layout.marker_uri("00001"))
     attempts_before = storage.list_names(layout.attempts_dir("00001"))
     late = subprocess.run([sys.executable, "-m", "batch_worker", "run", "--run-dir", layout.run_dir, "--shard", "00001"],
@@ -143,7 +149,7 @@ def test_a_shard_whose_worker_never_starts_is_computed_by_the_other_on_gcs(refer
     validate_report(report)
     st = report["stealing"]
     assert st["chunks_stolen"] == v.units_stolen and st["shards_with_stolen_chunks"] == 1
-    unit = chaos_steal.STEAL_WORKER["steal_unit_rows"]
+    unit = GCS_WORKER["steal_unit_rows"]
     assert st["chunks"] == sum(-(-s.rows // unit) for s in RunStore.open(layout.run_dir).manifest.shards)
     assert st["idle_seconds_saved"] > 0
     by_shard = {row["shard_id"]: row["chunks_stolen"] for row in report["shards"]}

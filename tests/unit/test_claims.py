@@ -3,7 +3,8 @@
 Units: every row of a shard in exactly one unit, in order, whatever the segments (property test).
 Leases: of many workers racing for the same unit exactly one holds it; a live lease keeps everyone else
 out; an expired or released one is taken over by exactly one; a renewal after a take-over reports the
-lease lost and the holder may no longer commit; done units are never claimed again.
+lease lost and the holder may no longer commit; done units are never claimed again. Claim sizes
+(``claim_units``): never more than a share of the unclaimed units, one unit near the end (property test).
 """
 
 from __future__ import annotations
@@ -14,7 +15,15 @@ from pathlib import Path
 
 import pytest
 from batch_contract import storage
-from batch_contract.claims import ClaimBook, Lease, claims_dir, commit_margin, unit_segments
+from batch_contract.claims import (
+    CLAIM_FACTOR,
+    ClaimBook,
+    Lease,
+    claim_units,
+    claims_dir,
+    commit_margin,
+    unit_segments,
+)
 from batch_contract.manifest import Segment
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -123,3 +132,15 @@ def test_commit_margin_is_a_third_of_the_lease() -> None:
     lease = Lease(uri="x", unit=0, generation=0, holder="a", shard_owner=True, expires_at=100.0, lease_seconds=60.0)
     assert lease.safe_to_commit(now=79.0) and not lease.safe_to_commit(now=81.0)
     assert lease.live(now=99.0) and not lease.live(now=100.0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(unclaimed=st.integers(0, 5000), workers=st.integers(-1, 64))
+def test_a_claim_takes_at_most_a_share_of_the_unclaimed_units_and_one_near_the_end(unclaimed: int, workers: int) -> None:
+    k = claim_units(unclaimed, workers)
+    w = max(1, workers)
+    assert k >= 1
+    assert k == 1 or k * CLAIM_FACTOR * w <= unclaimed
+    if unclaimed < 2 * CLAIM_FACTOR * w:
+        assert k == 1
+    assert claim_units(unclaimed + 1, workers) >= k

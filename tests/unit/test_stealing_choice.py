@@ -1,5 +1,5 @@
-"""Which shard a worker that finished its own takes units of, and when it takes none
-(``batch_worker.stealing``; work stealing, issue #34)."""
+"""Which shard a worker that finished its own takes units of, when it takes none, and which adjacent
+units one claim takes (``batch_worker.stealing``; work stealing, issue #34)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,18 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 from batch_contract import storage
-from batch_contract.claims import ClaimBook
+from batch_contract.claims import CLAIM_FACTOR, ClaimBook, claim_units
 from batch_contract.layout import join_uri
 from batch_contract.runstore import RunStore
-from batch_worker.stealing import claimable_rows, deadline_passed, pick_victim, steal_stop_reason
+from batch_worker.stealing import (
+    claim_adjacent,
+    claimable_rows,
+    deadline_passed,
+    pick_victim,
+    steal_stop_reason,
+)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from run_helpers import write_run
 
 UNIT = 10
@@ -92,3 +100,49 @@ def test_steal_settings_are_written_only_when_on_and_validated(tmp_path: Path) -
                        ({"steal": "yes"}, "steal")):
         with pytest.raises(ConfigError, match=f"^worker.{field}: "):
             WorkerSettings(**bad)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(units=st.integers(1, 40), workers=st.integers(1, 4),
+       steps=st.lists(st.tuples(st.integers(0, 3), st.booleans()), min_size=1, max_size=200))
+def test_adjacent_claims_from_both_ends_take_every_unit_once(tmp_path: Path, units: int, workers: int,
+                                                            steps: list[tuple[int, bool]]) -> None:
+    """Claimers interleaved at random, each from the front (an owner) or the tail (a thief), each claim
+    sized by ``claim_units``: every unit is claimed exactly once, each claim is adjacent units no more
+    than it wanted, and a claim made with fewer than ``2 x CLAIM_FACTOR x workers`` units unclaimed is one
+    unit."""
+    book = ClaimBook(str(tmp_path / f"s{units}-{workers}-{len(steps)}-{time.monotonic_ns()}"), units, LEASE)
+    claimed: list[int] = []
+    for who, from_tail in steps + [(0, False)] * units:
+        pending = [s for s in book.states() if not s.done and s.generation < 0]
+        if not pending:
+            break
+        want = claim_units(len(pending), workers)
+        got = claim_adjacent(book, list(reversed(pending)) if from_tail else pending, want, f"w{who}", who == 0)
+        nums = [lease.unit for lease in got]
+        assert got and len(got) <= want and nums == list(range(nums[0], nums[0] + len(nums)))
+        assert nums[-1 if from_tail else 0] == pending[-1 if from_tail else 0].unit
+        if len(pending) < 2 * CLAIM_FACTOR * workers:
+            assert len(got) == 1
+        claimed += nums
+    assert sorted(claimed) == list(range(units))
+
+
+def test_a_claim_stops_at_a_unit_another_worker_holds(tmp_path: Path) -> None:
+    book = ClaimBook(str(tmp_path / "shard"), 6, LEASE)
+    assert book.try_claim(book.states()[2], "other", shard_owner=False) is not None
+    states = [s for s in book.states()]
+    got = claim_adjacent(book, states, 5, "owner", True)
+    assert [lease.unit for lease in got] == [0, 1]
+    got = claim_adjacent(book, list(reversed(book.states())), 5, "thief", False)
+    assert [lease.unit for lease in got] == [3, 4, 5]
+    assert claim_adjacent(book, book.states(), 5, "late", False) == []
+
+
+def test_a_claim_stops_at_a_gap_of_done_units(tmp_path: Path) -> None:
+    book = ClaimBook(str(tmp_path / "shard"), 6, LEASE)
+    book.mark_done(1)
+    pending = [s for s in book.states() if not s.done]
+    assert [lease.unit for lease in claim_adjacent(book, pending, 5, "owner", True)] == [0]
+    pending = [s for s in book.states() if not s.done]
+    assert [lease.unit for lease in claim_adjacent(book, pending, 5, "owner", True)] == [2, 3, 4, 5]

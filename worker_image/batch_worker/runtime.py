@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 from batch_contract import resultcache, storage
-from batch_contract.claims import ClaimBook, Lease, unit_segments
+from batch_contract.claims import ClaimBook, Lease, claim_units, unit_segments
 from batch_contract.engine_config import ConfigError
 from batch_contract.enums import ExitCode, ShardStatus
 from batch_contract.hostinfo import host_facts
@@ -59,7 +59,13 @@ from batch_worker.reader import iter_shard_blocks
 from batch_worker.reuse import ReuseOutcome, reuse_enabled, reuse_pass
 from batch_worker.signals import StopSignal
 from batch_worker.stats import GpuSampler, StageClock, apply_thread_cap, cpu_seconds, release_memory
-from batch_worker.stealing import LeaseKeeper, pick_victim, steal_stop_reason, unfinished_shards
+from batch_worker.stealing import (
+    LeaseKeeper,
+    claim_adjacent,
+    pick_victim,
+    steal_stop_reason,
+    unfinished_shards,
+)
 from batch_worker.validate import DeadLetter, Validator
 from batch_worker.writer import assemble_part, commit_table, dead_letter_table
 
@@ -268,8 +274,9 @@ class ShardRun:
         self.engine_busy = 0.0
         if self.settings.steal:
             self.attempt.steal = {"role": "thief" if thief else "owner", "units": 0}
-        self._lease: Lease | None = None
-        """The unit lease this attempt computes under (``worker.steal``); chunks commit only while it holds."""
+        self._leases: list[Lease] = []
+        """The unit leases of the claim this attempt computes (``worker.steal``); chunks commit only while
+        every one of them holds."""
         self._abandon = threading.Event()
         """Set when the unit's lease was lost: its producer stops and nothing more of it is committed (one
         event per unit, so a producer left from an abandoned unit never starts reading again)."""
@@ -479,6 +486,8 @@ class ShardRun:
         poll = min(1.0, self.settings.lease_seconds / 10)
         waited = 0.0
         while not self.stop.requested:
+            if not unfinished_shards(self.ctx.store, self.ctx.shard_id, self._steal_failed):
+                break  # one listing of the markers: a last worker exits without listing every claim
             took = self._steal_once(loaded)
             if took is False:
                 break
@@ -558,6 +567,9 @@ class ShardRun:
     def run_units(self, loaded: LoadedModel, ledger: Ledger | None, from_tail: bool = False) -> bool | None:
         """Claim and compute this shard's units (:mod:`batch_contract.claims`) until none is claimable.
 
+        Each claim takes up to :func:`~batch_contract.claims.claim_units` consecutive units (several
+        while much of the shard is unclaimed, one near its end), computed together (:meth:`_run_claim`).
+
         Args:
             loaded: the loaded model.
             ledger: the shard's resume ledger when just built (``None``: built here when needed).
@@ -569,6 +581,7 @@ class ShardRun:
         """
         units = unit_segments(self.spec.segments, self.settings.steal_unit_rows)
         book = ClaimBook(self.ctx.shard_dir, len(units), self.settings.lease_seconds)
+        workers = sum(1 for s in self.ctx.manifest.shards if s.rows)
         while True:
             if self.stop.requested:
                 return False
@@ -577,14 +590,12 @@ class ShardRun:
                 return True
             if self.thief and steal_stop_reason(self.ctx.store) is not None:
                 return None
-            lease = None
-            for st in reversed(pending) if from_tail else pending:
-                lease = book.try_claim(st, self.attempt.attempt_id, shard_owner=not self.thief)
-                if lease is not None:
-                    break
-            if lease is None:
+            want = claim_units(sum(1 for st in pending if st.generation < 0), workers)
+            leases = claim_adjacent(book, list(reversed(pending)) if from_tail else pending, want,
+                                    self.attempt.attempt_id, shard_owner=not self.thief)
+            if not leases:
                 return None
-            if not self._run_unit(loaded, book, lease, units, ledger):
+            if not self._run_claim(loaded, book, leases, units, ledger):
                 return False
             ledger = None
 
@@ -597,21 +608,24 @@ class ShardRun:
             self.counters.rows_before = ledger.rows_done - self.counters.rows_committed
         return self._units_state
 
-    def _run_unit(self, loaded: LoadedModel, book: ClaimBook, lease: Lease, units: list[list],
-                  ledger: Ledger | None) -> bool:
-        """Compute one claimed unit under ``lease`` (renewed meanwhile) and mark it done. Returns
-        ``False`` on a stop request (the lease released, finished chunks committed), else ``True``
-        (also when the lease was lost: the unit is its next holder's)."""
+    def _run_claim(self, loaded: LoadedModel, book: ClaimBook, leases: list[Lease], units: list[list],
+                   ledger: Ledger | None) -> bool:
+        """Compute the claimed units (adjacent, ``leases`` by unit number) as one stretch of rows under
+        their leases (renewed meanwhile) and mark them done. A committed part may hold rows of several
+        of these units, never of a unit this worker does not hold. Returns ``False`` on a stop request
+        (the leases released, finished chunks committed), else ``True`` (also when a lease was lost: the
+        units still held are released for their next holders)."""
         state = self._units_state_for(ledger)
         if not self._attempt_written:
             self._write_attempt()
-        keeper = LeaseKeeper(book, lease).start()
-        self._lease, self._abandon = lease, threading.Event()
+        segments = [seg for lease in leases for seg in units[lease.unit]]
+        keeper = LeaseKeeper(book, leases).start()
+        self._leases, self._abandon = leases, threading.Event()
         finished, outcome = False, None
         try:
-            refresh = lease.generation > 0  # an earlier holder may have committed rows of the unit
+            refresh = any(lease.generation > 0 for lease in leases)  # an earlier holder may have committed rows
             if self.reuse_on:
-                outcome = self._reuse(self._build_ledger(), units[lease.unit])
+                outcome = self._reuse(self._build_ledger(), segments)
                 if outcome is not None:
                     refresh = refresh or bool(outcome.files)
                     if self.ctx.engine.reuses_results:
@@ -621,28 +635,33 @@ class ShardRun:
                 state.validator.done_ids |= fresh.done_ids
                 state.validator.done_dead |= fresh.done_dead
             if not self.reuse_on or outcome is not None:
-                self._classify_before(state, units, lease.unit)
-                finished = self._loop(loaded, state.ledger, state.sizer, state.validator, segments=units[lease.unit])
-                state.classified.add(lease.unit)
+                self._classify_before(state, units, leases[0].unit)
+                finished = self._loop(loaded, state.ledger, state.sizer, state.validator, segments=segments)
+                state.classified.update(lease.unit for lease in leases)
         except BaseException:
             keeper.stop()
-            try:  # the next worker need not wait for the expiry (it may fail the same way: see _steal_once)
-                book.release(lease)
-            except OSError:
-                log.exception("could not release the lease of unit %d", lease.unit)
+            self._release(book, leases)  # the next worker need not wait for the expiry (see _steal_once)
             raise
         finally:
             keeper.stop()
-            self._lease = None
-        if finished and not self._abandon.is_set() and lease.safe_to_commit():
-            book.mark_done(lease.unit)
-            self.attempt.steal["units"] = self.attempt.steal.get("units", 0) + 1
+            self._leases = []
+        if finished and not self._abandon.is_set() and all(lease.safe_to_commit() for lease in leases):
+            for lease in leases:
+                book.mark_done(lease.unit)
+            self.attempt.steal["units"] = self.attempt.steal.get("units", 0) + len(leases)
             self._write_attempt()
             return True
-        if self.stop.requested:
-            book.release(lease)
-            return False
-        return True
+        self._release(book, leases)
+        return not self.stop.requested
+
+    @staticmethod
+    def _release(book: ClaimBook, leases: list[Lease]) -> None:
+        """Release the leases still held (a lost one is its next holder's and is left alone)."""
+        for lease in leases:
+            try:
+                book.release(lease)
+            except OSError:
+                log.exception("could not release the lease of unit %d", lease.unit)
 
     def _classify_before(self, state: _UnitsState, units: list[list], unit: int) -> None:
         """Let the validator see the rows of this shard's units before ``unit`` that it has not seen, so a
@@ -770,9 +789,10 @@ class ShardRun:
             for r in out.rejects
         ]
         n_ok = out.table.num_rows
-        if self._lease is not None and (dead or n_ok) and not self._lease.safe_to_commit():
-            log.warning("shard %s: lease of unit %d lost before a commit: %d rows left to its next holder",
-                        self.ctx.shard_id, self._lease.unit, n_ok + len(dead))
+        lost = [lease.unit for lease in self._leases if not lease.safe_to_commit()]
+        if lost and (dead or n_ok):
+            log.warning("shard %s: lease of unit(s) %s lost before a commit: %d rows left to their next holders",
+                        self.ctx.shard_id, lost, n_ok + len(dead))
             self._abandon.set()
             return True
         with self.clock.stage("write"):

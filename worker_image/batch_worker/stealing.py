@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from batch_contract import storage
-from batch_contract.claims import CLAIMS_DIR, ClaimBook, Lease, unit_segments
+from batch_contract.claims import CLAIMS_DIR, ClaimBook, Lease, UnitState, unit_segments
 from batch_contract.layout import MARKER_NAME
 from batch_contract.manifest import Manifest
 from batch_contract.runstore import RunStore
@@ -23,19 +23,20 @@ log = logging.getLogger("batch_worker")
 
 
 class LeaseKeeper:
-    """Renews one held lease on a background thread every third of its duration until :meth:`stop`.
+    """Renews the leases of one claim (one or more units) on a background thread every third of their
+    duration until :meth:`stop`.
 
-    A renewal that finds the lease lost (expired, or taken over: :meth:`ClaimBook.renew`) marks it
-    released and stops; the holder then commits nothing more under it (``Lease.safe_to_commit``). A
-    storage error in a renewal is logged and retried at the next tick (the lease may run out meanwhile,
-    which the commit check sees).
+    A renewal that finds a lease lost (expired, or taken over: :meth:`ClaimBook.renew`) marks it
+    released and the keeper stops; the holder then commits nothing more of the claim
+    (``Lease.safe_to_commit`` of every lease). A storage error in a renewal is logged and retried at the
+    next tick (the lease may run out meanwhile, which the commit check sees).
     """
 
-    def __init__(self, book: ClaimBook, lease: Lease) -> None:
+    def __init__(self, book: ClaimBook, leases: list[Lease]) -> None:
         self.book = book
-        self.lease = lease
+        self.leases = leases
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"lease-{lease.unit}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"lease-{leases[0].unit}", daemon=True)
 
     def start(self) -> LeaseKeeper:
         self._thread.start()
@@ -46,15 +47,51 @@ class LeaseKeeper:
         self._thread.join(timeout=5.0)
 
     def _run(self) -> None:
-        interval = self.lease.lease_seconds / 3.0
+        interval = self.leases[0].lease_seconds / 3.0
         while not self._stop.wait(interval):
-            try:
-                if not self.book.renew(self.lease):
-                    log.warning("lease of unit %d (generation %d) lost: no more commits under it",
-                                self.lease.unit, self.lease.generation)
-                    return
-            except Exception:  # noqa: BLE001 - a storage hiccup; the next tick retries
-                log.exception("renewing the lease of unit %d failed", self.lease.unit)
+            for lease in self.leases:
+                try:
+                    if not self.book.renew(lease):
+                        log.warning("lease of unit %d (generation %d) lost: no more commits under it",
+                                    lease.unit, lease.generation)
+                        return
+                except Exception:  # noqa: BLE001 - a storage hiccup; the next tick retries
+                    log.exception("renewing the lease of unit %d failed", lease.unit)
+
+
+def claim_adjacent(book: ClaimBook, order: list[UnitState], want: int, holder: str, shard_owner: bool) -> list[Lease]:
+    """Leases on up to ``want`` adjacent units of ``book``'s shard, taken in ``order`` (the units not done,
+    first up for a shard's owner, last down for a thief) from the first claimable one.
+
+    A unit that is not adjacent to the last one taken (a done unit between them) or that another worker
+    holds ends the claim: the claim's rows are then one stretch in shard order, which the validator needs
+    to decide ``duplicate_id`` as a one-worker run would.
+
+    Args:
+        book: the shard's claims.
+        order: unit states in claiming order (:meth:`ClaimBook.states`, done ones left out).
+        want: units to take at most (:func:`batch_contract.claims.claim_units`), >= 1.
+        holder / shard_owner: as :meth:`ClaimBook.try_claim`.
+
+    Returns:
+        The leases taken, by unit number ascending; empty when no unit in ``order`` was claimable.
+
+    Raises:
+        StorageError: the storage backend failed.
+    """
+    leases: list[Lease] = []
+    for st in order:
+        if leases and abs(st.unit - leases[-1].unit) != 1:
+            break
+        lease = book.try_claim(st, holder, shard_owner=shard_owner)
+        if lease is None:
+            if leases:
+                break
+            continue
+        leases.append(lease)
+        if len(leases) >= want:
+            break
+    return sorted(leases, key=lambda lease: lease.unit)
 
 
 def deadline_passed(manifest: Manifest, now: float | None = None) -> bool:
