@@ -148,9 +148,9 @@ class CanaryResult(JsonRecord):
             shard's sampled prompts on a fresh cache of their own, from block hashes), and, once its
             decode probes ran, ``seconds_per_engine_step`` (one vLLM scheduler step's fixed cost),
             ``seconds_per_uncached_prompt_token`` (prefill) and ``seconds_per_output_token`` (decode),
-            ``first_call_seconds`` (the warm-up slice's time beyond those rates: what a shard's fresh
-            engine pays once) with the engine calls they come from (``engine_calls``: seconds, tokens,
-            steps; ``batch_worker.canary.LLMSpeed``): the projection prices an LLM shard by them.
+            ``first_call_seconds`` (the warm-up slice's time beyond those rates, recorded, not charged)
+            with the engine calls they come from (``engine_calls``: seconds, tokens, steps;
+            ``batch_worker.canary.LLMSpeed``): the projection prices an LLM shard by the three rates.
         elapsed_seconds: the canary's wall time in the worker (process start-up excluded).
         created_at: ISO-8601 UTC.
 

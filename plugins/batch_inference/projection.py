@@ -232,21 +232,22 @@ def _llm_steps(canary: CanaryResult, rows: int, uncached: float, per_row: float)
 
 def _llm_load(canary: CanaryResult, manifest: Manifest, shard_id: str, rows: int, tokens: float,
               rates: tuple[float, float, float]) -> ShardLoad:
-    """An LLM shard's worker-seconds by steps, prompt and output tokens: model load + the fresh engine's
-    first-call cost (``first_call_seconds``, when rows are left) + seconds per step x the steps the rows
-    take (:func:`engine_steps`) + prefill seconds x prompt tokens not served by the prefix cache + decode
-    seconds x rows x output tokens per row + the canary's other stages (read, tokenize, write) per prompt
-    token."""
+    """An LLM shard's worker-seconds by steps, prompt and output tokens: model load + seconds per step x
+    the steps the rows take (:func:`engine_steps`) + prefill seconds x prompt tokens not served by the
+    prefix cache + decode seconds x rows x output tokens per row + the canary's other stages (read,
+    tokenize, write) per prompt token. The canary's ``first_call_seconds`` is not charged: vLLM's load
+    already runs the model once (its profile run), the shards' first chunks ran at the steady rates
+    (``make bench-llm-prefix``, docs/canary.md), and the warm-up's excess over the rates is one call's
+    noise on a busy machine, which a per-shard charge would multiply by the shard count."""
     prefill, decode, per_row = rates
     hit = shard_hit_rate(canary, manifest, shard_id)
     other = sum(canary.stage_seconds.get(s, 0.0) for s in ("input_read", "tokenize", "write"))
     other_per_token = other / canary.sample_tokens_real if canary.sample_tokens_real else 0.0
     output = rows * per_row
     uncached = tokens * (1.0 - hit)
-    first_call = float((canary.llm or {}).get("first_call_seconds") or 0.0) if rows else 0.0
     steps = _llm_steps(canary, rows, uncached, per_row)
-    seconds = (canary.model_load_seconds + first_call + llm_step_seconds(canary) * steps + prefill * uncached
-               + decode * output + other_per_token * tokens)
+    seconds = (canary.model_load_seconds + llm_step_seconds(canary) * steps + prefill * uncached + decode * output
+               + other_per_token * tokens)
     return ShardLoad(shard_id, rows, tokens, seconds, cached_tokens=tokens * hit, output_tokens=output, hit_rate=hit,
                      steps=steps)
 

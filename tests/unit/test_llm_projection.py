@@ -146,7 +146,8 @@ def test_llm_shard_priced_by_uncached_prompt_and_output_tokens():
     for load, hit, steps in zip(loads, (0.75, 0.5), (1 + 7, 2 + 7), strict=True):
         assert load.hit_rate == hit and load.rows == 8 and load.tokens == pytest.approx(8_000)
         assert load.steps == steps
-        assert load.seconds == pytest.approx(3.0 + 0.5 + 0.05 * steps + 1e-4 * 8_000 * (1 - hit) + 1e-2 * 8 * 8
+        # the canary's first_call_seconds (0.5) is recorded, not charged
+        assert load.seconds == pytest.approx(3.0 + 0.05 * steps + 1e-4 * 8_000 * (1 - hit) + 1e-2 * 8 * 8
                                              + other * 8_000)
     # without the plan's estimate: the shard's sample on an engine of its own, else (older records) the
     # hit rate vLLM measured on the canary's engine

@@ -210,8 +210,8 @@ class LLMSpeed:
     and two probes that run rows of the last trial again with their prompts cached (nearly all decode):
     :data:`PROBE_ROWS` rows, then :data:`SMALL_PROBE_ROWS` rows, which take the same number of steps with
     far fewer tokens. ``first_call_seconds``: what the warm-up slice (the first engine call after the
-    load) took beyond those rates: the one-off cost every shard's fresh engine pays on its first chunk.
-    Units: seconds, tokens, steps."""
+    load) took beyond those rates, recorded for the reader (the projection does not charge it: see
+    ``batch_inference.projection``). Units: seconds, tokens, steps."""
 
     trials: list[EngineCall] = field(default_factory=list)
     probes: list[EngineCall] = field(default_factory=list)
