@@ -152,8 +152,9 @@ def canary_error(root: Path, input_path: Path, engine: dict, rows_per_shard: int
             "canary_rows": canary.sample_rows, "tokens": llm_token_projection(inputs, canary),
             "actual_tokens": {"prompt_tokens": actual["prompt"], "cached_prompt_tokens": actual["cached"],
                               "output_tokens": actual["output"]},
-            "rates": {k: canary.llm.get(k) for k in ("seconds_per_uncached_prompt_token", "seconds_per_output_token",
-                                                      "output_tokens_per_row")}}
+            "rates": {k: canary.llm.get(k) for k in ("seconds_per_engine_step", "seconds_per_uncached_prompt_token",
+                                                      "seconds_per_output_token", "output_tokens_per_row",
+                                                      "first_call_seconds")}}
 
 
 def outputs(run_dir: str) -> dict[str, str]:

@@ -144,11 +144,13 @@ class CanaryResult(JsonRecord):
             preempted for KV-cache space), ``engine_restarts`` / ``engine_restart_seconds`` (vLLM engines
             re-created to change the batch settings), ``output_tokens_per_row`` (mean), ``prompt_tokens`` /
             ``cached_tokens`` of the committed sample and per shard (``shard_prompt_tokens`` /
-            ``shard_cached_tokens``; cached: vLLM's ``num_cached_tokens``), and, once its decode probe
-            ran, ``seconds_per_uncached_prompt_token`` (prefill) and ``seconds_per_output_token``
-            (decode), ``first_call_seconds`` (the warm-up slice's time beyond those rates: what a
-            shard's fresh engine pays once) with the counts they come from (``speed_trials``, ``decode_probe``;
-            ``batch_worker.canary.LLMSpeed``): the projection prices an LLM shard by them.
+            ``shard_cached_tokens``; cached: vLLM's ``num_cached_tokens``), ``shard_own_hit_rates`` (each
+            shard's sampled prompts on a fresh cache of their own, from block hashes), and, once its
+            decode probes ran, ``seconds_per_engine_step`` (one vLLM scheduler step's fixed cost),
+            ``seconds_per_uncached_prompt_token`` (prefill) and ``seconds_per_output_token`` (decode),
+            ``first_call_seconds`` (the warm-up slice's time beyond those rates, recorded, not charged)
+            with the engine calls they come from (``engine_calls``: seconds, tokens, steps;
+            ``batch_worker.canary.LLMSpeed``): the projection prices an LLM shard by the three rates.
         elapsed_seconds: the canary's wall time in the worker (process start-up excluded).
         created_at: ISO-8601 UTC.
 

@@ -15,7 +15,8 @@ The model (every figure in seconds, tokens or USD):
 * **worker-seconds per shard**: the canary's ``model_load_seconds`` plus the remaining tokens times its
   ``worker_seconds_per_token`` (the LLM engine, when its canary measured prefill and decode apart:
   prompt tokens the prefix cache will not serve times the prefill rate, plus rows times output tokens per
-  row times the decode rate, plus the other stages per token: :func:`llm_rates`, :func:`shard_hit_rate`) (input read + tokenize + inference + write per real token at the chosen
+  row times the decode rate, plus the vLLM scheduler steps those take times the canary's seconds per
+  step, plus the other stages per token: :func:`llm_rates`, :func:`shard_hit_rate`, :func:`engine_steps`) (input read + tokenize + inference + write per real token at the chosen
   batch settings): the same stages a shard's marker adds up, which is what the report calls
   worker-seconds. The local runner gives each of ``p`` workers ``cores // p`` threads on ``cores``
   cores, so a token costs ``canary threads / min(cores // p, cores / p)`` times the canary's time
@@ -91,7 +92,8 @@ class Limits:
 class ShardLoad:
     """One shard's projected work: real tokens still to run and worker-seconds at speed factor 1; for the
     LLM engine also the prompt tokens the prefix cache is expected to serve (``cached_tokens``, from the
-    expected hit rate ``hit_rate``) and the output tokens to generate (``output_tokens``)."""
+    expected hit rate ``hit_rate``), the output tokens to generate (``output_tokens``) and the vLLM
+    scheduler steps they take (``steps``, :func:`engine_steps`)."""
 
     shard_id: str
     rows: int
@@ -100,6 +102,7 @@ class ShardLoad:
     cached_tokens: float = 0.0
     output_tokens: float = 0.0
     hit_rate: float | None = None
+    steps: int = 0
 
 
 @dataclass
@@ -161,14 +164,20 @@ def llm_rates(canary: CanaryResult) -> tuple[float, float, float] | None:
 
 def shard_hit_rate(canary: CanaryResult, manifest: Manifest, shard_id: str) -> float:
     """The share (0..1) of a shard's prompt tokens the prefix cache is expected to serve: the prefix-aware
-    plan's own estimate for the shard (``manifest.prefix_plan.shard_hit_rates``) when the plan was made,
-    else the hit rate vLLM measured on the canary's sample of that shard (of the whole sample when the
-    shard had none). The sample is the shard's first rows, so for a plan that does not keep groups
-    together it is a lower bound (later rows find more of their group already cached)."""
+    plan's own estimate for the shard (``manifest.prefix_plan.shard_hit_rates``) when the plan was made;
+    else the hit rate of the canary's sample of that shard on an engine of its own
+    (``canary.llm.shard_own_hit_rates``: block hashes of the sampled prompts, the cache model the plan
+    uses), which is the expectation for the rest of the shard when as many rows are left as were sampled
+    and a lower bound when more are (more of their groups repeat); for older records, the hit rate vLLM
+    measured on the canary's engine for the shard's sample (of the whole sample when the shard had none),
+    which also counts blocks other shards' sampled rows computed."""
     planned = (manifest.prefix_plan or {}).get("shard_hit_rates") or {}
     if shard_id in planned:
         return float(planned[shard_id])
     llm = canary.llm or {}
+    own = llm.get("shard_own_hit_rates") or {}
+    if shard_id in own:
+        return float(own[shard_id])
     prompt = (llm.get("shard_prompt_tokens") or {}).get(shard_id) or 0
     cached = (llm.get("shard_cached_tokens") or {}).get(shard_id) or 0
     if not prompt:
@@ -176,21 +185,71 @@ def shard_hit_rate(canary: CanaryResult, manifest: Manifest, shard_id: str) -> f
     return min(1.0, cached / prompt) if prompt else 0.0
 
 
+def engine_steps(rows: int, uncached_tokens: float, output_per_row: float, *, chunk_rows: int, max_num_seqs: int,
+                 max_num_batched_tokens: int) -> int:
+    """vLLM scheduler steps a shard's ``rows`` take, in chunks of ``chunk_rows`` rows, each chunk queued
+    whole: per chunk, the steps its prompt tokens not served by the cache need at
+    ``max_num_batched_tokens`` per step, then per wave of ``max_num_seqs`` rows one step per output token
+    after the first (the last prefill step of a row emits its first token). Rows are taken to generate
+    ``output_per_row`` tokens each (a wave lasts as long as its longest row, so give a high quantile).
+
+    Args:
+        rows: rows left to compute (>= 0).
+        uncached_tokens: their prompt tokens the prefix cache will not serve (tokens).
+        output_per_row: output tokens per row (tokens).
+        chunk_rows: rows per chunk (>= 1); max_num_seqs: sequences per step (>= 1);
+        max_num_batched_tokens: tokens per step (>= 1).
+
+    Returns:
+        Steps (0 when no rows are left).
+    """
+    if rows <= 0:
+        return 0
+    chunks = math.ceil(rows / max(1, chunk_rows))
+    per_chunk_rows = math.ceil(rows / chunks)
+    waves = math.ceil(per_chunk_rows / max(1, max_num_seqs))
+    prefill = max(1, math.ceil(max(0.0, uncached_tokens) / chunks / max(1, max_num_batched_tokens)))
+    return chunks * (prefill + waves * max(0, math.ceil(output_per_row) - 1))
+
+
+def llm_step_seconds(canary: CanaryResult) -> float:
+    """Seconds per vLLM scheduler step the canary measured (``canary.llm.seconds_per_engine_step``;
+    0.0 for records without it, whose per-token rates carry the step cost)."""
+    value = (canary.llm or {}).get("seconds_per_engine_step")
+    return float(value) if isinstance(value, int | float) else 0.0
+
+
+def _llm_steps(canary: CanaryResult, rows: int, uncached: float, per_row: float) -> int:
+    """:func:`engine_steps` at the canary's chosen batch settings, its estimate of a shard's chunk rows
+    (``engine_fit.chunk_rows``) and the output-token p90 (the mean when absent)."""
+    llm, chosen = canary.llm or {}, canary.chosen or {}
+    out = max(per_row, float(llm.get("output_tokens_p90") or 0.0))
+    seqs = int(chosen.get("max_num_seqs") or chosen.get("max_batch_rows") or 1)
+    batched = int(chosen.get("max_num_batched_tokens") or chosen.get("token_budget") or 1)
+    chunk = int((canary.engine_fit or {}).get("chunk_rows") or rows or 1)
+    return engine_steps(rows, uncached, out, chunk_rows=chunk, max_num_seqs=seqs, max_num_batched_tokens=batched)
+
+
 def _llm_load(canary: CanaryResult, manifest: Manifest, shard_id: str, rows: int, tokens: float,
               rates: tuple[float, float, float]) -> ShardLoad:
-    """An LLM shard's worker-seconds by prompt and output tokens: model load + the fresh engine's
-    first-call cost (``first_call_seconds``, when rows are left) + prefill seconds x prompt tokens not
-    served by the prefix cache + decode seconds x rows x output tokens per row + the canary's other
-    stages (read, tokenize, write) per prompt token."""
+    """An LLM shard's worker-seconds by steps, prompt and output tokens: model load + seconds per step x
+    the steps the rows take (:func:`engine_steps`) + prefill seconds x prompt tokens not served by the
+    prefix cache + decode seconds x rows x output tokens per row + the canary's other stages (read,
+    tokenize, write) per prompt token. The canary's ``first_call_seconds`` is not charged: vLLM's load
+    already runs the model once (its profile run), the shards' first chunks ran at the steady rates
+    (``make bench-llm-prefix``, docs/canary.md), and the warm-up's excess over the rates is one call's
+    noise on a busy machine, which a per-shard charge would multiply by the shard count."""
     prefill, decode, per_row = rates
     hit = shard_hit_rate(canary, manifest, shard_id)
     other = sum(canary.stage_seconds.get(s, 0.0) for s in ("input_read", "tokenize", "write"))
     other_per_token = other / canary.sample_tokens_real if canary.sample_tokens_real else 0.0
     output = rows * per_row
-    first_call = float((canary.llm or {}).get("first_call_seconds") or 0.0) if rows else 0.0
-    seconds = (canary.model_load_seconds + first_call + prefill * tokens * (1.0 - hit) + decode * output
+    uncached = tokens * (1.0 - hit)
+    steps = _llm_steps(canary, rows, uncached, per_row)
+    seconds = (canary.model_load_seconds + llm_step_seconds(canary) * steps + prefill * uncached + decode * output
                + other_per_token * tokens)
-    return ShardLoad(shard_id, rows, tokens, seconds, cached_tokens=tokens * hit, output_tokens=output, hit_rate=hit)
+    return ShardLoad(shard_id, rows, tokens, seconds, cached_tokens=tokens * hit, output_tokens=output, hit_rate=hit,
+                     steps=steps)
 
 
 def speed_factor(limits: Limits, p: int, canary_threads: int) -> float:
@@ -292,8 +351,9 @@ def project(canary: CanaryResult, manifest: Manifest, limits: Limits, params: Co
 
 def llm_token_projection(inputs: Inputs, canary: CanaryResult) -> dict[str, Any]:
     """The LLM run's projected tokens (the canary's sample included): ``prompt_tokens``,
-    ``cached_prompt_tokens`` (expected from the prefix cache), ``output_tokens``, ``hit_rate``, and the
-    rates they are priced at (seconds per uncached prompt token / per output token)."""
+    ``cached_prompt_tokens`` (expected from the prefix cache), ``output_tokens``, ``hit_rate``,
+    ``engine_steps`` (the rows left after the canary), and the rates they are priced at (seconds per
+    uncached prompt token / per output token / per engine step)."""
     llm = canary.llm or {}
     prompt = sum(s.tokens for s in inputs.loads) + float(llm.get("prompt_tokens") or 0)
     cached = sum(s.cached_tokens for s in inputs.loads) + float(llm.get("cached_tokens") or 0)
@@ -302,7 +362,9 @@ def llm_token_projection(inputs: Inputs, canary: CanaryResult) -> dict[str, Any]
     return {"prompt_tokens": int(prompt), "cached_prompt_tokens": int(cached),
             "output_tokens": int(sum(s.output_tokens for s in inputs.loads) + output_sample),
             "hit_rate": round(cached / prompt, 4) if prompt else None,
-            "seconds_per_uncached_prompt_token": prefill, "seconds_per_output_token": decode}
+            "engine_steps": int(sum(s.steps for s in inputs.loads)),
+            "seconds_per_uncached_prompt_token": prefill, "seconds_per_output_token": decode,
+            "seconds_per_engine_step": llm_step_seconds(canary)}
 
 
 def speed_known(canary: CanaryResult, inputs: Inputs) -> bool:
@@ -453,5 +515,5 @@ def read_projection(run_dir: str) -> dict[str, Any] | None:
     return RunStore.open(run_dir).projection()
 
 
-__all__ = ["DECISIONS", "Limits", "RunRefused", "calibration", "format_table", "makespan", "project",
-           "read_projection", "shard_loads", "speed_factor"]
+__all__ = ["DECISIONS", "Limits", "RunRefused", "calibration", "engine_steps", "format_table", "llm_step_seconds",
+           "makespan", "project", "read_projection", "shard_loads", "speed_factor"]

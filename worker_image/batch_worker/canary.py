@@ -52,6 +52,7 @@ from batch_contract.engine_config import CUDA_MIN_ROW_TOKENS
 from batch_contract.enums import DeadLetterReason, EngineKind
 from batch_contract.layout import DEAD_LETTER_PREFIX, PART_PREFIX
 from batch_contract.manifest import Manifest, Segment, result_fingerprint
+from batch_contract.prefix import DEFAULT_BLOCK_TOKENS, block_hashes, cached_blocks, chunk_order
 from batch_contract.runstore import RunStore
 
 from batch_worker.autotune import MIN_GAIN, BudgetSearch, llm_batched_tokens, search_space, stratified_order
@@ -152,76 +153,130 @@ def prefix_segments(segments: list[Segment], rows: int) -> list[Segment]:
 
 PROBE_ROWS = 64
 """Rows the LLM canary's decode probe runs again (:meth:`Canary._decode_probe`)."""
+SMALL_PROBE_ROWS = 4
+"""Rows of the second, small decode probe: as many engine steps as the large one (one per output token)
+with a sixteenth of its tokens, which separates the per-step overhead from the per-token decode cost."""
+
+
+@dataclass(frozen=True)
+class EngineCall:
+    """One measured engine call: wall ``seconds``, prompt tokens the prefix cache did not serve
+    (``uncached``), generated tokens (``output``) and vLLM scheduler steps (``steps``)."""
+
+    seconds: float
+    uncached: int
+    output: int
+    steps: int = 0
+
+    @classmethod
+    def of(cls, seconds: float, tokens: Any, steps: int = 0) -> EngineCall:
+        """From a chunk's :class:`~batch_contract.tokens.TokenCounts` (``prompt``, ``cached``, ``output``)."""
+        return cls(float(seconds), max(0, int(tokens.prompt) - int(tokens.cached)), int(tokens.output), int(steps))
+
+
+def fit_llm_time(calls: list[EngineCall]) -> tuple[float, float, float] | None:
+    """``(seconds per engine step, seconds per uncached prompt token, seconds per output token)``: the
+    non-negative least-squares fit of ``seconds = step x steps + prefill x uncached + decode x output``
+    over ``calls``, each weighted by 1 / its seconds (relative error, so a short call counts as much as a
+    long one). Every subset of the three rates is solved unconstrained and the best fit with no negative
+    rate wins (exact for three unknowns). ``None`` without a call that took time and generated tokens.
+
+    A step costs the scheduler's and the model runner's fixed work, whatever its batch (on vLLM-CPU with
+    a small model a large share of a chunk's time: docs/canary.md); a token its share of the forward
+    pass."""
+    rows = [c for c in calls if c.seconds > 0]
+    if not any(c.output > 0 for c in rows):
+        return None
+    a = np.asarray([[c.steps, c.uncached, c.output] for c in rows], dtype=np.float64)
+    y = np.asarray([c.seconds for c in rows], dtype=np.float64)
+    w = 1.0 / y
+    best: tuple[float, np.ndarray] | None = None
+    for mask in range(1, 8):
+        cols = [j for j in range(3) if mask >> j & 1 and a[:, j].any()]
+        if not cols:
+            continue
+        coef, *_ = np.linalg.lstsq(a[:, cols] * w[:, None], y * w, rcond=None)
+        if (coef < 0).any():
+            continue
+        full = np.zeros(3)
+        full[cols] = coef
+        err = float(np.sum(((a @ full - y) * w) ** 2))
+        if best is None or err < best[0] - 1e-15:
+            best = (err, full)
+    if best is None:
+        return None
+    step, prefill, decode = (float(v) for v in best[1])
+    return step, prefill, decode
 
 
 @dataclass
 class LLMSpeed:
-    """The LLM engine's speed as two rates: seconds per prompt token the prefix cache did *not* serve
-    (prefill) and seconds per generated token (decode), from the canary's measured trials (engine seconds,
-    uncached prompt tokens ``U``, output tokens ``O``) and a probe that runs a trial's rows again with their
-    prompts cached (nearly all decode): the 2x2 system ``seconds = prefill x U + decode x O``. When it
-    is ill-conditioned or gives a negative rate, decode is the probe's seconds per output token and
-    prefill the rest of the trials' seconds per uncached token. ``first_call_seconds``: what the warm-up
-    slice (the first engine call after the load) took beyond those rates: the one-off cost every shard's
-    fresh engine pays on its first chunk. Units: seconds, tokens."""
+    """The LLM engine's speed as three rates, from the canary's measured engine calls (:func:`fit_llm_time`):
+    seconds per vLLM scheduler step (the fixed cost of one ``engine.step()``), per prompt token the prefix
+    cache did *not* serve (prefill) and per generated token (decode). The calls are the measured trials
+    and two probes that run rows of the last trial again with their prompts cached (nearly all decode):
+    :data:`PROBE_ROWS` rows, then :data:`SMALL_PROBE_ROWS` rows, which take the same number of steps with
+    far fewer tokens. ``first_call_seconds``: what the warm-up slice (the first engine call after the
+    load) took beyond those rates, recorded for the reader (the projection does not charge it: see
+    ``batch_inference.projection``). Units: seconds, tokens, steps."""
 
-    seconds: float = 0.0
-    uncached: int = 0
-    output: int = 0
-    probe_seconds: float = 0.0
-    probe_uncached: int = 0
-    probe_output: int = 0
-    warm_seconds: float = 0.0
-    warm_uncached: int = 0
-    warm_output: int = 0
+    trials: list[EngineCall] = field(default_factory=list)
+    probes: list[EngineCall] = field(default_factory=list)
+    warm: EngineCall | None = None
 
-    def warmup(self, seconds: float, tokens: Any) -> None:
+    def warmup(self, seconds: float, tokens: Any, steps: int = 0) -> None:
         """Record the warm-up slice (the first engine call after the load, as a shard's first chunk is)."""
-        self.warm_seconds = seconds
-        self.warm_uncached = max(0, int(tokens.prompt) - int(tokens.cached))
-        self.warm_output = int(tokens.output)
+        self.warm = EngineCall.of(seconds, tokens, steps)
 
-    def add_trial(self, seconds: float, tokens: Any) -> None:
+    def add_trial(self, seconds: float, tokens: Any, steps: int = 0) -> None:
         """Add a measured trial (``tokens``: its :class:`~batch_contract.tokens.TokenCounts`)."""
-        self.seconds += seconds
-        self.uncached += max(0, int(tokens.prompt) - int(tokens.cached))
-        self.output += int(tokens.output)
+        self.trials.append(EngineCall.of(seconds, tokens, steps))
 
-    def probe(self, seconds: float, tokens: Any) -> None:
-        """Record the cached re-run of a trial's rows."""
-        self.probe_seconds = seconds
-        self.probe_uncached = max(0, int(tokens.prompt) - int(tokens.cached))
-        self.probe_output = int(tokens.output)
+    def probe(self, seconds: float, tokens: Any, steps: int = 0) -> None:
+        """Add a cached re-run of a trial's rows."""
+        self.probes.append(EngineCall.of(seconds, tokens, steps))
 
-    def rates(self) -> tuple[float, float] | None:
-        """``(prefill seconds per uncached prompt token, decode seconds per output token)``, ``None``
-        without a trial and a probe that generated tokens."""
-        if self.seconds <= 0 or self.probe_output <= 0 or self.probe_seconds <= 0:
+    def rates(self) -> tuple[float, float, float] | None:
+        """``(seconds per engine step, prefill seconds per uncached prompt token, decode seconds per
+        output token)``; ``None`` without a trial and a probe that generated tokens."""
+        if not self.trials or not any(p.output > 0 and p.seconds > 0 for p in self.probes):
             return None
-        det = self.uncached * self.probe_output - self.output * self.probe_uncached
-        if det > 0:
-            prefill = (self.seconds * self.probe_output - self.output * self.probe_seconds) / det
-            decode = (self.uncached * self.probe_seconds - self.seconds * self.probe_uncached) / det
-            if prefill >= 0 and decode >= 0:
-                return prefill, decode
-        decode = self.probe_seconds / self.probe_output
-        prefill = max(0.0, self.seconds - decode * self.output) / self.uncached if self.uncached else 0.0
-        return prefill, decode
+        return fit_llm_time(self.trials + self.probes)
 
     def figures(self) -> dict[str, Any]:
-        """``CanaryResult.llm`` entries: ``seconds_per_uncached_prompt_token``,
+        """``CanaryResult.llm`` entries: ``seconds_per_engine_step``, ``seconds_per_uncached_prompt_token``,
         ``seconds_per_output_token``, ``first_call_seconds`` (absent without :meth:`rates`) and the
-        trials' and probe's raw counts."""
+        measured calls."""
         rates = self.rates()
         if rates is None:
             return {}
-        steady = rates[0] * self.warm_uncached + rates[1] * self.warm_output
-        return {"seconds_per_uncached_prompt_token": rates[0], "seconds_per_output_token": rates[1],
-                "first_call_seconds": round(max(0.0, self.warm_seconds - steady), 6),
-                "speed_trials": {"seconds": round(self.seconds, 6), "uncached_prompt_tokens": self.uncached,
-                                 "output_tokens": self.output},
-                "decode_probe": {"seconds": round(self.probe_seconds, 6), "uncached_prompt_tokens": self.probe_uncached,
-                                 "output_tokens": self.probe_output}}
+        step, prefill, decode = rates
+        warm = self.warm or EngineCall(0.0, 0, 0)
+        steady = step * warm.steps + prefill * warm.uncached + decode * warm.output
+        return {"seconds_per_engine_step": step, "seconds_per_uncached_prompt_token": prefill,
+                "seconds_per_output_token": decode,
+                "first_call_seconds": round(max(0.0, warm.seconds - steady), 6),
+                "engine_calls": {"warmup": _call_dict(warm), "trials": [_call_dict(c) for c in self.trials],
+                                 "probes": [_call_dict(c) for c in self.probes]}}
+
+
+def _call_dict(call: EngineCall) -> dict[str, Any]:
+    return {"seconds": round(call.seconds, 6), "uncached_prompt_tokens": call.uncached,
+            "output_tokens": call.output, "steps": call.steps}
+
+
+def own_hit_rate(prompts: list[list[int]], block_tokens: int) -> float:
+    """Prefix-cache hit rate (0..1: cached / prompt tokens) of ``prompts`` (token id lists) run on one
+    fresh engine that never evicts, queued in the engine's order
+    (:func:`batch_contract.prefix.chunk_order`), with KV blocks of ``block_tokens`` tokens: a prompt is
+    served its longest run of leading full blocks already computed, never its last token (vLLM computes
+    it again when the whole prompt is cached: :func:`batch_contract.prefix.block_hashes`). 0.0 for no
+    prompt tokens."""
+    total = sum(len(p) for p in prompts)
+    if not total:
+        return 0.0
+    order = chunk_order(prompts, block_tokens)
+    return sum(cached_blocks([block_hashes(prompts[i], block_tokens) for i in order])) * block_tokens / total
 
 
 @dataclass
@@ -269,6 +324,8 @@ class Canary:
         self.shard_prompt: dict[str, int] = {}
         self.shard_prompt_cached: dict[str, int] = {}
         self.last_slice: list[int] = []
+        self.shard_prompt_ids: dict[str, list[list[int]]] = {}
+        """Token ids of each shard's sampled prompts (LLM engine), for :meth:`_shard_own_hit_rates`."""
 
     # -- sample ---------------------------------------------------------------------------------------
     def read_sample(self) -> Sample:
@@ -350,6 +407,15 @@ class Canary:
             return llm_batched_tokens(value), int(value)
         return int(value), self._max_rows_for(value)
 
+    def _engine_steps(self) -> int:
+        """vLLM scheduler steps run so far (``LLMEngine.engine_steps``; 0 for other engines)."""
+        return int(getattr(self.engine, "engine_steps", 0))
+
+    def _keep_prompts(self, prepared: Any, owner_of: dict[str, str]) -> None:
+        """Remember each sampled prompt's token ids under its shard (:meth:`_shard_own_hit_rates`)."""
+        for rid, ids in zip(prepared.ids, prepared.prompt_ids, strict=True):
+            self.shard_prompt_ids.setdefault(owner_of[rid], []).append(ids)
+
     def _memory_events(self) -> int:
         """Out-of-memory events so far: the encoder's batch splits, vLLM's KV-cache preemptions."""
         return int(getattr(self.engine, "oom_splits", 0)) + int(getattr(self.engine, "preemptions", 0))
@@ -366,20 +432,24 @@ class Canary:
         with self.clock.stage("tokenize"):
             prepared = self.engine.prepare(rows)
         events = self._memory_events()
+        steps = self._engine_steps()
         start = time.perf_counter()
         out = self.engine.process(prepared, self.stop)
         seconds = time.perf_counter() - start
         self.clock.add("inference", seconds)
         check_chunk_output(rows, out)
+        steps = self._engine_steps() - steps
         if out.interrupted:  # a stop request: commit the rows the engine finished (as the shard worker does)
             with self.clock.stage("write"):
                 self._commit(sample, rows, owners, out, seconds)
             self._check_stop()
         if warmup:
-            self.llm_speed.warmup(seconds, out.tokens)
+            self.llm_speed.warmup(seconds, out.tokens, steps)
         else:
-            self.llm_speed.add_trial(seconds, out.tokens)
+            self.llm_speed.add_trial(seconds, out.tokens, steps)
             self.last_slice = [int(i) for i in indices]
+        if self.is_llm:
+            self._keep_prompts(prepared, dict(zip(rows.ids, owners, strict=True)))
         with self.clock.stage("write"):
             self._commit(sample, rows, owners, out, seconds)
         if self.checks_json:
@@ -635,16 +705,20 @@ class Canary:
                    if rid in ids)
 
     def _decode_probe(self, sample: Sample) -> None:
-        """Run the last measured slice's rows (at most :data:`PROBE_ROWS`) again, uncommitted: their
-        prompts are now in the prefix cache, so the probe's time is nearly all decode, which separates
-        decode speed from prefill speed (:class:`LLMSpeed`). Not counted in the stage clock."""
-        self._check_stop()
-        rows = sample.rows.take(self.last_slice[:PROBE_ROWS])
-        prepared = self.engine.prepare(rows)
-        start = time.perf_counter()
-        out = self.engine.process(prepared, self.stop)
-        self._check_stop()
-        self.llm_speed.probe(time.perf_counter() - start, out.tokens)
+        """Run the last measured slice's rows again, uncommitted, twice: its first :data:`PROBE_ROWS`
+        rows, then its first :data:`SMALL_PROBE_ROWS`. Their prompts are now in the prefix cache, so the
+        probes' time is nearly all decode, and both take about one step per output token: together with
+        the trials they separate the per-step cost, prefill and decode (:class:`LLMSpeed`). Not counted
+        in the stage clock; a stop request ends the canary between and after them."""
+        for n in (PROBE_ROWS, SMALL_PROBE_ROWS):
+            self._check_stop()
+            rows = sample.rows.take(self.last_slice[:n])
+            prepared = self.engine.prepare(rows)
+            steps = self._engine_steps()
+            start = time.perf_counter()
+            out = self.engine.process(prepared, self.stop)
+            self._check_stop()
+            self.llm_speed.probe(time.perf_counter() - start, out.tokens, self._engine_steps() - steps)
 
     def _llm_figures(self) -> dict[str, Any] | None:
         """The LLM engine's figures (``CanaryResult.llm``): output-token quantiles of the committed
@@ -675,7 +749,22 @@ class Canary:
         ``shard_cached_tokens``."""
         prompt, cached = self.shard_prompt, self.shard_prompt_cached
         return {"prompt_tokens": sum(prompt.values()), "cached_tokens": sum(cached.values()),
-                "shard_prompt_tokens": dict(sorted(prompt.items())), "shard_cached_tokens": dict(sorted(cached.items()))}
+                "shard_prompt_tokens": dict(sorted(prompt.items())), "shard_cached_tokens": dict(sorted(cached.items())),
+                "shard_own_hit_rates": self._shard_own_hit_rates()}
+
+    def _shard_own_hit_rates(self) -> dict[str, float]:
+        """Per shard, the prefix-cache hit rate (0..1, cached / prompt tokens) of its sampled prompts on
+        an engine of their own, as the shard's worker runs them: a fresh cache that never evicts, the
+        prompts in the engine's queue order (:func:`batch_contract.prefix.chunk_order`), the engine's KV
+        block size (:func:`batch_contract.prefix.cached_blocks`). vLLM's counts on the canary's engine
+        (``shard_cached_tokens``) also count blocks another shard's sampled rows computed, which the
+        shard's own engine never holds. A prompt served whole still computes its last token, so at most
+        its blocks before the last token count (vLLM's rule). All 0.0 without prefix caching."""
+        if not getattr(self.manifest.engine_config, "enable_prefix_caching", False):
+            return dict.fromkeys(sorted(self.shard_prompt_ids), 0.0)
+        block = int(self.engine.block_tokens()) if hasattr(self.engine, "block_tokens") else DEFAULT_BLOCK_TOKENS
+        return {shard_id: round(own_hit_rate(prompts, block), 6)
+                for shard_id, prompts in sorted(self.shard_prompt_ids.items())}
 
     # -- profiles ---------------------------------------------------------------------------------------
     def _profile_uri(self, device_name: str) -> str:

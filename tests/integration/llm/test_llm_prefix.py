@@ -90,7 +90,15 @@ def test_prefix_plan_end_to_end(tiny_model: Path, tmp_path: Path):
     canary = run_canary(prefix_dir, CanaryOptions(min_rows=6, max_rows=6, warmup_rows=2, candidates=(64,),
                                                   use_profile=False))
     llm = canary.llm
-    assert llm["seconds_per_output_token"] > 0 and llm["seconds_per_uncached_prompt_token"] >= 0
+    assert llm["seconds_per_output_token"] >= 0 and llm["seconds_per_uncached_prompt_token"] >= 0
+    assert llm["seconds_per_engine_step"] >= 0 and sum(llm[k] for k in (
+        "seconds_per_output_token", "seconds_per_uncached_prompt_token", "seconds_per_engine_step")) > 0
+    calls = llm["engine_calls"]
+    # every measured call stepped the engine and counted its steps
+    assert len(calls["probes"]) == 2 and all(c["steps"] >= 1 for c in [calls["warmup"], *calls["trials"], *calls["probes"]])
+    # each shard's sample on an engine of its own: the planner's cache model over the same prompts
+    assert set(llm["shard_own_hit_rates"]) == set(canary.shard_rows)
+    assert all(0.0 <= v < 1.0 for v in llm["shard_own_hit_rates"].values())
     assert llm["output_tokens_per_row"] > 0 and llm["prompt_tokens"] > llm["cached_tokens"] > 0
     inputs = shard_loads(canary, prefix_manifest)
     assert {s.hit_rate for s in inputs.loads} == set(record["shard_hit_rates"].values())

@@ -257,6 +257,9 @@ class LLMEngine(Engine):
         """vLLM engines re-created by :meth:`apply_tuning` to change the batch settings."""
         self.restart_seconds = 0.0
         """Wall seconds those re-creations took (shut-down + start)."""
+        self.engine_steps = 0
+        """vLLM scheduler steps (``engine.step()`` calls) run in this process: each step costs a fixed
+        overhead besides its tokens, which the canary measures (``batch_worker.canary.LLMSpeed``)."""
 
     # -- model -----------------------------------------------------------------------------------
 
@@ -652,6 +655,7 @@ class LLMEngine(Engine):
         interrupted = False
         while engine.has_unfinished_requests():
             done_before = len(finished)
+            self.engine_steps += 1
             for out in engine.step():
                 if not out.finished:
                     continue
