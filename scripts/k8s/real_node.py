@@ -198,7 +198,8 @@ class RealNode:
 
     def __init__(self, work_dir: Path, logs_dir: Path, spawn: Spawn, shape: Any) -> None:
         self.work_dir, self.logs_dir, self.spawn, self.shape = work_dir, logs_dir, spawn, shape
-        # Unix sockets are limited to 108 bytes: containerd's lives under /run with a short random name.
+        # Unix sockets are limited to 108 bytes: containerd's state and socket live under /run (set with
+        # the image store in _start_containerd).
         self.run_dir = Path("/run") / f"batch-k8s-{secrets.token_hex(4)}"
         self.address = str(self.run_dir / "containerd.sock")
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -244,7 +245,9 @@ class RealNode:
     # ---- containerd -------------------------------------------------------------------------------
     def _containerd_root(self) -> Path:
         """The image store: the cache's (images imported once stay for the next cluster) when no other
-        cluster holds it, else a private one under the work dir."""
+        cluster holds it, else a private one under the work dir. With the cache's, the state directory is
+        the fixed ``/run/batch-k8s``, so the containers of a cluster that was killed before it could
+        stop (their shims keep running) are found and removed by the next one."""
         import fcntl
 
         cache = cache_dir()
@@ -256,10 +259,13 @@ class RealNode:
             self._root_lock.close()
             self._root_lock = None
             return self.work_dir / "containerd"
+        self.run_dir = Path("/run") / "batch-k8s"
+        self.address = str(self.run_dir / "containerd.sock")
         return cache / "containerd"
 
     def _start_containerd(self) -> None:
-        root, state = self._containerd_root(), self.run_dir / "state"
+        root = self._containerd_root()
+        state = self.run_dir / "state"
         cni = self.work_dir / "cni"
         for d in (root, state, cni):
             d.mkdir(parents=True, exist_ok=True)
