@@ -38,9 +38,10 @@ def _name(common_name: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
-def _builder(subject: str, issuer: x509.Name, public_key) -> x509.CertificateBuilder:
+def _builder(subject: str | x509.Name, issuer: x509.Name, public_key) -> x509.CertificateBuilder:
     now = dt.datetime.now(dt.UTC)
-    return (x509.CertificateBuilder().subject_name(_name(subject)).issuer_name(issuer)
+    name = _name(subject) if isinstance(subject, str) else subject
+    return (x509.CertificateBuilder().subject_name(name).issuer_name(issuer)
             .public_key(public_key).serial_number(x509.random_serial_number())
             .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=VALID_DAYS)))
 
@@ -72,15 +73,9 @@ class CertificateAuthority:
         """Sign a serving certificate ``<name>.crt``/``<name>.key`` for the given DNS names and IPs."""
         key = ec.generate_private_key(ec.SECP256R1())
         sans = [x509.DNSName(d) for d in dns] + [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
-        cert = (_builder(name, self._cert.subject, key.public_key())
-                .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-                .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-                .sign(self._key, hashes.SHA256()))
-        pair = KeyPair(self.directory / f"{name}.crt", self.directory / f"{name}.key")
-        pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        _write_key(key, pair.key)
-        return pair
+        builder = (_builder(name, self._cert.subject, key.public_key())
+                   .add_extension(x509.SubjectAlternativeName(sans), critical=False))
+        return self._sign(name, builder, key, x509.oid.ExtendedKeyUsageOID.SERVER_AUTH)
 
     def issue_client(self, name: str, user: str, groups: list[str]) -> KeyPair:
         """Sign a client certificate ``<name>.crt``/``<name>.key`` that authenticates as ``user`` (CN) in
@@ -88,12 +83,12 @@ class CertificateAuthority:
         key = ec.generate_private_key(ec.SECP256R1())
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, user),
                              *(x509.NameAttribute(NameOID.ORGANIZATION_NAME, g) for g in groups)])
-        cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(self._cert.subject)
-                .public_key(key.public_key()).serial_number(x509.random_serial_number())
-                .not_valid_before(dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5))
-                .not_valid_after(dt.datetime.now(dt.UTC) + dt.timedelta(days=VALID_DAYS))
-                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-                .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        builder = _builder(subject, self._cert.subject, key.public_key())
+        return self._sign(name, builder, key, x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH)
+
+    def _sign(self, name: str, builder: x509.CertificateBuilder, key, usage) -> KeyPair:
+        cert = (builder.add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+                .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
                 .sign(self._key, hashes.SHA256()))
         pair = KeyPair(self.directory / f"{name}.crt", self.directory / f"{name}.key")
         pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))

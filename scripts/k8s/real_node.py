@@ -159,15 +159,6 @@ def kubelet_config(*, port: int, healthz_port: int, ca_file: Path, cert: Path, k
     }
 
 
-def free_port() -> int:
-    """A TCP port that was free on 127.0.0.1 a moment ago."""
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @dataclass(frozen=True)
 class ControlPlaneAccess:
     """What the node's processes need from the cluster: the API server URL, the CA, the admin and node
@@ -360,6 +351,7 @@ class RealNode:
 
     # ---- control plane helpers and kubelet --------------------------------------------------------
     def _start_control_plane_helpers(self, access: ControlPlaneAccess) -> None:
+        from .cluster import free_port  # cluster imports this module
         kubeconfig = f"--kubeconfig={access.admin_kubeconfig}"
         self.procs["kube-scheduler"] = self.spawn([
             str(binary("kube-scheduler")), kubeconfig, "--leader-elect=false", "--port=0",
@@ -372,6 +364,7 @@ class RealNode:
             "--v=1"], "kube-controller-manager.log")
 
     def _start_kubelet(self, access: ControlPlaneAccess) -> None:
+        from .cluster import free_port  # cluster imports this module
         root = self.work_dir / "kubelet"
         root.mkdir(parents=True, exist_ok=True)
         self.kubelet_port = free_port()
