@@ -29,6 +29,7 @@ deletion with its grace period.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -237,7 +238,7 @@ class RealNode:
     def _containerd_root(self) -> Path:
         """The image store: the cache's (images imported once stay for the next cluster) when no other
         cluster holds it, else a private one under the work dir. With the cache's, the state directory is
-        the fixed ``/run/batch-k8s``, so the containers of a cluster that was killed before it could
+        fixed for that cache (``/run/batch-k8s-<hash of its path>``), so the containers of a cluster that was killed before it could
         stop (their shims keep running) are found and removed by the next one."""
         import fcntl
 
@@ -250,7 +251,7 @@ class RealNode:
             self._root_lock.close()
             self._root_lock = None
             return self.work_dir / "containerd"
-        self.run_dir = Path("/run") / "batch-k8s"
+        self.run_dir = Path("/run") / f"batch-k8s-{hashlib.sha256(str(cache).encode()).hexdigest()[:8]}"
         self.address = str(self.run_dir / "containerd.sock")
         return cache / "containerd"
 

@@ -1,4 +1,4 @@
-"""``batch_worker.cli.entry`` (``python -m batch_worker``, the ``batch-worker`` script): the exit code is
+"""``batch_worker.__main__.run`` (``python -m batch_worker``, the ``batch-worker`` script): the exit code is
 ``main``'s and every log line reaches stderr although the process leaves with ``os._exit``."""
 
 from __future__ import annotations
@@ -25,6 +25,6 @@ def test_entry_exits_with_mains_code_and_flushes_its_log(tmp_path: Path) -> None
 
 
 def test_entry_keeps_argparse_exits(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-c", "from batch_worker.cli import entry; entry(['--help'])"],
+    proc = subprocess.run([sys.executable, "-c", "from batch_worker.__main__ import run; run(['--help'])"],
                           env=_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "usage" in proc.stdout
