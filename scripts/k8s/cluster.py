@@ -1,26 +1,29 @@
-"""``LocalCluster``: etcd + kube-apiserver v1.20.2 on loopback with RBAC, plus the executing node agent.
+"""``LocalCluster``: etcd + kube-apiserver v1.20.2 on loopback with RBAC, plus one node that runs pods.
 
-Start to ready is about 10 s (the API server's post-start hooks). What one cluster holds:
+Start to ready is about 10 s for the API server (its post-start hooks), 20-30 s with the kubelet node.
+What one cluster holds:
 
-- a throwaway CA and serving certificates (:mod:`.certs`) in a work dir;
+- a throwaway CA and serving and client certificates (:mod:`.certs`) in a work dir;
 - etcd (Debian ``etcd-server``) and kube-apiserver (``scripts/k8s/build_k8s.sh``, cached) on free
   127.0.0.1 ports, ``--authorization-mode=Node,RBAC``, static-token authentication for an ``admin``
   (``system:masters``) and for every service account that ``deploy/k8s/serviceaccounts.yaml`` defines or
   ``deploy/k8s/rbac.yaml`` binds (user ``system:serviceaccount:<ns>:<name>``, groups
   ``system:serviceaccounts`` and ``system:serviceaccounts:<ns>``), so a client using a service account's
-  kubeconfig gets exactly what the documented RBAC grants;
+  kubeconfig gets exactly what the documented RBAC grants; x509 client certificates for the kubelet and
+  for the API server towards it;
 - ``deploy/k8s/namespace.yaml``, ``serviceaccounts.yaml``, ``rbac.yaml`` and ``quota.yaml`` applied by the
-  admin (the quota is stored but not enforced: its usage is computed by kube-controller-manager, which
-  this cluster does not run);
+  admin;
 - one kubeconfig per identity (:meth:`LocalCluster.kubeconfig`);
-- the node agent (:mod:`.node_agent`) as a child process: one Ready GPU spot node that binds and really
-  runs pods, ``batch-worker`` being the project's ``.venv/bin/batch-worker``.
+- the node (:func:`choose_node`): the **kubelet** node (:mod:`.real_node`: containerd + runc, kubelet,
+  kube-scheduler, kube-controller-manager; pods run the worker image built by :mod:`.worker_image`), or
+  where a kubelet cannot run, the **node agent** (:mod:`.node_agent`): one Ready GPU spot node that binds
+  pods itself and runs them as host processes, ``batch-worker`` being the project's ``.venv/bin/batch-worker``.
 
 Use it as a context manager (tests) or from the CLI (``make run-k8s``)::
 
     python -m scripts.k8s.cluster up --env-file build/k8s-local/env    # foreground; SIGTERM/Ctrl-C stops it
 
-Stop order is node agent, API server, etcd (etcd first makes the API server hang for seconds).
+Stop order is the node, API server, etcd (etcd first makes the API server hang for seconds).
 """
 
 from __future__ import annotations
@@ -655,6 +658,10 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--work-dir", type=Path, help="keep certificates, logs and pod dirs here (default: temp, removed)")
     up.add_argument("--gpus", type=int, default=8)
     up.add_argument("--image-env", action="append", default=[], metavar="NAME=VALUE")
+    up.add_argument("--node", choices=("auto", "kubelet", "agent"), default=None,
+                    help="which node runs the pods (default: $BATCH_K8S_NODE, else auto)")
+    up.add_argument("--no-worker-image", action="store_true",
+                    help="kubelet node: do not build or import the worker image (pods of other images only)")
     sub.add_parser("build", help="build the Kubernetes binaries and (kubelet node) the worker image if missing")
     args = ap.parse_args(argv)
     if args.cmd == "build":
@@ -663,7 +670,8 @@ def main(argv: list[str] | None = None) -> int:
     ensure_built()
     with _signals_stop() as got:
         cluster = LocalCluster(args.work_dir, gpus=args.gpus,
-                               image_env=dict(kv.split("=", 1) for kv in args.image_env))
+                               image_env=dict(kv.split("=", 1) for kv in args.image_env), node=args.node,
+                               worker_image=not args.no_worker_image)
         with cluster:
             tmp = args.env_file.with_suffix(".tmp")
             args.env_file.parent.mkdir(parents=True, exist_ok=True)

@@ -26,8 +26,11 @@ def read_env(path) -> dict[str, str]:
 def test_cli_up_writes_env_file_and_stops_everything_on_sigterm(k8s_cluster, tmp_path):
     # k8s_cluster: the binary is built (or the suite skipped) before this test starts a second cluster
     env_file, work = tmp_path / "env", tmp_path / "work"
+    # the session's cluster holds the shared image store: this one would import the worker image into a
+    # store of its own (a minute or more), which this test does not need
     proc = subprocess.Popen([sys.executable, "-m", "scripts.k8s.cluster", "up", "--env-file", str(env_file),
-                             "--work-dir", str(work)], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+                             "--work-dir", str(work), "--no-worker-image"], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                            text=True)
     try:
         status = json.loads(proc.stdout.readline())
         env = read_env(env_file)
