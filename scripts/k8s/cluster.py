@@ -481,6 +481,14 @@ class LocalCluster:
             ref = ensure_image(self.real_node.address)
             self.worker_image = self.real_node.name_by_digest(ref.name, ref.pinned)
 
+    @property
+    def node_alive(self) -> bool:
+        """True while every process of the node runs (the agent, or containerd and the kubelet with
+        kube-scheduler and kube-controller-manager)."""
+        if self.real_node is not None:
+            return self.real_node.alive
+        return self.node_agent.alive
+
     def pod_settings_env(self) -> dict[str, str]:
         """``BATCH_K8S_*`` settings the ``kubernetes`` runner needs for this cluster's node: the worker
         image (the imported image's digest on the kubelet node; a placeholder digest the agent ignores),
@@ -680,7 +688,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"server": cluster.server, "started_in_s": round(cluster.started_in_s, 2),
                               "env_file": str(args.env_file)}), flush=True)
             try:
-                while not got and cluster.node_agent.alive:
+                while not got and cluster.node_alive:
                     time.sleep(0.5)
             finally:
                 args.env_file.unlink(missing_ok=True)

@@ -200,6 +200,11 @@ class RealNode:
         self._root_lock: Any = None
 
     @property
+    def alive(self) -> bool:
+        """True while containerd, the kubelet, kube-scheduler and kube-controller-manager all run."""
+        return len(self.procs) == 4 and all(p.poll() is None for p in self.procs.values())
+
+    @property
     def name(self) -> str:
         """The node's name."""
         return self.shape.name
@@ -346,9 +351,15 @@ class RealNode:
 
     @staticmethod
     def _unmount_under(path: Path) -> None:
-        mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
-        for mount in sorted((m for m in mounts if m.startswith(str(path) + "/")), key=len, reverse=True):
-            subprocess.run(["umount", "-l", mount], capture_output=True)
+        """Unmount what the kubelet mounted under ``path`` (its root dir's bind mount, pod volumes), the
+        deepest first, until none is left (a mount stacked on another shows up once the top one is gone)."""
+        for _ in range(5):
+            mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+            under = sorted((m for m in mounts if m.startswith(str(path) + "/")), key=len, reverse=True)
+            if not under:
+                return
+            for mount in under:
+                subprocess.run(["umount", "-l", mount], capture_output=True)
 
     # ---- control plane helpers and kubelet --------------------------------------------------------
     def _start_control_plane_helpers(self, access: ControlPlaneAccess) -> None:
