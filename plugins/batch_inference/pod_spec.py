@@ -259,6 +259,23 @@ def _secret_env_vars(settings: K8sSettings) -> list:
         for name, ref in sorted(settings.secret_env.items())]
 
 
+POD_NAME_ENV = "POD_NAME"
+"""The worker container's environment variable holding its pod's name (the downward API's
+``metadata.name``): the worker records it as its attempt's ``host``. ``HOSTNAME`` is the pod's name only
+in the pod's own UTS namespace; a ``hostNetwork`` pod has the node's."""
+
+
+def _worker_env(settings: K8sSettings) -> list:
+    """The worker container's plain environment (``settings.env`` and the offline/unbuffered switches) as
+    ``V1EnvVar``s, plus :data:`POD_NAME_ENV` from the downward API."""
+    from kubernetes.client import models as k8s  # parse time: kubernetes runner only
+
+    plain = {**settings.env, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    return [*(k8s.V1EnvVar(name=k, value=v) for k, v in plain.items()),
+            k8s.V1EnvVar(name=POD_NAME_ENV, value_from=k8s.V1EnvVarSource(
+                field_ref=k8s.V1ObjectFieldSelector(field_path="metadata.name")))]
+
+
 SHM_VOLUME = "dshm"
 MODELS_VOLUME = "models"
 MODELS_MOUNT = "/models/synced"
@@ -366,7 +383,7 @@ def kpo_partial_kwargs(settings: K8sSettings, worker: WorkerSettings | None = No
         "tolerations": _tolerations(settings),
         "affinity": _affinity(settings),
         "secrets": _secrets(settings),
-        "env_vars": {**settings.env, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"},
+        "env_vars": _worker_env(settings),
         "security_context": dict(POD_SECURITY_CONTEXT),
         "container_security_context": dict(CONTAINER_SECURITY_CONTEXT),
         "termination_grace_period": settings.termination_grace_seconds,

@@ -57,6 +57,8 @@ def test_manifest_carries_gpu_spot_identity_and_command(rendered: list[dict]) ->
         assert labels["batch-inference/run-id"] == label_value(RUN_ID)
         env = {e["name"]: e for e in container["env"]}
         assert env["WANDB_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "wandb", "key": "api-key"}
+        assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"  # the attempt's host
+        assert env["HF_HUB_OFFLINE"]["value"] == "1"
 
 
 def test_pods_run_as_the_images_non_root_user_with_no_capabilities(rendered: list[dict]) -> None:

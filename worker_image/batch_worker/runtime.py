@@ -254,7 +254,9 @@ class ShardRun:
             attempt_id=new_attempt_id(),
             shard_id=ctx.shard_id,
             started_at=utc_now(),
-            host=os.environ.get("HOSTNAME") or socket.gethostname(),
+            # the pod's name on Kubernetes (the downward API: batch_inference.pod_spec.POD_NAME_ENV), else
+            # the host's
+            host=os.environ.get("POD_NAME") or os.environ.get("HOSTNAME") or socket.gethostname(),
             fingerprint=ctx.fingerprint,
             host_facts=host_facts(),
         )
