@@ -220,7 +220,8 @@ def test_follow_streams_until_the_container_exits(k8s_cluster):
         name, NAMESPACE, container="main", follow=True, timestamps=True, _preload_content=False)
     text = b"".join(resp.stream()).decode().splitlines()  # the stream ends when the container has exited
     assert [t.split(" ", 1)[1] for t in text] == [f"line {i}" for i in range(1, 5)]
-    assert finished(k8s_cluster.api().read_namespaced_pod(name, NAMESPACE))
+    # the kubelet reports the exit in its next status sync, which may come after the stream ended
+    k8s_cluster.wait_for_pod(NAMESPACE, name, finished, 20)
 
 
 def test_pods_survive_an_api_server_restart(k8s_cluster):
