@@ -178,10 +178,12 @@ run: venv
 render-k8s: venv
 	PYTHONPATH=plugins:worker_image $(PY) -m batch_inference.cli render-k8s --input "$(INPUT)" --output "$(OUTPUT)" --rows-per-shard $(ROWS_PER_SHARD) --out build/k8s
 
-# The production path on this machine: fake-gcs-server + a live kube-apiserver (built from Debian source
-# once, ~5 min) + the project's node agent; the backfill DAG with runner=kubernetes (mapped deferrable
-# KubernetesPodOperator, one pod per shard running the real worker), input/output on gs://. Prints the
-# local copy of the report last; stops everything it started. See docs/kubernetes.md, "Local live cluster".
+# The production path on this machine: fake-gcs-server + a live kube-apiserver, kube-scheduler,
+# kube-controller-manager and kubelet with containerd + runc (built from Debian source once, ~15 min; the
+# worker image ~8 min; the node agent where a kubelet cannot run); the backfill DAG with runner=kubernetes
+# (mapped deferrable KubernetesPodOperator, one pod per shard running the worker image), input/output on
+# gs://. Prints the local copy of the report last; stops everything it started. See docs/kubernetes.md,
+# "Local live cluster".
 ROWS_PER_SHARD_K8S ?= 2000
 .PHONY: run-k8s
 run-k8s: venv

@@ -2,7 +2,7 @@
 # batch-worker-sync-model: copy pinned model weights to local disk once, then run a command.
 #
 # Installed in the worker image as /usr/local/bin/batch-worker-sync-model. The image's ENTRYPOINT stays
-# ["batch-worker"]; use this script as an init container (command: [batch-worker-sync-model]) that fills
+# ["tini", "--", "batch-worker"]; use this script as an init container (command: [batch-worker-sync-model]) that fills
 # a volume shared with the worker container, or as a wrapper (command: [batch-worker-sync-model,
 # batch-worker], args: [run, ...]). The image build uses it too, to bake weights in (build arg MODEL_URI).
 #

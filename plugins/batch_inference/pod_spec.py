@@ -320,7 +320,7 @@ def _init_containers(settings: K8sSettings) -> list:
            **{k: v for k, v in settings.env.items() if k in storage.config_env_names()}}
     return [k8s.V1Container(
         name="model-sync", image=settings.image, image_pull_policy="IfNotPresent",
-        command=["batch-worker-sync-model"],
+        command=["tini", "--", "batch-worker-sync-model"],  # tini: SIGTERM reaches the bash script
         env=[k8s.V1EnvVar(name=k, value=v) for k, v in env.items()] + _secret_env_vars(settings),
         volume_mounts=[k8s.V1VolumeMount(name=MODELS_VOLUME, mount_path=MODELS_MOUNT)],
         resources=k8s.V1ResourceRequirements(requests={"cpu": "1", "memory": "2Gi"}, limits={"memory": "2Gi"}),

@@ -634,10 +634,12 @@ class LocalCluster:
 
     def env(self) -> dict[str, str]:
         """What ``cluster up --env-file`` writes: ``KUBECONFIG`` (admin), ``BATCH_K8S_KUBECONFIG_<NAME>``
-        per identity (upper case, ``-`` as ``_``), ``BATCH_K8S_API_SERVER``, ``BATCH_K8S_CLUSTER_DIR``,
-        ``BATCH_K8S_NODE_AGENT_LOG``."""
+        per identity (upper case, ``-`` as ``_``), ``BATCH_K8S_API_SERVER``, ``BATCH_K8S_CLUSTER_DIR`` and,
+        on the agent node, ``BATCH_K8S_NODE_AGENT_LOG``."""
         out = {"KUBECONFIG": str(self.kubeconfig(ADMIN)), "BATCH_K8S_API_SERVER": self.server,
-               "BATCH_K8S_CLUSTER_DIR": str(self.work_dir), "BATCH_K8S_NODE_AGENT_LOG": str(self.node_agent.log_path)}
+               "BATCH_K8S_CLUSTER_DIR": str(self.work_dir)}
+        if self.real_node is None:
+            out["BATCH_K8S_NODE_AGENT_LOG"] = str(self.node_agent.log_path)
         for name in self.identities:
             out[f"BATCH_K8S_KUBECONFIG_{name.upper().replace('-', '_')}"] = str(self.kubeconfig(name))
         return out
@@ -658,7 +660,7 @@ def main(argv: list[str] | None = None) -> int:
     """CLI. ``up --env-file F``: build if needed, start, write ``F`` (``NAME=value`` lines, see
     :meth:`LocalCluster.env`) once ready, print one JSON line (``server``, ``started_in_s``, ``env_file``),
     then run in the foreground until SIGTERM/SIGINT, stop everything and remove ``F``. ``build``: only
-    build. Exit 0 on a clean stop."""
+    build. Exit 0 on a clean stop, 1 when the node's processes died without a signal."""
     ap = argparse.ArgumentParser(prog="python -m scripts.k8s.cluster", description=__doc__.split("\n", 1)[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="start the cluster in the foreground")
@@ -672,6 +674,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="kubelet node: do not build or import the worker image (pods of other images only)")
     sub.add_parser("build", help="build the Kubernetes binaries and (kubelet node) the worker image if missing")
     args = ap.parse_args(argv)
+    if args.cmd == "up" and (bad := [kv for kv in args.image_env if "=" not in kv]):
+        ap.error(f"--image-env {bad[0]!r} is not NAME=VALUE")
+    if args.cmd == "up" and args.gpus < 0:
+        ap.error("--gpus must be >= 0")
     if args.cmd == "build":
         build_all()
         return 0
@@ -692,6 +698,9 @@ def main(argv: list[str] | None = None) -> int:
                     time.sleep(0.5)
             finally:
                 args.env_file.unlink(missing_ok=True)
+            if not got:
+                print(f"the {cluster.node_kind} node's processes died; logs in {cluster.logs_dir}", file=sys.stderr)
+                return 1
     return 0
 
 

@@ -130,7 +130,7 @@ def test_a_model_uri_adds_the_sync_init_container_and_a_read_only_mount(tmp_path
     pod = _render(tmp_path, settings)
     (init,) = pod["spec"]["initContainers"]
     env = {e["name"]: e["value"] for e in init["env"]}
-    assert init["image"] == IMAGE and init["command"] == ["batch-worker-sync-model"]
+    assert init["image"] == IMAGE and init["command"] == ["tini", "--", "batch-worker-sync-model"]
     assert env["MODEL_URI"] == settings.model_uri and env["MODEL_SHA256"] == "c" * 64
     assert env["MODEL_DIR"] == settings.model_dir and env["GOOGLE_CLOUD_PROJECT"] == "p" and "OTHER" not in env
     assert init["volumeMounts"] == [{"name": "models", "mountPath": "/models/synced"}]
