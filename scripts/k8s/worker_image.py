@@ -324,12 +324,26 @@ def build(base: str | None = None) -> str:
     return tag
 
 
+PRUNE_AFTER_SECONDS = 24 * 3600
+"""Other ``localhost/batch-worker:*`` tags older than this (seconds since they were built) are removed at a
+build. Younger ones stay: another checkout on the same machine (a CI clone beside a working tree) may be
+about to export or run its own tag, and buildah's storage is machine-wide."""
+
+
 def _prune(keep: str) -> None:
-    """Remove the other ``localhost/batch-worker:*`` tags and their archives (each holds ~2 GB of layers);
-    images already imported into a containerd stay there."""
-    names = _run(["buildah", "images", "--format", "{{.Name}}:{{.Tag}}", "--noheading"]).stdout.split()
-    for name in names:
-        if name.startswith(f"{IMAGE_REPO}:") and name != keep:
+    """Remove the other ``localhost/batch-worker:*`` tags built more than :data:`PRUNE_AFTER_SECONDS` ago
+    and their archives (each holds ~2 GB of layers); images already imported into a containerd stay there."""
+    listing = _run(["buildah", "images", "--format", "{{.Name}}:{{.Tag}} {{.Created}}", "--noheading"]).stdout
+    now = time.time()
+    for line in listing.splitlines():
+        name, _, created = line.partition(" ")
+        if not name.startswith(f"{IMAGE_REPO}:") or name == keep:
+            continue
+        try:
+            age = now - float(created)
+        except ValueError:  # a format this buildah does not give: keep the image
+            continue
+        if age > PRUNE_AFTER_SECONDS:
             subprocess.run(["buildah", "rmi", name], capture_output=True)
             (cache_dir() / f"batch-worker-{name.rsplit(':', 1)[1]}.oci.tar").unlink(missing_ok=True)
 
