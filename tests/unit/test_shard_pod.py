@@ -159,7 +159,9 @@ def test_settings_from_env_carry_max_preemptions_and_pod_env() -> None:
                                      "BATCH_K8S_ENV": '{"STORAGE_EMULATOR_HOST": "http://127.0.0.1:9"}'})
     kw = kpo_partial_kwargs(settings)
     assert kw["max_preemptions"] == 3 and ShardPodOperator(task_id="t", **kw).max_preemptions == 3
-    assert kw["env_vars"]["STORAGE_EMULATOR_HOST"] == "http://127.0.0.1:9"
-    assert kw["env_vars"]["HF_HUB_OFFLINE"] == "1"
+    env = {var.name: var for var in kw["env_vars"]}  # V1EnvVars: plain values and the downward API's POD_NAME
+    assert env["STORAGE_EMULATOR_HOST"].value == "http://127.0.0.1:9"
+    assert env["HF_HUB_OFFLINE"].value == "1"
+    assert env["POD_NAME"].value is None and env["POD_NAME"].value_from.field_ref.field_path == "metadata.name"
     with pytest.raises(ConfigError, match="max_preemptions"):
         K8sSettings(image=IMAGE, max_preemptions=-1)
