@@ -30,6 +30,7 @@ Times are wall-clock Unix seconds (``time.time()``): leases are read by workers 
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -87,25 +88,43 @@ CLAIM_FACTOR = 2
 factoring's halving (Hummel, Schonberg & Flynn, "Factoring", CACM 1992), so the units left always
 outnumber what the claims in flight hold."""
 
+CLAIM_SECONDS = 10.0
+"""A claim takes at most the units its claimer computes in this many seconds at the rate it measured on its
+own last claim (:func:`claim_units`), so a slow worker's claim (a preempted-and-throttled node, a slower
+GPU type) never holds more than about this much of a shard's tail while faster workers wait for it. On
+bench-stragglers (issue #34) the slowed worker's first factoring claim, 15 of 60 units, was still
+computing when the other worker had finished every other unit: 16 s of a 275 s run."""
 
-def claim_units(unclaimed: int, workers: int) -> int:
-    """How many consecutive units one claim takes: ``unclaimed // (CLAIM_FACTOR x workers)``, at least 1.
+
+def claim_units(unclaimed: int, workers: int, units_per_second: float | None = math.inf) -> int:
+    """How many consecutive units one claim takes: ``unclaimed // (CLAIM_FACTOR x workers)``, at most
+    ``units_per_second x CLAIM_SECONDS``, at least 1.
 
     Guided self-scheduling as factoring does it: while much of a shard is unclaimed, a claim takes several
     units, which its holder computes as one stretch of rows (length-sorted batches across all of them,
     one producer, fewer part files: small units alone batch poorly, +20% CPU seconds measured with
     20-row units of MiniLM on this machine); as the shard runs out, claims shrink to one unit, so the
-    last claim a slow worker holds, the one that sets the shard's tail, is one unit.
+    last claim a slow worker holds, the one that sets the shard's tail, is one unit. The time cap sizes
+    claims by the claimer's own speed: a worker three times slower than the others takes claims a third
+    the size (:data:`CLAIM_SECONDS`); a worker that has not measured itself yet (its first claim) takes
+    one unit, as a probe.
 
     Args:
         unclaimed: units of the shard nobody has claimed yet (the claims listing), >= 0.
         workers: workers that may claim units of this shard: the run's shards with rows (each has a
             worker, and every worker may steal), >= 1 (smaller counts as 1).
+        units_per_second: the claimer's rate on its last claim (units / wall seconds of that claim);
+            ``None``: not measured yet (one unit); ``math.inf`` (default): no time cap.
 
     Returns:
         Units to claim, >= 1 (a caller with nothing claimable claims nothing whatever this says).
     """
-    return max(1, unclaimed // (CLAIM_FACTOR * max(1, workers)))
+    share = max(1, unclaimed // (CLAIM_FACTOR * max(1, workers)))
+    if units_per_second is None:
+        return 1
+    if math.isinf(units_per_second):
+        return share
+    return max(1, min(share, int(max(0.0, units_per_second) * CLAIM_SECONDS)))
 
 
 def commit_margin(lease_seconds: float) -> float:

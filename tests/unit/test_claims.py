@@ -4,7 +4,8 @@ Units: every row of a shard in exactly one unit, in order, whatever the segments
 Leases: of many workers racing for the same unit exactly one holds it; a live lease keeps everyone else
 out; an expired or released one is taken over by exactly one; a renewal after a take-over reports the
 lease lost and the holder may no longer commit; done units are never claimed again. Claim sizes
-(``claim_units``): never more than a share of the unclaimed units, one unit near the end (property test).
+(``claim_units``): never more than a share of the unclaimed units, one unit near the end, and never more
+than the claimer computes in CLAIM_SECONDS at its measured rate (property tests).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pytest
 from batch_contract import storage
 from batch_contract.claims import (
     CLAIM_FACTOR,
+    CLAIM_SECONDS,
     ClaimBook,
     Lease,
     claim_units,
@@ -144,3 +146,24 @@ def test_a_claim_takes_at_most_a_share_of_the_unclaimed_units_and_one_near_the_e
     if unclaimed < 2 * CLAIM_FACTOR * w:
         assert k == 1
     assert claim_units(unclaimed + 1, workers) >= k
+
+
+@settings(max_examples=300, deadline=None)
+@given(unclaimed=st.integers(0, 5000), workers=st.integers(1, 64),
+       rate=st.floats(0.0, 1e4, allow_nan=False), faster=st.floats(1.0, 100.0))
+def test_a_claim_holds_at_most_claim_seconds_of_its_claimers_measured_rate(unclaimed: int, workers: int,
+                                                                           rate: float, faster: float) -> None:
+    """Capped by the claimer's speed: never more units than it computes in CLAIM_SECONDS (one at least),
+    never more than factoring's share, a first (unmeasured) claim is one unit, and a faster claimer never
+    takes fewer units than a slower one."""
+    k = claim_units(unclaimed, workers, rate)
+    assert 1 <= k <= claim_units(unclaimed, workers)
+    assert k == 1 or k <= rate * CLAIM_SECONDS
+    assert claim_units(unclaimed, workers, None) == 1
+    assert claim_units(unclaimed, workers, rate * faster) >= k
+
+
+def test_a_worker_three_times_slower_takes_claims_a_third_the_size() -> None:
+    fast = claim_units(600, 2, 3.0)  # 3 units/s: 30 units in CLAIM_SECONDS, factoring allows 150
+    slow = claim_units(600, 2, 1.0)
+    assert (fast, slow) == (int(3.0 * CLAIM_SECONDS), int(CLAIM_SECONDS))

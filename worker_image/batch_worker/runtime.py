@@ -570,7 +570,9 @@ class ShardRun:
         """Claim and compute this shard's units (:mod:`batch_contract.claims`) until none is claimable.
 
         Each claim takes up to :func:`~batch_contract.claims.claim_units` consecutive units (several
-        while much of the shard is unclaimed, one near its end), computed together (:meth:`_run_claim`).
+        while much of the shard is unclaimed, one near its end; one for the first claim of this call, then
+        at most what this worker computed in ``CLAIM_SECONDS`` on its last claim), computed together
+        (:meth:`_run_claim`).
 
         Args:
             loaded: the loaded model.
@@ -584,6 +586,7 @@ class ShardRun:
         units = unit_segments(self.spec.segments, self.settings.steal_unit_rows)
         book = ClaimBook(self.ctx.shard_dir, len(units), self.settings.lease_seconds)
         workers = sum(1 for s in self.ctx.manifest.shards if s.rows)
+        rate = None  # units per wall second of this worker's last claim: sizes the next (claim_units)
         while True:
             if self.stop.requested:
                 return False
@@ -592,13 +595,15 @@ class ShardRun:
                 return True
             if self.thief and steal_stop_reason(self.ctx.store) is not None:
                 return None
-            want = claim_units(sum(1 for st in pending if st.generation < 0), workers)
+            want = claim_units(sum(1 for st in pending if st.generation < 0), workers, rate)
             leases = claim_adjacent(book, list(reversed(pending)) if from_tail else pending, want,
                                     self.attempt.attempt_id, shard_owner=not self.thief)
             if not leases:
                 return None
+            started = time.monotonic()
             if not self._run_claim(loaded, book, leases, units, ledger):
                 return False
+            rate = len(leases) / max(time.monotonic() - started, 1e-3)
             ledger = None
 
     def _units_state_for(self, ledger: Ledger | None) -> _UnitsState:
