@@ -14,7 +14,8 @@ What one :class:`RealNode` starts, in order, and stops in reverse:
   certificate and authorizing through the API server (``Webhook``); the GPU spot pool's labels and
   taints (:func:`scripts.k8s.node_agent.spot_pool_shape`); ``cgroupsPerQOS`` off (no systemd here).
   ``nvidia.com/gpu`` is advertised as an extended resource by patching the node's status, the way
-  Kubernetes documents for resources without a device plugin.
+  Kubernetes documents for resources without a device plugin. Its root dir (pods' volumes, its Unix
+  sockets) is a short folder ``/tmp/bk8s-kubelet-*`` (:func:`short_dir`), removed at stop.
 - **kube-scheduler** and **kube-controller-manager** as the cluster admin, leader election off, no
   serving ports.
 
@@ -35,6 +36,7 @@ import os
 import secrets
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -175,6 +177,32 @@ class ControlPlaneAccess:
     sa_key: Path
 
 
+SOCKET_PATH_MAX = 107
+"""Longest path a Unix socket can be bound at (``sun_path`` is 108 bytes with its terminating NUL)."""
+
+KUBELET_SOCKET_TAIL = len("/pod-resources/kubelet.sock.1234567890")
+"""Room the kubelet's own socket names take below its root dir (``pod-resources/``, ``device-plugins/``,
+``plugins_registry/`` and the random probe names it binds while it starts)."""
+
+
+def short_dir(prefix: str, base: str = "/tmp") -> Path:
+    """A new folder ``<base>/<prefix><random>`` for the kubelet's root dir, which holds Unix sockets.
+
+    The cluster's work dir cannot hold them: its path is the caller's (a CI clone's pytest basetemp,
+    ``.../build/k8s/pytest/test_cli_up_writes_env_file_an0/work/node/kubelet/...``, made the kubelet exit
+    with ``listen unix ...: bind: invalid argument``), and Unix socket paths are limited to
+    :data:`SOCKET_PATH_MAX` bytes. ``base`` is ``/tmp``, not ``$TMPDIR``, which may be long too.
+
+    Raises:
+        RuntimeError: even this folder leaves too little room for the kubelet's socket names.
+    """
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+    if len(str(path)) + KUBELET_SOCKET_TAIL > SOCKET_PATH_MAX:
+        path.rmdir()
+        raise RuntimeError(f"{path}: too long for the kubelet's Unix sockets ({SOCKET_PATH_MAX} bytes)")
+    return path
+
+
 class RealNode:
     """containerd, kubelet, kube-scheduler and kube-controller-manager for one cluster (see the module
     docstring).
@@ -198,6 +226,7 @@ class RealNode:
         self.kubelet_port = 0
         self.bridge = f"bk8s{secrets.token_hex(3)}"
         self._root_lock: Any = None
+        self.kubelet_root: Path | None = None  # short_dir(): made when the kubelet starts
 
     @property
     def alive(self) -> bool:
@@ -234,6 +263,11 @@ class RealNode:
         _stop(self.procs.pop("containerd", None))
         subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True)
         self._unmount_under(self.work_dir)
+        if self.kubelet_root is not None:
+            self._unmount_under(self.kubelet_root)
+            if not self._mounts_under(self.kubelet_root):  # never delete through a mount left behind
+                shutil.rmtree(self.kubelet_root, ignore_errors=True)
+                self.kubelet_root = None
         shutil.rmtree(self.run_dir, ignore_errors=True)
         if self._root_lock is not None:
             self._root_lock.close()
@@ -354,12 +388,17 @@ class RealNode:
         """Unmount what the kubelet mounted under ``path`` (its root dir's bind mount, pod volumes), the
         deepest first, until none is left (a mount stacked on another shows up once the top one is gone)."""
         for _ in range(5):
-            mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
-            under = sorted((m for m in mounts if m.startswith(str(path) + "/")), key=len, reverse=True)
+            under = sorted(RealNode._mounts_under(path), key=len, reverse=True)
             if not under:
                 return
             for mount in under:
                 subprocess.run(["umount", "-l", mount], capture_output=True)
+
+    @staticmethod
+    def _mounts_under(path: Path) -> list[str]:
+        """Mount points at or below ``path`` (``/proc/self/mounts``)."""
+        mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+        return [m for m in mounts if m == str(path) or m.startswith(str(path) + "/")]
 
     # ---- control plane helpers and kubelet --------------------------------------------------------
     def _start_control_plane_helpers(self, access: ControlPlaneAccess) -> None:
@@ -377,8 +416,7 @@ class RealNode:
 
     def _start_kubelet(self, access: ControlPlaneAccess) -> None:
         from .cluster import free_port  # cluster imports this module
-        root = self.work_dir / "kubelet"
-        root.mkdir(parents=True, exist_ok=True)
+        root = self.kubelet_root = short_dir("bk8s-kubelet-")
         self.kubelet_port = free_port()
         config = self.work_dir / "kubelet-config.yaml"
         config.write_text(yaml.safe_dump(kubelet_config(

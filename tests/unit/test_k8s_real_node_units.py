@@ -87,3 +87,35 @@ def test_an_oci_archive_is_byte_stable_and_its_blobs_match_their_digests(tmp_pat
     layer = blobs[f"blobs/sha256/{manifest['layers'][0]['digest'].split(':')[1]}"]
     with tarfile.open(fileobj=io.BytesIO(layer)) as tar:
         assert {m.name: tar.extractfile(m).read() for m in tar.getmembers()} == files
+
+
+@pytest.mark.parametrize("depth", [1, 8, 40])
+def test_the_kubelets_sockets_fit_whatever_the_work_dirs_length(tmp_path, depth) -> None:
+    """The kubelet's root dir holds Unix sockets (108-byte paths): it never follows the work dir, whose
+    path is the caller's (a CI clone's basetemp made the kubelet exit with 'bind: invalid argument')."""
+    from types import SimpleNamespace
+
+    work = tmp_path.joinpath(*["a-rather-long-folder-name"] * depth)
+    work.mkdir(parents=True)
+    started: list[list[str]] = []
+    shape = SimpleNamespace(name="gpu-spot-node-0", labels={"pool": "spot"}, taints=[])
+    node = real_node.RealNode(work, work / "logs", spawn=lambda argv, log: started.append(argv), shape=shape)
+    access = SimpleNamespace(ca_file=work / "ca.crt", serving_cert=work / "k.crt", serving_key=work / "k.key",
+                             node_kubeconfig=work / "node.kubeconfig")
+    node._start_kubelet(access)
+    try:
+        [root] = [a.split("=", 1)[1] for a in started[0] if a.startswith("--root-dir=")]
+        assert len(root) + real_node.KUBELET_SOCKET_TAIL <= real_node.SOCKET_PATH_MAX
+        assert not root.startswith(str(work)) and Path(root).is_dir()
+        assert len(node.address) <= real_node.SOCKET_PATH_MAX  # containerd's socket lives under /run
+    finally:
+        node.stop()
+    assert not Path(root).exists()  # removed at stop
+
+
+def test_short_dir_refuses_a_base_too_long_for_sockets(tmp_path) -> None:
+    base = tmp_path.joinpath(*["x" * 40] * 3)
+    base.mkdir(parents=True)
+    with pytest.raises(RuntimeError, match="too long"):
+        real_node.short_dir("bk8s-kubelet-", base=str(base))
+    assert list(base.iterdir()) == []
