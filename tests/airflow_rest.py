@@ -35,8 +35,14 @@ class Response:
         return json.loads(self.body)
 
 
+HTTP_TIMEOUT_S = 180.0
+"""Seconds a test waits for one answer of the API server. Not a latency bound: in a CI run on a loaded
+2-core host (the live cluster importing the worker image beside it) Airflow's API server answered no
+request for 67 s, then every request in flight at once; 60 s failed the UI suite's set-up."""
+
+
 def http(method: str, url: str, *, token: str | None = None, body: Any = None,
-         cookies: dict[str, str] | None = None, timeout: float = 60.0) -> Response:
+         cookies: dict[str, str] | None = None, timeout: float = HTTP_TIMEOUT_S) -> Response:
     """One request with ``urllib`` (no redirects followed for 3xx is not needed here: none are hit)."""
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method)
