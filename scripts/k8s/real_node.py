@@ -264,8 +264,8 @@ class RealNode:
         subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True)
         self._unmount_under(self.work_dir)
         if self.kubelet_root is not None:
-            self._unmount_under(self.kubelet_root)
-            if not self._mounts_under(self.kubelet_root):  # never delete through a mount left behind
+            self._unmount_under(self.kubelet_root, include_self=True)
+            if not self._mounts_under(self.kubelet_root, include_self=True):  # never delete through a mount
                 shutil.rmtree(self.kubelet_root, ignore_errors=True)
                 self.kubelet_root = None
         shutil.rmtree(self.run_dir, ignore_errors=True)
@@ -384,21 +384,22 @@ class RealNode:
             self.ctr("containers", "delete", cid)
 
     @staticmethod
-    def _unmount_under(path: Path) -> None:
+    def _unmount_under(path: Path, include_self: bool = False) -> None:
         """Unmount what the kubelet mounted under ``path`` (its root dir's bind mount, pod volumes), the
         deepest first, until none is left (a mount stacked on another shows up once the top one is gone)."""
         for _ in range(5):
-            under = sorted(RealNode._mounts_under(path), key=len, reverse=True)
+            under = sorted(RealNode._mounts_under(path, include_self), key=len, reverse=True)
             if not under:
                 return
             for mount in under:
                 subprocess.run(["umount", "-l", mount], capture_output=True)
 
     @staticmethod
-    def _mounts_under(path: Path) -> list[str]:
-        """Mount points at or below ``path`` (``/proc/self/mounts``)."""
+    def _mounts_under(path: Path, include_self: bool = False) -> list[str]:
+        """Mount points below ``path`` (``/proc/self/mounts``), and ``path`` itself with ``include_self``
+        (the kubelet's own root dir, which it bind-mounts onto itself; never a caller's work dir)."""
         mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
-        return [m for m in mounts if m == str(path) or m.startswith(str(path) + "/")]
+        return [m for m in mounts if (include_self and m == str(path)) or m.startswith(str(path) + "/")]
 
     # ---- control plane helpers and kubelet --------------------------------------------------------
     def _start_control_plane_helpers(self, access: ControlPlaneAccess) -> None:
