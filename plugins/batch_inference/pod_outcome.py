@@ -11,7 +11,9 @@ trigger saw it succeed)
 exit 75 (SIGTERM: finished chunks committed), or the    ``preempted``     a fresh pod for the same shard,
 pod vanished (deleted by the node / GC), or the pod                       same try; no retry consumed, up
 ended with condition ``DisruptionTarget`` or a node-                      to ``max_preemptions`` per try
-shutdown status reason (spot reclaim, any exit code)
+shutdown status reason (spot reclaim, any exit code),
+or the kubelet lost the exit status
+(``ContainerStatusUnknown``: its 137, not the worker's)
 exit 2 (bad config or input)                            ``bad_input``     fails now, no retries
 the container was ``OOMKilled`` (its memory limit is    ``out_of_memory`` fails now, no retries (the same
 below what the worker needs)                                              limit is hit again), naming the
@@ -42,6 +44,11 @@ PREEMPTIONS_EVENT_KEY = "batch_inference_preemptions"
 NODE_SHUTDOWN_REASONS = frozenset({"Shutdown", "NodeShutdown", "Terminated"})
 """``pod.status.reason`` values the kubelet's graceful node shutdown sets ("Pod was terminated in
 response to imminent node shutdown"; GKE spot reclaims use it)."""
+STATUS_LOST_REASON = "ContainerStatusUnknown"
+"""``state.terminated.reason`` the kubelet writes, with exit code 137 of its own, when it can no longer find
+a container whose pod is being deleted ("The container could not be located when the pod was deleted";
+kubelet 1.20 under load removes the exited container before reporting its code). The worker's own exit
+code is lost; its committed chunks are not, so the shard is relaunched and resumes like a preempted one."""
 DISRUPTION_CONDITION = "DisruptionTarget"
 """Pod condition (Kubernetes 1.26+) set when a pod is evicted, preempted or its node is going away."""
 
@@ -98,6 +105,14 @@ def node_reclaimed(pod: Any) -> bool:
     return getattr(getattr(pod, "status", None), "reason", None) in NODE_SHUTDOWN_REASONS
 
 
+def status_lost(pod: Any, container: str) -> bool:
+    """True when ``container`` terminated with the kubelet's :data:`STATUS_LOST_REASON`: its exit code
+    (137) is the kubelet's placeholder, not what the worker returned."""
+    cs = _container_status(pod, container)
+    terminated = getattr(getattr(cs, "state", None), "terminated", None)
+    return getattr(terminated, "reason", None) == STATUS_LOST_REASON
+
+
 def _is_finished(pod: Any, container: str) -> bool:
     phase = getattr(getattr(pod, "status", None), "phase", None)
     return phase in ("Succeeded", "Failed") or exit_code(pod, container) is not None
@@ -121,6 +136,8 @@ def classify(event_status: str, pod: Any | None, container: str) -> PodOutcome:
         return PodOutcome.SUCCEEDED
     if code == ExitCode.INTERRUPTED or (node_reclaimed(pod) and _is_finished(pod, container)):
         return PodOutcome.PREEMPTED  # a reclaimed pod still running is waited for: one writer per shard
+    if status_lost(pod, container):
+        return PodOutcome.PREEMPTED  # the worker's exit code is unknown; its committed chunks are kept
     if code == ExitCode.BAD_INPUT:
         return PodOutcome.BAD_INPUT
     if oom_killed(pod, container):
@@ -236,5 +253,7 @@ def preemption_cause(pod: Any | None, container: str) -> str:
     code = exit_code(pod, container)
     if code == ExitCode.INTERRUPTED:
         return f"worker exited {int(ExitCode.INTERRUPTED)} (SIGTERM: finished chunks committed)"
+    if status_lost(pod, container):
+        return f"the kubelet lost the worker's exit status ({STATUS_LOST_REASON}; exit code {code})"
     reason = getattr(pod.status, "reason", None) or DISRUPTION_CONDITION
     return f"node reclaimed ({reason}; exit code {code})"

@@ -4,13 +4,17 @@
 ``KubernetesPodTrigger``, stream logs, ``durable`` reattach, ``on_kill``) and changes only what a
 finished pod means (:func:`batch_inference.pod_outcome.classify`):
 
-* **preempted** (exit 75, pod vanished, node reclaimed): the old pod's log is copied into the task log,
+* **preempted** (exit 75, pod vanished, node reclaimed, exit status lost by the kubelet): the old pod's log is copied into the task log,
   the pod is deleted, and a fresh pod for the same shard is created and deferred on, inside the same
   try: Airflow's ``retries`` are not consumed and ``try_number`` does not change. The worker in the new
   pod resumes from the committed part files. The count rides on the pod
   (annotation :data:`~batch_inference.pod_outcome.PREEMPTIONS_ANNOTATION`) and in the trigger's
   kwargs, so it survives a triggerer restart and a reattach; past ``max_preemptions`` in one try the
   try fails like a crash (and the normal retries apply).
+  A pod that ends as preempted after its shard's marker is complete is deleted and the task succeeds.
+* **already complete**: a try whose shard has its complete marker (``RunStore.is_complete``) creates no
+  pod and succeeds (a try reset by a restarted scheduler after its pod finished; a cleared task), as
+  the local runner starts no worker for a complete shard.
 * **bad input** (exit 2): ``AirflowFailException``: the task fails now, no retries, one pod.
 * **unschedulable** (still unbound when ``startup_timeout_seconds`` ran out): the pod is deleted and
   the try fails with the ``PodScheduled`` condition's reason and message.
@@ -105,16 +109,37 @@ class ShardPodOperator(KubernetesPodOperator):
 
     # -- the in-run budget stop ---------------------------------------------------------------------
     def execute(self, context: Any) -> Any:
-        """Fail without creating a pod when the run is over its budget (module docstring), else run the
-        provider's ``execute`` (create the pod and defer).
+        """Return at once when the shard is already complete (:meth:`shard_complete`: no pod), fail without
+        creating a pod when the run is over its budget (module docstring), else run the provider's
+        ``execute`` (create or reattach the pod and defer).
 
         Raises:
             AirflowFailException: ``BUDGET EXCEEDED: ...`` (``budget.over_budget_message``).
         """
+        if self.shard_complete():
+            self.log.info("shard already complete (its marker is in storage): no %s pod created", self.pod_role)
+            return None
         message = self.over_budget()
         if message:
             raise AirflowFailException(message)
         return super().execute(context)
+
+    def shard_complete(self) -> bool:
+        """Whether this task's shard already has its complete marker (``RunStore.is_complete``, the
+        contract's one shard-state rule); ``False`` for a command that is not a shard's. A try that runs
+        again after its pod finished (a task reset by a restarted scheduler, a cleared task, a pod that
+        vanished after committing everything) then creates no pod, as the local runner starts no worker.
+
+        Raises:
+            StorageError / OSError: the marker could not be read (other than not found).
+        """
+        shard = shard_of(self.arguments)
+        if shard is None:
+            return False
+        from batch_contract.runstore import RunStore  # parse time: see over_budget
+
+        run_dir, shard_id = shard
+        return RunStore.open(run_dir).is_complete(shard_id)
 
     def over_budget(self) -> str | None:
         """The ``BUDGET EXCEEDED`` message when this task's shard must not start, else ``None`` (also for a
@@ -162,6 +187,12 @@ class ShardPodOperator(KubernetesPodOperator):
         self.log.info("%s pod %s: trigger status %s, exit code %s -> %s", self.pod_role, event.get("name"),
                       event["status"], exit_code(pod, self.base_container_name) if pod else None,
                       outcome.value)
+        if outcome is PodOutcome.PREEMPTED and self.shard_complete():
+            self.log.info("%s pod %s ended as preempted (%s) after its shard completed: not relaunched",
+                          self.pod_role, event.get("name"), preemption_cause(pod, self.base_container_name))
+            if pod is not None:
+                self.pod_manager.delete_pod(pod)
+            return None
         if outcome is PodOutcome.PREEMPTED:
             return self._relaunch(context, pod)
         if outcome is PodOutcome.OUT_OF_MEMORY:

@@ -27,6 +27,7 @@ import pytest
 from airflow_services import AirflowServices, create_database, sqlalchemy_url
 from batch_contract import storage
 from batch_contract.layout import RunLayout, chunk_of, join_uri
+from batch_inference.pod_spec import label_value
 from k8s_live import (
     NAMESPACE,
     PodLedger,
@@ -109,7 +110,7 @@ class Chaos(threading.Thread):
         self.stop = threading.Event()
 
     def _running(self) -> list[PodRecord]:
-        return [r for r in self.ledger.matching() if r.phase == "Running" and not r.deleted
+        return [r for r in self.ledger.matching(run=label_value(self.run_id)) if r.phase == "Running" and not r.deleted
                 and r.labels.get("batch-inference/shard-id")]
 
     def _wait(self, predicate, what: str) -> list[PodRecord]:
@@ -175,8 +176,18 @@ def main_run(services, k8s_cluster, sample_parquet: Path):
             "tis": svc.task_instances(DAG_ID, run_id, "infer_k8s"), "tmp": tmp}
 
 
-def _shard_pods(ledger: PodLedger) -> list[PodRecord]:
-    return [r for r in ledger.matching() if r.labels.get("batch-inference/shard-id")]
+def _shard_pods(ledger: PodLedger, run_id: str) -> list[PodRecord]:
+    """The shard pods of run ``run_id`` the ledger saw (a pod of an earlier module's run that the API
+    server still reported while this ledger watched is not this run's)."""
+    return [r for r in ledger.matching(run=label_value(run_id)) if r.labels.get("batch-inference/shard-id")]
+
+
+def _pod_lines(pods: list[PodRecord]) -> list[tuple]:
+    """What a failed pod-count assertion shows: each pod's shard, try, name, preemption annotation, exit
+    code and reason, phase, whether it is gone, and its API-server timestamps."""
+    return sorted((p.labels.get("batch-inference/shard-id"), p.labels.get("try_number"), p.name,
+                   p.annotations.get("batch-inference/preemptions"), p.exit_code, p.exit_reason, p.phase,
+                   p.deleted, str(p.created_at), str(p.started_at), str(p.finished_at)) for p in pods)
 
 
 def _report(run: dict) -> dict:
@@ -194,14 +205,14 @@ def test_the_disruptions_happened_while_pods_ran(main_run) -> None:
 
 
 def test_shard_pods_ran_at_the_same_time_within_the_cap(main_run) -> None:
-    peak = max_concurrent(_shard_pods(main_run["ledger"]))
+    peak = max_concurrent(_shard_pods(main_run["ledger"], main_run["run_id"]))
     record(max_concurrent_pods=peak)
     assert 3 <= peak <= MAX_ACTIVE_PODS, peak
 
 
 def test_no_shard_lost_and_no_duplicate_pod(main_run) -> None:
     """Every shard complete; per (shard, try) exactly one pod, plus one per preemption in that try."""
-    pods = _shard_pods(main_run["ledger"])
+    pods = _shard_pods(main_run["ledger"], main_run["run_id"])
     preempted = {shard for shard, _ in main_run["chaos"].preempted}
     per_try = Counter((p.labels["batch-inference/shard-id"], p.labels["try_number"]) for p in pods)
     expected_extra = {key: 1 for key in per_try if key[0] in preempted and key[1] == "1"}
@@ -218,7 +229,7 @@ def test_no_shard_lost_and_no_duplicate_pod(main_run) -> None:
     left = live_pods(main_run["chaos"].cluster.api(), f"batch-inference/run-id={pods[0].labels['batch-inference/run-id']}")
     record(orphan_pods=len(left))
     assert len(shards) == SHARDS and sorted(complete) == sorted(shards), (shards, complete)
-    assert duplicates == 0, sorted(per_try.items())
+    assert duplicates == 0, (main_run["chaos"].done, main_run["chaos"].preempted, _pod_lines(pods))
     assert {p.labels["batch-inference/shard-id"] for p in pods} == set(shards)
     assert left == [], [p.metadata.name for p in left]
 
@@ -293,7 +304,7 @@ def test_the_budget_stop_starts_no_pod_after_the_stop(services, k8s_cluster, sam
     tis = svc.task_instances(DAG_ID, run_id, "infer_k8s")
     stopped = [t for t in tis.values() if t["state"] == "failed"]
     stop_at = min((datetime.fromisoformat(t["end_date"]) for t in stopped), default=None)
-    pods = _shard_pods(ledger)
+    pods = _shard_pods(ledger, run_id)
     after = [p for p in pods if stop_at is not None and p.created_at is not None and p.created_at > stop_at]
     layout = RunLayout(output_root, run_id, dag_id=DAG_ID)
     complete = [s for s in storage.list_names(layout.shards_dir()) if storage.exists(layout.marker_uri(s))]

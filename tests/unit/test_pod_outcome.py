@@ -9,6 +9,7 @@ from batch_contract.enums import ExitCode
 from batch_inference.pod_outcome import (
     PREEMPTIONS_ANNOTATION,
     PREEMPTIONS_EVENT_KEY,
+    STATUS_LOST_REASON,
     PodOutcome,
     classify,
     oom_failure,
@@ -63,6 +64,7 @@ UNSCHEDULED = [("PodScheduled", "False", "Unschedulable",
     ("failed", pod(code=137, reason="OOMKilled"), PodOutcome.FAILED),   # not a pod-level reason
     ("failed", pod(code=137, term_reason="OOMKilled"), PodOutcome.OUT_OF_MEMORY),
     ("failed", pod(code=137, term_reason="Error"), PodOutcome.FAILED),
+    ("failed", pod(code=137, term_reason="ContainerStatusUnknown"), PodOutcome.PREEMPTED),  # status lost
     ("timeout", pod(phase="Pending", node=None, conditions=UNSCHEDULED), PodOutcome.UNSCHEDULABLE),
     ("timeout", pod(phase="Pending", node=None), PodOutcome.UNSCHEDULABLE),
     ("timeout", pod(phase="Pending", waiting=("ImagePullBackOff", "no such image")), PodOutcome.FAILED),
@@ -99,6 +101,17 @@ def test_preemption_cause_says_which_kind() -> None:
     assert "vanished" in preemption_cause(None, C)
     assert "exited 75" in preemption_cause(pod(code=75), C)
     assert "Terminated" in preemption_cause(pod(code=137, reason="Terminated"), C)
+    assert "lost the worker's exit status" in preemption_cause(pod(code=137, term_reason=STATUS_LOST_REASON), C)
+
+
+@given(code=st.integers(min_value=1, max_value=255), status=st.sampled_from(["failed", "error", "success"]),
+       phase=st.sampled_from(["Failed", "Running", "Unknown"]))
+def test_a_lost_exit_status_is_a_preemption_whatever_code_the_kubelet_wrote(code: int, status: str,
+                                                                             phase: str) -> None:
+    """The kubelet's ``ContainerStatusUnknown`` placeholder code is not the worker's: never a failure or a
+    bad-input verdict, always a relaunch that resumes from the committed chunks."""
+    lost = pod(phase=phase, code=code, term_reason=STATUS_LOST_REASON)
+    assert classify(status, lost, C) is PodOutcome.PREEMPTED
 
 
 @given(code=st.integers(min_value=1, max_value=255).filter(

@@ -8,6 +8,9 @@ from unittest import mock
 
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
+from batch_contract import storage
+from batch_contract.layout import RunLayout
+from batch_contract.marker import ShardMarker
 from batch_inference.pod_outcome import PREEMPTIONS_ANNOTATION, PREEMPTIONS_EVENT_KEY
 from batch_inference.pod_spec import K8sSettings, kpo_expand_kwargs, kpo_partial_kwargs
 from batch_inference.shard_pod import ShardPodOperator
@@ -17,7 +20,23 @@ from test_pod_outcome import UNSCHEDULED, pod
 
 IMAGE = "europe-docker.pkg.dev/acme/ml/batch-worker@sha256:" + "ab" * 32
 RUN_ID = "manual__2026-12-01T05:00:00+00:00"
-REF = {"run_dir": "gs://b/out/runs/r", "shard_id": "00002", "rows": 10}
+REF = {"run_dir": "", "shard_id": "00002", "rows": 10}
+"""The shard every test's operator runs; ``run_dir`` is set per test (:func:`local_run`)."""
+
+
+@pytest.fixture(autouse=True)
+def local_run(tmp_path, monkeypatch) -> RunLayout:
+    """Each test's run lives under its own ``tmp_path`` (the operator reads the shard's marker there)."""
+    layout = RunLayout(str(tmp_path / "out"), "r")
+    monkeypatch.setitem(REF, "run_dir", layout.run_dir)
+    return layout
+
+
+def complete(layout: RunLayout, shard_id: str = "00002") -> None:
+    """Write the shard's complete marker, as its worker does last."""
+    storage.write_replace(layout.marker_uri(shard_id), ShardMarker(
+        run_id=layout.run_id, shard_id=shard_id, fingerprint="f" * 32, rows_input=10, rows_ok=10,
+        rows_dead_letter=0).to_json_bytes())
 
 
 class Api:
@@ -102,6 +121,56 @@ def test_past_max_preemptions_the_try_fails_normally() -> None:
         op.trigger_reentry(context(), event)
     assert not isinstance(exc.value, AirflowFailException)
     assert "preempted 3 times" in str(exc.value) and api.created == [] and api.deleted == ["p"]
+
+
+@pytest.mark.parametrize("event_of", [
+    lambda api: finished(api, "batch-worker-old", code=75),
+    lambda api: finished(api, "batch-worker-old", code=137, term_reason="ContainerStatusUnknown"),
+    lambda api: {"status": "error", "name": "gone", "namespace": "batch-inference", "message": "404"},
+])
+def test_a_preempted_pod_of_a_complete_shard_is_not_relaunched(local_run: RunLayout, event_of) -> None:
+    """Whatever made the pod read as preempted (exit 75, a lost exit status, a vanished pod), a shard whose
+    marker is complete needs no new pod: the task succeeds and the old pod is deleted."""
+    api = Api()
+    op = operator(api)
+    complete(local_run)
+    event = event_of(api)
+    assert op.trigger_reentry(context(), event) is None
+    assert api.created == [] and api.deleted == ([event["name"]] if event["name"] in api.deleted else [])
+
+
+def test_a_lost_exit_status_relaunches_in_the_same_try() -> None:
+    api = Api()
+    op = operator(api)
+    with pytest.raises(TaskDeferred):
+        op.trigger_reentry(context(), finished(api, "lost", code=137, term_reason="ContainerStatusUnknown"))
+    assert api.deleted == ["lost"] and api.created[0].metadata.labels["try_number"] == "1"
+
+
+@pytest.mark.parametrize("try_number", [1, 2, 5])
+def test_a_try_of_a_complete_shard_creates_no_pod(local_run: RunLayout, try_number: int) -> None:
+    """A try that runs again after its shard completed (reset by a restarted scheduler, cleared) returns
+    before the budget check and the provider's create-or-reattach."""
+    api = Api()
+    op = operator(api)
+    complete(local_run)
+    with mock.patch("airflow.providers.cncf.kubernetes.operators.pod.KubernetesPodOperator.execute") as provider, \
+            mock.patch.object(ShardPodOperator, "over_budget") as budget:
+        assert op.execute(context(try_number)) is None
+    provider.assert_not_called()
+    budget.assert_not_called()
+    assert api.created == []
+
+
+def test_a_try_of_an_unfinished_shard_goes_on_to_the_provider(local_run: RunLayout) -> None:
+    api = Api()
+    op = operator(api)
+    complete(local_run, "00003")   # another shard's marker does not count
+    with mock.patch("airflow.providers.cncf.kubernetes.operators.pod.KubernetesPodOperator.execute",
+                    return_value="deferred") as provider, \
+            mock.patch.object(ShardPodOperator, "over_budget", return_value=None):
+        assert op.execute(context()) == "deferred"
+    provider.assert_called_once()
 
 
 def test_exit_2_fails_without_retries() -> None:
