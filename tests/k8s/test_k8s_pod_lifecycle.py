@@ -24,6 +24,7 @@ from unittest import mock
 import gcs_fixture
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
+from batch_inference.pod_spec import K8sSettings
 from k8s_live import PodLedger, live_pods, make_bucket, record, upload_rows, wait_gone
 from run_helpers import write_run
 
@@ -33,6 +34,9 @@ fake_gcs = gcs_fixture.fake_gcs
 
 pytestmark = [pytest.mark.k8s, pytest.mark.integration]
 
+GONE_TIMEOUT_S = K8sSettings.termination_grace_seconds + 30
+"""How long a deleted pod may take to vanish: its termination grace period (``K8sSettings``' default, 60 s,
+which the kubelet may use in full on a loaded node) plus the kubelet's sync and the API server's removal."""
 SAMPLE = Path(__file__).resolve().parents[2] / "data" / "sample" / "debian_descriptions_sample.parquet"
 
 
@@ -99,13 +103,13 @@ def test_killing_the_task_deletes_its_pod(k8s_cluster, fake_gcs, run_dir) -> Non
     deferred = defer(op, context(op, "00000"))
     ledger.wait_for(lambda r: r.phase == "Running", 60, shard="00000")
     asyncio.run(deferred.trigger.on_kill())
-    left_deferred = wait_gone(api, selector("00000"), 40)
+    left_deferred = wait_gone(api, selector("00000"), GONE_TIMEOUT_S)
     # a running task killed (e.g. marked failed while it creates the pod): the operator's on_kill
     op2 = operator(k8s_cluster, run_dir, "00001", fake_gcs.url)
     defer(op2, context(op2, "00001"))
     ledger.wait_for(lambda r: r.phase == "Running", 60, shard="00001")
     op2.on_kill()
-    left_running = wait_gone(api, selector("00001"), 40)
+    left_running = wait_gone(api, selector("00001"), GONE_TIMEOUT_S)
     ledger.stop()
     assert left_deferred == [] and left_running == []
     killed = ledger.matching(shard="00000") + ledger.matching(shard="00001")
