@@ -14,7 +14,10 @@ finished pod means (:func:`batch_inference.pod_outcome.classify`):
   A pod that ends as preempted after its shard's marker is complete is deleted and the task succeeds.
 * **already complete**: a try whose shard has its complete marker (``RunStore.is_complete``) creates no
   pod and succeeds (a try reset by a restarted scheduler after its pod finished; a cleared task), as
-  the local runner starts no worker for a complete shard.
+  the local runner starts no worker for a complete shard; a pod an earlier run of the task left is
+  deleted. As there, the marker's fingerprint is not compared: model files replaced under the same run
+  are not picked up by clearing the task (the worker would redo the shard; publish refuses mixed
+  fingerprints): start a new run.
 * **bad input** (exit 2): ``AirflowFailException``: the task fails now, no retries, one pod.
 * **unschedulable** (still unbound when ``startup_timeout_seconds`` ran out): the pod is deleted and
   the try fails with the ``PodScheduled`` condition's reason and message.
@@ -53,6 +56,7 @@ from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperato
 from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from batch_contract.engine_config import WorkerSettings
+from batch_contract.storage import StorageError
 from kubernetes.client.exceptions import ApiException
 
 from batch_inference.pod_outcome import (
@@ -115,9 +119,12 @@ class ShardPodOperator(KubernetesPodOperator):
 
         Raises:
             AirflowFailException: ``BUDGET EXCEEDED: ...`` (``budget.over_budget_message``).
+            StorageError / OSError: the shard's marker could not be read (other than not found); the try
+                fails and the normal retries apply.
         """
         if self.shard_complete():
             self.log.info("shard already complete (its marker is in storage): no %s pod created", self.pod_role)
+            self._delete_leftover_pod(context)
             return None
         message = self.over_budget()
         if message:
@@ -140,6 +147,32 @@ class ShardPodOperator(KubernetesPodOperator):
 
         run_dir, shard_id = shard
         return RunStore.open(run_dir).is_complete(shard_id)
+
+    def _delete_leftover_pod(self, context: Any) -> None:
+        """Delete the pod an earlier run of this task left (the provider's reattach lookup: the pod name
+        in the task state store, else the task's labels whatever the try), whose shard is complete now: a
+        pod that finished while its task was reset, or that a stealing worker's marker made idle. Its
+        log goes to the task log first."""
+        if not self.reattach_on_restart:
+            return
+        pod = self._get_pod_from_task_state_store(context)
+        if pod is None:
+            pod = self.find_pod(self.build_pod_request_obj(context).metadata.namespace, context=context)
+        if pod is None:
+            return
+        self.log.info("deleting %s pod %s left by an earlier run of this task", self.pod_role, pod.metadata.name)
+        self._copy_logs(pod)
+        self.pod_manager.delete_pod(pod)
+
+    def _complete_before_relaunch(self) -> bool:
+        """:meth:`shard_complete` for a preempted pod; a marker that cannot be read now counts as not
+        complete (logged): the relaunched worker reads it itself and exits 0 at once when it is complete,
+        so a storage hiccup costs a pod, not a retry."""
+        try:
+            return self.shard_complete()
+        except (StorageError, OSError) as exc:
+            self.log.warning("could not read the shard's marker (%r): relaunching", exc)
+            return False
 
     def over_budget(self) -> str | None:
         """The ``BUDGET EXCEEDED`` message when this task's shard must not start, else ``None`` (also for a
@@ -187,10 +220,11 @@ class ShardPodOperator(KubernetesPodOperator):
         self.log.info("%s pod %s: trigger status %s, exit code %s -> %s", self.pod_role, event.get("name"),
                       event["status"], exit_code(pod, self.base_container_name) if pod else None,
                       outcome.value)
-        if outcome is PodOutcome.PREEMPTED and self.shard_complete():
+        if outcome is PodOutcome.PREEMPTED and self._complete_before_relaunch():
             self.log.info("%s pod %s ended as preempted (%s) after its shard completed: not relaunched",
                           self.pod_role, event.get("name"), preemption_cause(pod, self.base_container_name))
             if pod is not None:
+                self._copy_logs(pod)
                 self.pod_manager.delete_pod(pod)
             return None
         if outcome is PodOutcome.PREEMPTED:

@@ -135,8 +135,9 @@ def test_a_preempted_pod_of_a_complete_shard_is_not_relaunched(local_run: RunLay
     op = operator(api)
     complete(local_run)
     event = event_of(api)
+    held = event["name"] in api.pods
     assert op.trigger_reentry(context(), event) is None
-    assert api.created == [] and api.deleted == ([event["name"]] if event["name"] in api.deleted else [])
+    assert api.created == [] and api.deleted == ([event["name"]] if held else [])
 
 
 def test_a_lost_exit_status_relaunches_in_the_same_try() -> None:
@@ -147,19 +148,42 @@ def test_a_lost_exit_status_relaunches_in_the_same_try() -> None:
     assert api.deleted == ["lost"] and api.created[0].metadata.labels["try_number"] == "1"
 
 
-@pytest.mark.parametrize("try_number", [1, 2, 5])
-def test_a_try_of_a_complete_shard_creates_no_pod(local_run: RunLayout, try_number: int) -> None:
+@pytest.mark.parametrize("leftover", [None, "Succeeded", "Running"])
+def test_a_try_of_a_complete_shard_creates_no_pod_and_removes_a_leftover(local_run: RunLayout,
+                                                                          leftover: str | None) -> None:
     """A try that runs again after its shard completed (reset by a restarted scheduler, cleared) returns
-    before the budget check and the provider's create-or-reattach."""
+    before the budget check and the provider's create-or-reattach; the pod an earlier run of the task
+    left (found as the provider's reattach finds it), finished or idle, is deleted."""
     api = Api()
     op = operator(api)
     complete(local_run)
+    found = None
+    if leftover:
+        finished(api, "batch-worker-left", phase=leftover, code=0 if leftover == "Succeeded" else None)
+        found = api.pods["batch-worker-left"]
     with mock.patch("airflow.providers.cncf.kubernetes.operators.pod.KubernetesPodOperator.execute") as provider, \
-            mock.patch.object(ShardPodOperator, "over_budget") as budget:
-        assert op.execute(context(try_number)) is None
+            mock.patch.object(ShardPodOperator, "over_budget") as budget, \
+            mock.patch.object(ShardPodOperator, "find_pod", return_value=found) as lookup:
+        assert op.execute(context(2)) is None
     provider.assert_not_called()
     budget.assert_not_called()
-    assert api.created == []
+    lookup.assert_called_once()
+    assert api.created == [] and api.deleted == (["batch-worker-left"] if leftover else [])
+
+
+def test_an_unreadable_marker_relaunches_a_preempted_pod(monkeypatch) -> None:
+    """A storage error reading the marker costs a pod (whose worker reads the marker itself), not a retry."""
+    from batch_contract.storage import StorageError
+
+    def broken(self) -> bool:
+        raise StorageError("503 from the bucket")
+
+    monkeypatch.setattr(ShardPodOperator, "shard_complete", broken)
+    api = Api()
+    op = operator(api)
+    with pytest.raises(TaskDeferred):
+        op.trigger_reentry(context(), finished(api, "old", code=75))
+    assert api.deleted == ["old"] and len(api.created) == 1
 
 
 def test_a_try_of_an_unfinished_shard_goes_on_to_the_provider(local_run: RunLayout) -> None:
