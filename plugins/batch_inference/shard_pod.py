@@ -56,7 +56,6 @@ from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperato
 from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from batch_contract.engine_config import WorkerSettings
-from batch_contract.storage import StorageError
 from kubernetes.client.exceptions import ApiException
 
 from batch_inference.pod_outcome import (
@@ -168,6 +167,8 @@ class ShardPodOperator(KubernetesPodOperator):
         """:meth:`shard_complete` for a preempted pod; a marker that cannot be read now counts as not
         complete (logged): the relaunched worker reads it itself and exits 0 at once when it is complete,
         so a storage hiccup costs a pod, not a retry."""
+        from batch_contract.storage import StorageError  # parse time: the storage package imports pyarrow
+
         try:
             return self.shard_complete()
         except (StorageError, OSError) as exc:
