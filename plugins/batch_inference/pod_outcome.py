@@ -105,12 +105,16 @@ def node_reclaimed(pod: Any) -> bool:
     return getattr(getattr(pod, "status", None), "reason", None) in NODE_SHUTDOWN_REASONS
 
 
+def _terminated_reason(pod: Any, container: str) -> str | None:
+    """``state.terminated.reason`` of ``container`` (e.g. ``OOMKilled``), or ``None``."""
+    cs = _container_status(pod, container)
+    return getattr(getattr(getattr(cs, "state", None), "terminated", None), "reason", None)
+
+
 def status_lost(pod: Any, container: str) -> bool:
     """True when ``container`` terminated with the kubelet's :data:`STATUS_LOST_REASON`: its exit code
     (137) is the kubelet's placeholder, not what the worker returned."""
-    cs = _container_status(pod, container)
-    terminated = getattr(getattr(cs, "state", None), "terminated", None)
-    return getattr(terminated, "reason", None) == STATUS_LOST_REASON
+    return _terminated_reason(pod, container) == STATUS_LOST_REASON
 
 
 def _is_finished(pod: Any, container: str) -> bool:
@@ -158,9 +162,7 @@ limit (exit code 137)."""
 
 def oom_killed(pod: Any, container: str) -> bool:
     """True when ``container`` last terminated because it reached its memory limit (:data:`OOM_KILLED`)."""
-    cs = _container_status(pod, container)
-    terminated = getattr(getattr(cs, "state", None), "terminated", None)
-    return getattr(terminated, "reason", None) == OOM_KILLED
+    return _terminated_reason(pod, container) == OOM_KILLED
 
 
 def _memory_limit(pod: Any, container: str) -> str | None:

@@ -154,14 +154,10 @@ class ShardPodOperator(KubernetesPodOperator):
         log goes to the task log first."""
         if not self.reattach_on_restart:
             return
-        pod = self._get_pod_from_task_state_store(context)
-        if pod is None:
-            pod = self.find_pod(self.build_pod_request_obj(context).metadata.namespace, context=context)
-        if pod is None:
-            return
-        self.log.info("deleting %s pod %s left by an earlier run of this task", self.pod_role, pod.metadata.name)
-        self._copy_logs(pod)
-        self.pod_manager.delete_pod(pod)
+        pod = self._get_pod_from_task_state_store(context) or self.find_pod(self.namespace, context=context)
+        if pod is not None:
+            self.log.info("deleting %s pod %s left by an earlier run of this task", self.pod_role, pod.metadata.name)
+            self._retire(pod)
 
     def _complete_before_relaunch(self) -> bool:
         """:meth:`shard_complete` for a preempted pod; a marker that cannot be read now counts as not
@@ -221,15 +217,14 @@ class ShardPodOperator(KubernetesPodOperator):
         self.log.info("%s pod %s: trigger status %s, exit code %s -> %s", self.pod_role, event.get("name"),
                       event["status"], exit_code(pod, self.base_container_name) if pod else None,
                       outcome.value)
-        if outcome is PodOutcome.PREEMPTED and self._complete_before_relaunch():
+        if outcome is PodOutcome.PREEMPTED:
+            if not self._complete_before_relaunch():
+                return self._relaunch(context, pod)
             self.log.info("%s pod %s ended as preempted (%s) after its shard completed: not relaunched",
                           self.pod_role, event.get("name"), preemption_cause(pod, self.base_container_name))
             if pod is not None:
-                self._copy_logs(pod)
-                self.pod_manager.delete_pod(pod)
+                self._retire(pod)
             return None
-        if outcome is PodOutcome.PREEMPTED:
-            return self._relaunch(context, pod)
         if outcome is PodOutcome.OUT_OF_MEMORY:
             self._copy_logs(pod)
             raise AirflowFailException(oom_failure(pod, self.base_container_name, self.pod_role))
@@ -260,8 +255,7 @@ class ShardPodOperator(KubernetesPodOperator):
         count = self.preemptions + 1
         ti = context["ti"]
         if old_pod is not None:
-            self._copy_logs(old_pod)
-            self.pod_manager.delete_pod(old_pod)
+            self._retire(old_pod)
         if count > self.max_preemptions:
             raise AirflowException(
                 f"{self.pod_role} pod preempted {count} times in try {ti.try_number} (max_preemptions="
@@ -277,6 +271,11 @@ class ShardPodOperator(KubernetesPodOperator):
         self.pod = self.pod_request_obj
         self._persist_pod_identity_to_task_state_store(context, self.pod)
         self.invoke_defer_method(context=context)
+
+    def _retire(self, pod: Any) -> None:
+        """Copy ``pod``'s log into the task log, then delete the pod."""
+        self._copy_logs(pod)
+        self.pod_manager.delete_pod(pod)
 
     def _copy_logs(self, pod: Any) -> None:
         if not self.get_logs:
