@@ -12,7 +12,9 @@ changed short line gets two words swapped, so its length stays (:func:`revise`).
    zero rows are computed and no worker starts (``batch_inference.carryover``);
 4. scratch: the run-2 input under a fresh output root with ``reuse: off`` (the reference table).
 
-Worker seconds are the markers' stage seconds (what the cost report prices). Also measured: hashing
+Worker seconds are the markers' stage seconds (what the cost report prices); what bounds their ratio
+from below is reported beside it (:func:`cost_floor`: the engine's token share, padding, per-token
+speed, the non-inference share). Also measured: hashing
 the texts (the key) against inference, per row; and, on an input of 300 distinct short texts repeated
 to 3,000 rows, run by four workers at the same time (threads), how many texts were published with two
 different results (``duplicate_texts_with_two_outputs``, 0 under the one-result-per-key rule of
@@ -82,11 +84,14 @@ def run(root: Path, run_id: str, input_uri: str, reuse: str = "same_root", rows_
     with duckdb.connect(db, read_only=True) as con:
         rows = con.execute("SELECT id, n_tokens, truncated, text_repaired, embedding FROM batch_inference.emb").fetchall()
     tokens = sum(m.tokens_real for m in markers)
+    padded = sum(m.tokens_padded for m in markers)
     computed = sum(m.rows_ok - m.rows_reused for m in markers)
     return {
         "stage_seconds": {k: round(sum(m.stage_seconds.get(k, 0.0) for m in markers), 3)
                           for k in sorted({k for m in markers for k in m.stage_seconds})},
         "mean_tokens_computed": round(tokens / computed, 2) if computed else None,
+        "tokens_real": tokens,
+        "tokens_padded": padded,
         "wall": wall,
         "worker_seconds": sum(sum(m.stage_seconds.values()) for m in markers),
         "inference_seconds": sum(m.stage_seconds.get("inference", 0.0) for m in markers),
@@ -216,8 +221,30 @@ def measure(work: Path, name: str, ids: list[str], texts: list[str]) -> tuple[di
         "unchanged_shards_carried": unchanged["shards_carried"],
         "unchanged_wall_ratio": round(unchanged["wall"] / first["wall"], 4),
         "hash_over_inference_per_row": round(hash_s_per_row / infer_s_per_row, 6),
+        **cost_floor(first, second),
     }
     return summary, detail
+
+
+def cost_floor(first: dict, second: dict) -> dict:
+    """What bounds ``worker_seconds_ratio`` from below: ``engine_token_fraction``, the real tokens run 2
+    sent through the engine over run 1's (run 1 computes each distinct text once, so on a corpus with
+    repeated texts this exceeds the changed share of rows); ``padding_efficiency_first`` /
+    ``_second`` (real over padded tokens); ``inference_seconds_per_padded_token_ratio`` (run 2's
+    inference seconds per padded token over run 1's: above 1 when run 2's few batches run slower per
+    token); ``non_inference_share_second`` (run 2's worker-seconds outside inference, over run 1's
+    worker-seconds: the reuse pass, reading, model loads, writing)."""
+    per_token = [r["inference_seconds"] / r["tokens_padded"] if r["tokens_padded"] else None for r in (first, second)]
+    return {
+        "engine_token_fraction": round(second["tokens_real"] / first["tokens_real"], 4),
+        "padding_efficiency_first": round(first["tokens_real"] / first["tokens_padded"], 4),
+        "padding_efficiency_second": (round(second["tokens_real"] / second["tokens_padded"], 4)
+                                      if second["tokens_padded"] else None),
+        "inference_seconds_per_padded_token_ratio": (round(per_token[1] / per_token[0], 4)
+                                                     if all(per_token) else None),
+        "non_inference_share_second": round((second["worker_seconds"] - second["inference_seconds"])
+                                            / first["worker_seconds"], 4),
+    }
 
 
 def duplicates_check(work: Path, texts: list[str]) -> dict:
